@@ -77,12 +77,14 @@ _popleft = deque.popleft
 
 
 _InFlight = asyncio.Future[Any] | concurrent.futures.Future[Any]
+# What the executor returns for a batch that a forced stop abandoned before it started.
+_ABANDONED: Final = object()
 
 
 class _Batch:
     """A batch on its way: its items, their callers, and what its statistics and its end need."""
 
-    __slots__ = ("futures_only", "generation", "items", "sinks", "started", "waited")
+    __slots__ = ("abandoned", "futures_only", "generation", "items", "sinks", "started", "waited")
 
     def __init__(
         self, items: list[Any], sinks: list[Any], futures_only: bool, started: float, waited: float, generation: int
@@ -93,6 +95,7 @@ class _Batch:
         self.started = started  # on the loop's clock, when the batch was formed
         self.waited = waited  # how long its oldest item waited for it
         self.generation = generation  # the run it belongs to
+        self.abandoned = False  # a forced stop answered its callers: if it has not started in its thread, it won't
 
 
 def _succeeded(task: asyncio.Task[None]) -> bool:
@@ -205,7 +208,7 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
         self._reserved = 0  # room promised to woken putters that have not enqueued yet
         self._in_flight = 0
         # The batches in flight (tasks, or an executor's futures): strong references, and their callers.
-        self._batches: dict[_InFlight, list[Any]] = {}
+        self._batches: dict[_InFlight, _Batch] = {}
         self._generation = 0  # bumped when a run's batches are abandoned, so late finishers touch nothing
         self._pump_handle: asyncio.Handle | None = None
         # The timer for the next deadline, and that deadline: kept here, because for a time already past uvloop's
@@ -589,9 +592,12 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
         self._recorder.dequeued += self._n_waiting
         self._n_waiting = 0
         self._fail_putters(exc)
-        for task, sinks in list(self._batches.items()):
-            rec.failed += fail_sinks(sinks, exc)
-            task.cancel()
+        for running, batch in list(self._batches.items()):
+            rec.failed += fail_sinks(batch.sinks, exc)
+            if isinstance(running, asyncio.Task):
+                running.cancel()
+            else:  # a thread cannot be interrupted; a batch still queued in the executor will not start
+                batch.abandoned = True
         # The cancelled batches finish on their own; they must not count against a later run's slots.
         self._batches = {}
         self._in_flight = 0
@@ -1179,7 +1185,7 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
         startup = self._startup
         if self._is_coroutine or (startup is not None and not _succeeded(startup)):
             task = loop.create_task(self._run_batch(batch))
-            self._batches[task] = sinks
+            self._batches[task] = batch
             return
         # A plain process_batch goes to its executor from here, not from a task: a task would start an event-loop
         # iteration later, and a busy loop's iteration is long (2.3 ms of an 8 ms batch cycle, measured on the
@@ -1188,65 +1194,85 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
         future: _InFlight
         try:
             if self.executor is None:
-                future = loop.run_in_executor(None, self.process_batch, items)
+                future = loop.run_in_executor(None, self._in_thread, batch)
                 future.add_done_callback(partial(self._executor_done, batch))
             else:
-                future = self.executor.submit(self.process_batch, items)
+                future = self.executor.submit(self._in_thread, batch)
                 future.add_done_callback(partial(_call_soon_on, loop, partial(self._executor_done, batch)))
         except Exception as exc:  # the executor refused it (shut down, say): as if process_batch had raised
             # Answered from the next iteration: this runs inside _pump, which must not be re-entered.
             loop.call_soon(self._batch_ended, batch, None, exc, False)
             return
-        self._batches[future] = sinks
+        self._batches[future] = batch
+
+    def _in_thread(self, batch: _Batch) -> Any:
+        """What the executor runs: ``process_batch``, unless a forced stop answered the callers before it started."""
+        if batch.abandoned:
+            return _ABANDONED
+        return self.process_batch(batch.items)
 
     def _executor_done(self, batch: _Batch, future: _InFlight) -> None:
         """On the loop: a batch sent to the executor by :meth:`_launch` has ended."""
         # Not among the batches in flight: a forced stop answered its callers (in this run or an earlier one).
         answered = self._batches.pop(future, None) is None
-        if future.cancelled():  # by a forced stop, or by the executor's shutdown, before it started
+        if future.cancelled():  # by the executor (shut down with cancel_futures=True) before it started
             n = len(batch.items)
             cancelled = ProcessBatchCancelledError(f"{self.name}: the executor cancelled a batch of {n} items")
             self._batch_ended(batch, None, cancelled, False, answered)
             return
         error = future.exception()
         results = None if error is not None else future.result()
+        if results is _ABANDONED:  # it never reached process_batch
+            self._batch_ended(batch, None, None, False, True)
+            return
         if answered and inspect.iscoroutine(results):
             results.close()  # its callers have their answer: it will not run
-        elif error is None and inspect.isawaitable(results) and self._loop is not None:
-            # A sync process_batch that returned an awaitable: await it on the loop, in a task a forced stop can
-            # cancel.
-            task = self._loop.create_task(self._run_batch(batch, results))
-            self._batches[task] = batch.sinks
+        elif error is None and inspect.isawaitable(results):
+            # A sync process_batch that returned an awaitable: it runs on the loop (a coroutine as a task of its
+            # own, which a forced stop can cancel), and its outcome is the batch's.
+            try:
+                awaited = asyncio.ensure_future(results, loop=self._loop)
+            except Exception as exc:  # a future of another loop, say
+                self._batch_ended(batch, None, exc, True, answered)
+                return
+            self._batches[awaited] = batch
+            awaited.add_done_callback(partial(self._awaited_done, batch))
             return
         self._batch_ended(batch, results, error, True, answered)
 
-    async def _run_batch(self, batch: _Batch, pending: Awaitable[Any] | None = None) -> None:
-        """A batch as a task: a coroutine ``process_batch``, or what a sync one returned to be awaited (``pending``)."""
+    def _awaited_done(self, batch: _Batch, future: asyncio.Future[Any]) -> None:
+        """The awaitable a sync ``process_batch`` returned has ended."""
+        answered = self._batches.pop(future, None) is None  # by a forced stop, which cancelled it
+        if future.cancelled():  # (else the awaitable raised CancelledError itself)
+            error: BaseException | None = asyncio.CancelledError()
+        else:
+            error = future.exception()
+        results = None if error is not None else future.result()
+        self._batch_ended(batch, results, error, True, answered)
+
+    async def _run_batch(self, batch: _Batch) -> None:
+        """A batch as a task: a coroutine ``process_batch`` (or a sync one waiting for ``on_start()``)."""
         loop = self._loop
         assert loop is not None
-        called = pending is not None
+        called = False
         results: Any = None
         error: BaseException | None = None
         try:
-            if pending is not None:
-                results = await pending
-            else:
-                if self._startup is not None:
-                    await asyncio.shield(self._startup)
-                # A caller may have left since the batch was formed (this task starts an iteration later):
-                # its item must not reach process_batch.
-                batch.items, batch.sinks = without_departed(batch.items, batch.sinks, batch.futures_only)
-                if not batch.items:
-                    self._batch_ended(batch, None, None, False)
-                    return
-                called = True
-                if self._is_coroutine:
-                    # 0.2.2 passes the batch by keyword
-                    results = await cast(Awaitable[Any], self.process_batch(batch=batch.items))
-                else:  # a sync process_batch whose batcher had to wait for on_start() first
-                    results = await loop.run_in_executor(self.executor, self.process_batch, batch.items)
-                    if inspect.isawaitable(results):
-                        results = await results
+            if self._startup is not None:
+                await asyncio.shield(self._startup)
+            # A caller may have left since the batch was formed (this task starts an iteration later): its item
+            # must not reach process_batch.
+            batch.items, batch.sinks = without_departed(batch.items, batch.sinks, batch.futures_only)
+            if not batch.items:
+                self._batch_ended(batch, None, None, False)
+                return
+            called = True
+            if self._is_coroutine:
+                results = await cast(Awaitable[Any], self.process_batch(batch=batch.items))  # 0.2.2: by keyword
+            else:  # a sync process_batch whose batcher had to wait for on_start() first
+                results = await loop.run_in_executor(self.executor, self.process_batch, batch.items)
+                if inspect.isawaitable(results):
+                    results = await results
         except asyncio.CancelledError as exc:
             task = asyncio.current_task(loop)
             if task is not None and task.cancelling():
@@ -1297,7 +1323,9 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
                     f"{self.name}: process_batch raised CancelledError on a batch of {n} items"
                 )
             if error is not None and not answered:
-                if isinstance(error, BatchSizeMismatchError | ProcessBatchCancelledError):
+                if isinstance(error, ProcessBatchCancelledError):
+                    logger.warning("%s", error)  # its message names the batcher
+                elif isinstance(error, BatchSizeMismatchError):
                     logger.warning("%s: %s", self.name, error)
                 else:
                     logger.warning(

@@ -260,3 +260,18 @@ def test_a_keyboard_interrupt_in_process_batch_answers_the_callers_then_goes_on(
     finally:
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
+
+
+async def test_an_awaitable_the_loop_cannot_await_fails_its_callers() -> None:
+    other = asyncio.new_event_loop()
+    try:
+        foreign = other.create_future()  # a future of another event loop
+        b = Scripted(answer=lambda batch: foreign, max_queue_time=0)
+        with pytest.raises(ValueError, match="loop"):
+            await b.process(1)
+        assert (b.stats.in_flight, b.stats.failed) == (0, 1)
+        b.answer = lambda batch: [x * 2 for x in batch]
+        assert await b.process(2) == 4  # it serves on
+        await b.stop()
+    finally:
+        other.close()
