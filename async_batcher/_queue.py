@@ -19,10 +19,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 __all__: list[str] = []
+
+_future_done = asyncio.Future.done
+_set_result = asyncio.Future.set_result
+# Runs an iterator to its end without keeping anything: a loop in C.
+consume: Callable[[Iterable[Any]], None] = deque[Any](maxlen=0).extend
 
 ITEM, SINK, ARRIVAL, QUEUED, WEIGHT, LANE, INDEX = range(7)
 
@@ -114,9 +119,6 @@ class Lane:
         self.clean = True
 
 
-_future_done = asyncio.Future.done
-
-
 def without_departed(items: list[Any], sinks: list[Any], futures_only: bool) -> tuple[list[Any], list[Any]]:
     """The batch without the items whose callers already left (the same lists when none did)."""
     if futures_only:
@@ -166,9 +168,16 @@ def deliver(sinks: list[Any], results: Sequence[Any], futures_only: bool) -> int
     failed = 0
     if futures_only and not any(issubclass(kind, Exception) for kind in set(map(type, results))):
         # No exception among the results (one look at their types, not one isinstance per item).
-        for sink, result in zip(sinks, results, strict=True):
-            if not sink.done():  # (else its caller left: the result is dropped)
-                sink.set_result(result)
+        if len(sinks) != len(results):
+            raise ValueError(f"{len(results)} results for {len(sinks)} callers")
+        if any(map(_future_done, sinks)):
+            for sink, result in zip(sinks, results, strict=True):
+                if not sink.done():  # (else its caller left: the result is dropped)
+                    sink.set_result(result)
+        else:
+            # Every caller still waits (the common case): set them all in one pass in C. Nothing can finish a
+            # future meanwhile: set_result schedules its callbacks, it does not run them.
+            consume(map(_set_result, sinks, results))
         return 0
     if futures_only:
         return sum(map(_settle, sinks, results))

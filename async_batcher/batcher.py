@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from functools import partial
 from itertools import repeat
-from operator import itemgetter
+from operator import itemgetter, setitem
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
@@ -30,6 +30,7 @@ from async_batcher._queue import (
     WEIGHT,
     Bulk,
     Lane,
+    consume,
     deliver,
     fail_sinks,
     without_departed,
@@ -470,6 +471,12 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
         # The loop's own clock; for the standard loop that is time.monotonic, called directly to spare a Python
         # frame per item (a loop with a clock of its own, like a test's virtual clock, is asked as always).
         self._clock = time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
+        # Likewise the loop's futures: the standard loop's create_future() is a Python frame around the C class.
+        self._new_future: Callable[[], asyncio.Future[Any]] = (
+            partial(asyncio.Future, loop=loop)
+            if type(loop).create_future is asyncio.BaseEventLoop.create_future
+            else loop.create_future
+        )
 
     def _update_fast(self) -> None:
         # process() takes its short path when the batcher runs on the caller's loop and there is no key or weight
@@ -638,7 +645,7 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
             return await self._process(asyncio.get_running_loop(), item, timeout, priority)
         # The common case, kept short: running on this loop, no key, no weight (so lane.weight is not kept), no
         # priority, no timeout, an unbounded queue.
-        fut: asyncio.Future[R] = loop.create_future()
+        fut: asyncio.Future[R] = self._new_future()
         lane = self._lane0
         entry = [item, fut, self._clock(), True, 1.0, lane, 0]
         self._fifo0.append(entry)
@@ -1088,8 +1095,7 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
             regular = lane.clean or (set(map(type, entries)) == {list} and all(map(_queued_of, entries)))
             sinks = list(map(_sink_of, entries)) if regular else []
             if sinks and not any(map(_future_done, sinks)):
-                for entry in entries:
-                    entry[QUEUED] = False
+                consume(map(setitem, entries, repeat(QUEUED), repeat(False)))  # entry[QUEUED] = False, in C
                 items = list(map(_item_of, entries))
                 taken = len(entries)
                 weight = float(taken)
