@@ -271,7 +271,7 @@ def _parse_users(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--users", type=_parse_users, default=[8, 32, 128, 256], help="user counts, rising")
+    parser.add_argument("--users", type=_parse_users, default=[8, 32, 64, 128, 256], help="user counts, rising")
     parser.add_argument("--step-seconds", type=int, default=10, help="seconds of load per step (after ramp-up)")
     parser.add_argument("--endpoints", default=",".join(ENDPOINTS), help="endpoints to load, comma-separated")
     parser.add_argument("--wait", type=float, default=0.0, help="each user's pause between requests, s")
