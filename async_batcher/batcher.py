@@ -147,7 +147,9 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
        accepted, waits for the batches in flight, then returns. ``stop(timeout=s)`` returns after about ``s``
        seconds at most; whatever is unfinished then fails with :class:`BatcherStoppedError`.
        ``stop(force=True)`` fails every queued and in-flight caller at once with :class:`BatcherStoppedError`
-       and cancels the batches in flight. Stop is idempotent. No path leaves a caller waiting.
+       and cancels the batches in flight (a sync ``process_batch`` already running in a thread runs to its end,
+       its result dropped; one still waiting for a thread never starts). Stop is idempotent. No path leaves a
+       caller waiting.
 
     Every accepted item resolves exactly once: with its result, an exception, or its caller's cancellation.
 
