@@ -125,7 +125,7 @@ async def test_a_forced_stop_answers_the_callers_while_the_thread_still_runs(poo
     assert (stats.processed, stats.failed, stats.in_flight) == (0, 3, 0)
 
 
-async def test_a_forced_stop_cancels_a_batch_still_waiting_for_a_thread(gate: threading.Event) -> None:
+async def test_a_batch_still_waiting_for_a_thread_never_starts_after_a_forced_stop(gate: threading.Event) -> None:
     busy = gate
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as one:
         one.submit(busy.wait, 60)  # the only thread is taken: the batch waits in the executor's queue
