@@ -13,10 +13,11 @@ learns two things and decides from them:
 behind, ``λ·a ≥ c``). A free slot sends at once when ``n*`` items are waiting: more would not pay, batches of that
 size already keep up. With fewer, it waits for more, but at most ``b``, the fixed cost of one batch: a smaller batch
 sent now would hold the slot for ``b`` anyway, and waiting longer than that costs the waiting items more than the
-batch it saves (measured: waiting up to the budget instead added tail latency; never waiting wasted the slot on tiny
-batches near saturation; ``reports/adaptive.md``). And it never waits past the budget: the oldest item goes by
-``arrival + max_latency - (a·n + b)``, the time its batch is predicted to take. At low load ``n* < 1``: items go at
-once. Before the first measurements ``n* = 0``: it sends whatever is waiting, as ``max_queue_time=0`` does.
+batch it saves (measured: waiting up to the budget instead added tail latency, ``reports/adaptive.md``; on that
+benchmark's single slot the rule does as well as never waiting, since batches fill while the slot is busy). And it
+never waits past the budget: the oldest item goes by ``arrival + max_latency - (a·n + b)``, the time its batch is
+predicted to take. At low load ``n* < 1``: items go at once. Before the first measurements ``n* = 0``: it sends
+whatever is waiting, as ``max_queue_time=0`` does.
 """
 
 from __future__ import annotations
