@@ -40,9 +40,11 @@ class Scripted(AsyncBatcher[int, Any]):
         self.answer = answer
         self.gate = gate
         self.batches: list[list[int]] = []
+        self.threads: list[int] = []
         self.running = threading.Event()
 
     def process_batch(self, batch: list[int]) -> Any:
+        self.threads.append(threading.get_ident())
         self.batches.append(list(batch))
         self.running.set()
         if self.gate is not None and not self.gate.wait(timeout=60):
@@ -214,6 +216,24 @@ async def test_an_awaitable_returned_from_the_thread_is_awaited_on_the_loop(pool
     with pytest.raises(BatcherStoppedError):
         await call
     assert b.stats.in_flight == 0
+
+
+async def test_a_sync_batch_formed_before_on_start_finishes_runs_in_the_executor_after_it(pool: Any) -> None:
+    started = asyncio.Event()
+
+    class SlowStart(Scripted):
+        async def on_start(self) -> None:
+            await started.wait()
+
+    b = SlowStart(executor=pool, max_queue_time=0)
+    calls = [asyncio.ensure_future(b.process(i)) for i in range(3)]
+    await until(lambda: b.stats.in_flight == 1)
+    assert b.batches == []  # formed, held until on_start() returns
+    started.set()
+    assert await asyncio.gather(*calls) == [0, 2, 4]
+    assert b.threads and threading.get_ident() not in b.threads  # not on the loop's thread
+    assert (b.stats.batches, b.stats.processed, b.stats.in_flight) == (1, 3, 0)
+    await b.stop()
 
 
 async def test_a_sync_batch_waits_for_on_start_and_gets_its_failure(pool: Any) -> None:
