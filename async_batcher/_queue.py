@@ -24,7 +24,7 @@ from typing import Any
 
 __all__: list[str] = []
 
-_future_done = asyncio.Future.done
+future_done = asyncio.Future.done
 _set_result = asyncio.Future.set_result
 # Runs an iterator to its end without keeping anything: a loop in C.
 consume: Callable[[Iterable[Any]], None] = deque[Any](maxlen=0).extend
@@ -122,7 +122,7 @@ class Lane:
 def without_departed(items: list[Any], sinks: list[Any], futures_only: bool) -> tuple[list[Any], list[Any]]:
     """The batch without the items whose callers already left (the same lists when none did)."""
     if futures_only:
-        if not any(map(_future_done, sinks)):  # one pass in C: the common case costs next to nothing
+        if not any(map(future_done, sinks)):  # one pass in C: the common case costs next to nothing
             return items, sinks
     else:
         for sink in sinks:
@@ -170,7 +170,7 @@ def deliver(sinks: list[Any], results: Sequence[Any], futures_only: bool) -> int
         # No exception among the results (one look at their types, not one isinstance per item).
         if len(sinks) != len(results):
             raise ValueError(f"{len(results)} results for {len(sinks)} callers")
-        if any(map(_future_done, sinks)):
+        if any(map(future_done, sinks)):
             for sink, result in zip(sinks, results, strict=True):
                 if not sink.done():  # (else its caller left: the result is dropped)
                     sink.set_result(result)

@@ -33,6 +33,7 @@ from async_batcher._queue import (
     consume,
     deliver,
     fail_sinks,
+    future_done,
     without_departed,
 )
 from async_batcher.adaptive import AdaptiveWait, AdaptiveWaitState
@@ -73,7 +74,6 @@ _NO_KEY: Final = object()
 _item_of = itemgetter(ITEM)
 _sink_of = itemgetter(SINK)
 _queued_of = itemgetter(QUEUED)
-_future_done = asyncio.Future.done
 _popleft = deque.popleft
 
 
@@ -1096,7 +1096,7 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
                 entries = list(map(_popleft, repeat(fifo, limit)))
             regular = lane.clean or (set(map(type, entries)) == {list} and all(map(_queued_of, entries)))
             sinks = list(map(_sink_of, entries)) if regular else []
-            if sinks and not any(map(_future_done, sinks)):
+            if sinks and not any(map(future_done, sinks)):
                 consume(map(setitem, entries, repeat(QUEUED), repeat(False)))  # entry[QUEUED] = False, in C
                 items = list(map(_item_of, entries))
                 taken = len(entries)
