@@ -104,6 +104,29 @@ async def test_malformed_bodies_are_422(server: ExampleServer, path: str, body: 
 
 
 @pytest.mark.single_loop
+async def test_a_422_says_where_without_echoing_the_input(server: ExampleServer) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        bad_value = await client.post("/optimized_predict", content=b'[1, 2, 3, 4, 5, 6, 7, 8, 9, "secret"]')
+        empty = await client.post("/predict", content=b"")
+    assert bad_value.status_code == empty.status_code == 422
+    (error,) = bad_value.json()["detail"]
+    assert error["loc"] == ["body", 9] and error["type"] == "float_type"
+    assert "secret" not in bad_value.text
+    assert empty.json()["detail"][0]["loc"] == ["body"]
+
+
+@pytest.mark.single_loop
+async def test_the_openapi_schema_documents_the_body_and_the_answer(server: ExampleServer) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        spec = (await client.get("/openapi.json")).json()
+    for path in ("/predict", "/optimized_predict", "/echo", "/echo_await"):
+        post = spec["paths"][path]["post"]
+        body = post["requestBody"]["content"]["application/json"]["schema"]
+        assert (body["type"], body["items"]["type"], body["minItems"], body["maxItems"]) == ("array", "number", 10, 10)
+        assert post["responses"]["200"]["content"]["application/json"]["schema"]["type"] == "number"
+
+
+@pytest.mark.single_loop
 @pytest.mark.parametrize("chunked", [False, True])
 async def test_large_bodies_are_413(server: ExampleServer, chunked: bool) -> None:
     body = json.dumps([1.0] * 2000).encode()  # 10 KB, over the 4 KiB limit
