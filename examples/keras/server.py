@@ -315,6 +315,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         await asyncio.sleep(0)
         return answer(0.0)
 
+    # Starlette tries the routes in order, about 0.6 µs each, and FastAPI put its docs routes first: with the
+    # /metrics mount and the GET routes, /optimized_predict came ninth (5.7 µs a request, measured). The model
+    # endpoints go first; sort is stable, so the rest keep their order.
+    hot = ("/predict", "/optimized_predict", "/echo", "/echo_await")
+    app.router.routes.sort(key=lambda route: getattr(route, "path", None) not in hot)
     return app
 
 
