@@ -166,6 +166,25 @@ async def test_shutdown_answers_the_requests_it_holds(rows_and_expected: tuple[n
     np.testing.assert_allclose([r.json() for r in responses], expected[:n], rtol=RTOL)
 
 
+@pytest.mark.single_loop
+async def test_a_full_queue_answers_503_at_once(rows_and_expected: tuple[np.ndarray, np.ndarray]) -> None:
+    rows, expected = rows_and_expected
+    n, room = 6, 2
+    # Room for two; a batch's first item waits 3 s for others, so the two accepted stay queued while the other
+    # four are refused: those must come back first, without waiting for the batch.
+    with example_server("--max-queue-size", str(room), "--max-queue-time", "3", "--max-batch-size", "64") as server:
+        limits = httpx.Limits(max_connections=n)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+            posts = [client.post("/optimized_predict", json=[float(v) for v in row]) for row in rows[:n]]
+            in_order = [await done for done in asyncio.as_completed(posts)]
+        stats = server.stats()
+    assert [r.status_code for r in in_order] == [503] * (n - room) + [200] * room
+    assert all(r.headers["Retry-After"] == "1" for r in in_order[: n - room])
+    assert (stats["rejected"], stats["processed"]) == (n - room, room)
+    answers = sorted(r.json() for r in in_order[n - room :])
+    assert all(np.isclose(expected[:n], a, rtol=RTOL).any() for a in answers)
+
+
 def test_settings_read_the_environment_and_refuse_bad_values() -> None:
     from examples.keras.server import ServerSettings
 
