@@ -482,8 +482,8 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
 
     def _update_fast(self) -> None:
         # process() takes its short path when the batcher runs on the caller's loop and there is no key or weight
-        # to compute and no room to check: one identity test stands for all of that.
-        fast = self._plain and self._room_limit == _UNLIMITED and self._state == _RUNNING
+        # to compute: one identity test stands for all of that (room in a bounded queue is checked per item).
+        fast = self._plain and self._state == _RUNNING
         self._fast_loop = self._loop if fast else None
 
     def _startup_done(self, task: asyncio.Task[None]) -> None:
@@ -643,10 +643,13 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
             or priority != 0
             or get_ident() != self._loop_ident
             or not loop.is_running()
+            # A full queue (or callers already waiting for room, who go first): refuse or wait, on the long path.
+            or self._n_waiting + self._reserved >= self._room_limit
+            or self._putters
         ):
             return await self._process(asyncio.get_running_loop(), item, timeout, priority)
         # The common case, kept short: running on this loop, no key, no weight (so lane.weight is not kept), no
-        # priority, no timeout, an unbounded queue.
+        # priority, no timeout, room in the queue.
         fut: asyncio.Future[R] = self._new_future()
         lane = self._lane0
         entry = [item, fut, self._clock(), True, 1.0, lane, 0]

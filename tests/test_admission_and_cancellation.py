@@ -82,6 +82,37 @@ async def test_wait_when_full_waits_for_room_first_come_first_served() -> None:
     await b.stop()
 
 
+async def test_room_promised_to_a_waiting_caller_is_not_taken_by_a_newcomer() -> None:
+    # The newcomer arrives in the step in which room appears: that room is promised to the caller already
+    # waiting for it, so the newcomer waits behind (on process()'s short path too, which a plain item takes).
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=1, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    first, waiting = await fill(b, gate, 1)
+    early = asyncio.ensure_future(b.process(10))
+    await asyncio.sleep(0)
+    gate.set()
+    late = asyncio.ensure_future(b.process(11))
+    assert await asyncio.gather(first, *waiting, early, late) == [-2, 0, 20, 22]
+    assert b.sent == [-1, 0, 10, 11]
+    await b.stop()
+
+
+async def test_a_newcomer_waits_behind_a_bulk_call_that_waits_for_room() -> None:
+    # Room for one, but the head of the line needs three: the newcomer does not jump the line.
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=3, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    first, waiting = await fill(b, gate, 3)
+    bulk = asyncio.ensure_future(b.process_many([10, 11, 12]))
+    await asyncio.sleep(0)
+    gate.set()
+    await until(lambda: b.stats.queued == 2)  # one left the queue: room for one item
+    late = asyncio.ensure_future(b.process(50))
+    assert await asyncio.gather(first, *waiting) == [-2, 0, 2, 4]
+    assert await bulk == [20, 22, 24] and await late == 100
+    assert b.sent[-4:] == [10, 11, 12, 50]
+    await b.stop()
+
+
 async def test_a_cancelled_waiter_for_room_passes_its_turn_on() -> None:
     gate = asyncio.Event()
     b = Recording(max_queue_size=1, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
