@@ -34,6 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import Field, TypeAdapter, ValidationError
+from starlette.routing import request_response
 
 from async_batcher.metrics import register_batcher
 from async_batcher.ml.fastapi import add_batcher_exception_handlers, run_batchers
@@ -186,16 +187,21 @@ class BodySizeLimit:
 
 
 class DirectRoute(APIRoute):
-    """A route whose endpoint reads the ``Request`` and returns the ``Response`` itself: FastAPI calls it directly.
+    """A route whose endpoint reads the ``Request`` and returns the ``Response`` itself: it is called directly.
 
-    FastAPI's own handler would first solve the endpoint's dependencies (it has none) and then check what it
-    returned: about 28 µs of each request on the 2-core VM, a third of the server's time for ``/echo``
-    (reports/keras.md, tuning). ``get_route_handler`` is FastAPI's documented hook for custom routes; the route
-    stays an ``APIRoute``, so the OpenAPI schema still documents it and the app's exception handlers (422, 503)
-    still answer its errors.
+    FastAPI's own handler would first solve the endpoint's dependencies (it has none), open two exit stacks for
+    them and then check what it returned: about 30 µs of each request on the 2-core VM, a third of the server's
+    time for ``/echo`` (reports/keras.md, tuning). The route runs its endpoint as a Starlette ``Route`` would,
+    through ``starlette.routing.request_response``, which still sends its errors to the app's exception handlers
+    (422, 503); it stays an ``APIRoute``, so the OpenAPI schema still documents it.
     """
 
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        self.app = request_response(endpoint)
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        # FastAPI's documented hook, which it also calls when the route is included in another router.
         endpoint: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
         return endpoint
 
