@@ -367,6 +367,7 @@ def write_png(path: Path, cells: dict[Key, Cell], impls: list[str], loops: list[
     panels = [(s, f"{s}: thousand items/s (higher is better)", 1e-3) for s in THROUGHPUT_SHAPES]
     panels.append(("latency", "added latency, µs (lower is better)", 1.0))
     for ax, (shape, title, scale) in zip(axes, panels, strict=True):
+        measured = False
         for i, impl in enumerate(impls):
             xs, ys = [], []
             for j, lp in enumerate(loops):
@@ -374,9 +375,12 @@ def write_png(path: Path, cells: dict[Key, Cell], impls: list[str], loops: list[
                 if c is not None:
                     xs.append(j + (i - (len(impls) - 1) / 2) * width)
                     ys.append(c.median * scale)
+            measured = measured or bool(ys)
             bars = ax.bar(xs, ys, width, label=impl, color=colors[impl])
             ax.bar_label(bars, fmt="%.0f" if shape != "latency" else "%.1f", fontsize=6, rotation=90, padding=2)
-        if shape == "bulk":
+        if not measured:  # a run of some shapes only (--shapes): an empty panel, and no log scale of nothing
+            title = f"{shape}: not measured in this run"
+        elif shape == "bulk":
             ax.set_yscale("log")  # the direct call is some 30 times the rest: only a log scale shows both
             title = title.replace("(higher", "(log scale; higher")
         ax.margins(y=0.15)

@@ -95,6 +95,15 @@ def test_report_from_real_runs(rows: list[dict[str, Any]], tmp_path: Path) -> No
     assert lines[0].startswith("repeat,impl,version,shape,loop") and len(lines) == len(rows) + 1
 
 
+@pytest.mark.parametrize("shapes", [list(worker.SHAPES), ["steady", "latency"]])
+def test_chart_of_all_shapes_or_some(rows: list[dict[str, Any]], tmp_path: Path, shapes: list[str]) -> None:
+    # The README's `--shapes steady` runs draw a chart with empty panels; the bulk panel's log scale must not
+    # fail on them.
+    cells = report.aggregate([r for r in rows if r["shape"] in shapes])
+    report.write_png(tmp_path / "overhead.png", cells, IMPLS, LOOPS)
+    assert (tmp_path / "overhead.png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_worker_rejects_wrong_results() -> None:
     worker._check([0, 2, 4], range(3))
     with pytest.raises(AssertionError, match="item 1 got result 4"):
