@@ -8,8 +8,9 @@ both run the same compiled model function on float32 input: batching changes no 
 does the same after awaiting once, the ceiling of an endpoint that awaits its answer. ``GET /healthz`` says whether
 the model is loaded; ``GET /stats`` gives the batcher's counters.
 
-Run it with ``python -m examples.keras.server --port 8000`` (``--help`` for the settings); every setting also
-reads an environment variable ``KERAS_SERVER_<NAME>``, which is how uvicorn's worker processes get them.
+Run it with ``python -m examples.keras.server --port 8000`` or ``python examples/keras/server.py --port 8000``
+(``--help`` for the settings); every setting also reads an environment variable ``KERAS_SERVER_<NAME>``, which is
+how uvicorn's worker processes get them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Annotated, Any
+
+if not __package__:
+    # Run as a file (python examples/keras/server.py): the repository's root, not this folder, is where the
+    # imports below (and uvicorn's "examples.keras.server:app") are found.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 import prometheus_client

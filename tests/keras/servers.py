@@ -64,16 +64,21 @@ def _get_json(url: str) -> Any:
 
 
 class ExampleServer:
-    """``python -m examples.keras.server`` as a subprocess on a free port, with the given options."""
+    """``python -m examples.keras.server`` as a subprocess on a free port, with the given options.
 
-    def __init__(self, *options: str) -> None:
+    ``as_file``: run ``python <root>/examples/keras/server.py`` from another folder instead, as a user may.
+    """
+
+    def __init__(self, *options: str, as_file: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="keras-server-", suffix=".log", delete=False)
         # Settings come from the command line only: no KERAS_SERVER_* of the developer's shell leaks in.
         env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_SERVER_")}
-        command = [sys.executable, "-m", "examples.keras.server", "--port", str(self.port), *options]
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        program = [str(ROOT / "examples" / "keras" / "server.py")] if as_file else ["-m", "examples.keras.server"]
+        command = [sys.executable, *program, "--port", str(self.port), *options]
+        cwd = tempfile.gettempdir() if as_file else ROOT
+        self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         try:
             self._wait_healthy()
         except BaseException:
@@ -117,8 +122,8 @@ class ExampleServer:
 
 
 @contextlib.contextmanager
-def example_server(*options: str) -> Iterator[ExampleServer]:
-    server = ExampleServer(*options)
+def example_server(*options: str, as_file: bool = False) -> Iterator[ExampleServer]:
+    server = ExampleServer(*options, as_file=as_file)
     try:
         yield server
     finally:

@@ -185,6 +185,18 @@ async def test_a_full_queue_answers_503_at_once(rows_and_expected: tuple[np.ndar
     assert all(np.isclose(expected[:n], a, rtol=RTOL).any() for a in answers)
 
 
+@pytest.mark.single_loop
+async def test_the_server_runs_as_a_file_from_any_folder(rows_and_expected: tuple[np.ndarray, np.ndarray]) -> None:
+    # python examples/keras/server.py, as its docstring's reader may start it (and a folder other than the
+    # repository's): the imports, and uvicorn's import of the app, must still find the repository.
+    rows, expected = rows_and_expected
+    with example_server(as_file=True) as running:
+        for path in ("/predict", "/optimized_predict"):
+            responses = await _post_all(running.url, path, rows[:4])
+            assert [r.status_code for r in responses] == [200] * 4
+            np.testing.assert_allclose([r.json() for r in responses], expected[:4], rtol=RTOL)
+
+
 def test_settings_read_the_environment_and_refuse_bad_values() -> None:
     from examples.keras.server import ServerSettings
 
