@@ -669,7 +669,7 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
             raise
 
     async def _process(self, loop: asyncio.AbstractEventLoop, item: T, timeout: float | None, priority: float) -> R:
-        """:meth:`process` with keys, weights, a priority, a timeout or a bounded queue; or not running yet."""
+        """:meth:`process` with keys, weights, a priority, a timeout or a full queue; or not running yet."""
         if loop is not self._loop or self._state != _RUNNING:
             self._admit_slow(loop)
         if priority != 0:
