@@ -207,11 +207,6 @@ class DirectRoute(APIRoute):
         super().__init__(path, endpoint, **kwargs)
         self.app = request_response(endpoint)
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        # FastAPI's documented hook, which it also calls when the route is included in another router.
-        endpoint: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
-        return endpoint
-
 
 class ModelService:
     """The model, its compiled function and the two ways of calling it that the endpoints compare."""
