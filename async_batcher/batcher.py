@@ -1356,8 +1356,7 @@ class AsyncBatcher(abc.ABC, Generic[T, R]):
             if ran:
                 assert self._loop is not None
                 elapsed = self._loop.time() - batch.started
-                rec.batches += 1
-                rec.window.append((batch.waited, elapsed))
+                rec.record_batch(n, batch.waited, elapsed)
                 if self._adaptive is not None:
                     self._adaptive.observe(n, elapsed)
             if batch.generation == self._generation:

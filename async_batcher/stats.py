@@ -99,6 +99,12 @@ class _Recorder:
         # (queue wait of the oldest item, process_batch duration) per recent batch.
         self.window: deque[tuple[float, float]] = deque(maxlen=WINDOW)
 
+    def record_batch(self, size: int, waited: float, elapsed: float) -> None:
+        """One batch went through ``process_batch``: ``size`` items, its oldest item ``waited`` seconds for it, and
+        it took ``elapsed`` seconds."""
+        self.batches += 1
+        self.window.append((waited, elapsed))
+
     def snapshot(self, name: str, queued: int, in_flight: int) -> BatcherStats:
         window = list(self.window)
         return BatcherStats(
