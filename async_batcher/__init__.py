@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from async_batcher.adaptive import AdaptiveWaitState
 from async_batcher.batcher import AsyncBatcher
-from async_batcher.decorator import Batch, BatchedFunction, BatchedMethod, batch
+from async_batcher.decorator import BatchDecorator, BatchedFunction, BatchedMethod, batch
 from async_batcher.exceptions import (
     AsyncBatchException,
     BatcherStoppedError,
     BatchSizeMismatchError,
     ProcessBatchCancelledError,
     QueueFullException,
+    ReentrantCallError,
 )
 from async_batcher.stats import BatcherStats, LatencySummary
 
@@ -18,7 +19,7 @@ __all__ = [
     "AdaptiveWaitState",
     "AsyncBatcher",
     "AsyncBatchException",
-    "Batch",
+    "BatchDecorator",
     "BatchedFunction",
     "BatchedMethod",
     "BatcherStats",
@@ -27,5 +28,6 @@ __all__ = [
     "BatcherStoppedError",
     "ProcessBatchCancelledError",
     "QueueFullException",
+    "ReentrantCallError",
     "batch",
 ]

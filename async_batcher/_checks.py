@@ -1,20 +1,77 @@
-"""Checks of numeric arguments, shared by the settings and calls that validate them (private)."""
+"""Checks of the values a user passes: settings and call arguments (private).
+
+Each check returns the value it accepts, converted (numpy's integers and floats are numbers too), or raises
+``ValueError`` (a value out of range) or ``TypeError`` (a value of the wrong kind) naming the value.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import numbers
+import operator
 from typing import TypeGuard
 
 __all__: list[str] = []
 
 
-def is_number(value: object) -> TypeGuard[float]:
-    """An int or a float, not a bool (True is an int, but never a meaningful count or time)."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def is_real(value: object) -> TypeGuard[float]:
+    """A real number (numpy's too), not a bool: True is an int, but never a meaningful count or time."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def finite_at_least(value: object, low: float, *, strictly: bool = False) -> TypeGuard[float]:
-    """A finite number >= ``low`` (> ``low`` when ``strictly``)."""
-    if not is_number(value) or not math.isfinite(value):
-        return False
-    return value > low if strictly else value >= low
+def seconds(name: str, value: object, *, positive: bool = False) -> float:
+    """A finite number of seconds, >= 0 (> 0 when ``positive``)."""
+    if not is_real(value) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+    return float(value)
+
+
+def count(name: str, value: object, *, zero_means_unlimited: bool = False) -> int:
+    """An integer (numpy's too) >= 1, or -1 for no limit (or 0 too, where ``zero_means_unlimited``)."""
+    number = None
+    if not isinstance(value, bool):
+        try:
+            number = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    if number is None or not (number >= 1 or number == -1 or (zero_means_unlimited and number == 0)):
+        zero = ", or 0" if zero_means_unlimited else ""
+        raise ValueError(f"{name} must be an int >= 1, or -1{zero} for no limit; got {value!r}")
+    return number
+
+
+def timeout(value: object) -> float | None:
+    """A ``timeout=``: ``None``, or a finite number of seconds >= 0."""
+    return None if value is None else seconds("timeout", value)
+
+
+def priority(value: object) -> float:
+    """A ``priority=``: any real number but NaN (lower goes first)."""
+    if not is_real(value) or math.isnan(value):
+        raise ValueError(f"priority must be a real number (lower goes first), got {value!r}")
+    return value
+
+
+def flag(name: str, value: object) -> bool:
+    """True or False, nothing else: a string such as "no" is not a flag."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def executor(value: object) -> concurrent.futures.Executor | None:
+    """Where a plain ``def process_batch`` runs: a :class:`concurrent.futures.Executor`, or ``None``."""
+    if value is not None and not isinstance(value, concurrent.futures.Executor):
+        raise TypeError(f"executor must be a concurrent.futures.Executor or None, got {value!r}")
+    return value
+
+
+def name(value: object, default: str) -> str:
+    """A batcher's name: a str, or ``None`` for ``default``."""
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise TypeError(f"name must be a str or None, got {value!r}")
+    return value

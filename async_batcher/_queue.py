@@ -1,7 +1,4 @@
-"""What waits in a batcher: queue entries, bulk calls, per-key lanes, and how results reach the callers.
-
-Private to the package. Kept apart from :mod:`async_batcher.batcher` so that the data layout (chosen for the hot
-path) can be read on its own.
+"""What waits in a batcher: queue entries, lanes, and the queue that counts them and forms batches (private).
 
 A queued single item is a small list, not an object: creating it is the one allocation per item besides its
 future, and the hot path reads it by index::
@@ -9,97 +6,59 @@ future, and the hot path reads it by index::
     [item, sink, arrival, queued, weight, lane, index]
 
 ``sink`` is the caller's future, or the :class:`Bulk` of a ``process_many`` call (``index``: the item's place in
-it). ``queued`` turns False when the item leaves the queue: sent in a batch, or withdrawn because its caller left.
+it). ``queued`` turns False when the item leaves the queue: sent in a batch, or withdrawn because its caller left
+or a forced stop failed it. An entry leaves the queue exactly once; every count below changes with that step.
 
-A batch keeps, beside its items, one *sink* per caller: a future, or ``(bulk, start, count)`` for a run of a
-bulk call's items.
+A plain ``process_many`` call (no keys, no weights) is one entry of its own, a :class:`~async_batcher._sinks.Bulk`,
+sliced into batches as they go out: ``bulk.pos`` items of it have left the queue.
 """
 
 from __future__ import annotations
 
-import asyncio
+import math
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any
+from collections.abc import Hashable, Iterator
+from itertools import repeat
+from operator import itemgetter, setitem
+from typing import TYPE_CHECKING, Any
+
+from async_batcher._sinks import Bulk, consume, future_done
+
+if TYPE_CHECKING:
+    from async_batcher.stats import _Recorder
 
 __all__: list[str] = []
 
-future_done = asyncio.Future.done
-_set_result = asyncio.Future.set_result
-# Runs an iterator to its end without keeping anything: a loop in C.
-consume: Callable[[Iterable[Any]], None] = deque[Any](maxlen=0).extend
-
 ITEM, SINK, ARRIVAL, QUEUED, WEIGHT, LANE, INDEX = range(7)
 
+# The key of every item when batch_key is not overridden.
+DEFAULT_KEY: Hashable = object()
 
-class Bulk:
-    """One ``process_many`` call.
-
-    Without keys or weights its items stay one queue entry, sliced into batches as they go out (``pos``: how many
-    have left the queue). Otherwise each item is a queue entry of its own (``entries``) whose sink is this bulk.
-    """
-
-    __slots__ = ("arrival", "entries", "future", "items", "lane", "left", "pos", "results", "return_exceptions")
-
-    def __init__(
-        self,
-        items: list[Any],
-        future: asyncio.Future[list[Any]],
-        arrival: float,
-        return_exceptions: bool,
-        lane: Lane | None,
-    ) -> None:
-        self.items = items
-        self.future = future
-        self.arrival = arrival
-        self.return_exceptions = return_exceptions
-        self.lane = lane
-        self.pos = 0
-        self.left = len(items)  # results still to come
-        self.results: list[Any] = [None] * len(items)
-        self.entries: list[list[Any]] | None = None
-
-    def done(self) -> bool:
-        return self.future.done()
-
-    def deliver(self, start: int, results: Sequence[Any], offset: int, count: int) -> int:
-        """Take ``results[offset:offset+count]`` for ``items[start:start+count]``; return how many failed."""
-        if self.future.done():
-            return 0
-        chunk = results[offset : offset + count]
-        self.results[start : start + count] = chunk
-        failed = 0
-        for r in chunk:
-            if isinstance(r, Exception):
-                failed += 1
-                if not self.return_exceptions:
-                    self.future.set_exception(r)
-                    return failed
-        self.left -= count
-        if self.left == 0:
-            self.future.set_result(self.results)
-        return failed
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.future.done():
-            self.future.set_exception(exc)
+_item_of = itemgetter(ITEM)
+_sink_of = itemgetter(SINK)
+_queued_of = itemgetter(QUEUED)
+_popleft = deque.popleft
 
 
 class Lane:
-    """The items of one batch key waiting for a batch: a FIFO deque per priority level."""
+    """The items of one batch key waiting for a batch: a FIFO deque per priority level.
+
+    ``count`` is the number of its items still queued; ``weight`` their total weight while weights are kept
+    (:attr:`Queue.weighted`).
+    """
 
     __slots__ = ("clean", "count", "key", "levels", "order", "served", "weight")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        # True while every entry of its levels is a single item still queued (no bulk call, nothing withdrawn
-        # in place): batches can then be formed without looking at each entry.
+        # True while every entry of its levels is a single item still queued, its own caller's (no bulk call,
+        # nothing withdrawn in place): a batch can then be formed without looking at each entry.
         self.clean = True
         self.served = -1  # when its last batch went out (a dispatch count); -1: never
         self.levels: dict[float, deque[Any]] = {}
         self.order: list[deque[Any]] = []  # the levels, best (lowest) priority first
-        self.count = 0  # items waiting
-        self.weight = 0.0  # their total weight
+        self.count = 0
+        self.weight = 0.0
 
     def level(self, priority: float) -> deque[Any]:
         fifo = self.levels.get(priority)
@@ -108,97 +67,320 @@ class Lane:
             self.order = [self.levels[p] for p in sorted(self.levels)]
         return fifo
 
-    def entries(self) -> list[Any]:
-        return [entry for fifo in self.order for entry in fifo]
+    def entries(self) -> Iterator[Any]:
+        return (entry for fifo in self.order for entry in fifo)
 
-    def clear(self) -> None:
-        for fifo in self.order:
+
+class Taken:
+    """A batch just taken from the queue: its items, one sink per caller, their weight, its oldest arrival."""
+
+    __slots__ = ("futures_only", "items", "oldest", "sinks", "weight")
+
+    def __init__(self, items: list[Any], sinks: list[Any], *, oldest: float, weight: float, futures_only: bool) -> None:
+        self.items = items
+        self.sinks = sinks
+        self.oldest = oldest
+        self.weight = weight
+        self.futures_only = futures_only  # every sink is a single caller's future (no bulk call)
+
+
+class Queue:
+    """The items waiting for a batch, by lane (batch key) and, within a lane, by priority.
+
+    Invariants, after every step (checked by the property test through :func:`violations`):
+
+    - ``waiting == sum(lane.count for lane in lanes.values())``;
+    - ``lane.count`` is the number of the lane's items still queued: its single entries whose ``queued`` is True
+      plus ``len(bulk.items) - bulk.pos`` for each of its plain bulk entries;
+    - ``lane.weight`` is their total weight, while ``weighted``;
+    - ``recorder.exited`` grows by one for each item that leaves the queue (sent or withdrawn), once.
+    """
+
+    __slots__ = ("fifo0", "lane0", "lanes", "recorder", "waiting", "weighted")
+
+    def __init__(self, default_key: Hashable, recorder: _Recorder, *, weighted: bool) -> None:
+        self.lane0 = Lane(default_key)  # the lane of every item when batch_key is not overridden
+        self.fifo0 = self.lane0.level(0)  # its priority-0 level: where the common case appends
+        self.lanes: dict[Hashable, Lane] = {default_key: self.lane0}
+        self.waiting = 0
+        self.weighted = weighted  # lane.weight is kept (items have weights, or a weight limit is set)
+        self.recorder = recorder
+
+    # ------------------------------------------------------------------ entering
+
+    def lane(self, key: Hashable) -> Lane:
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = Lane(key)
+        return lane
+
+    def push(self, entry: list[Any], priority: float) -> None:
+        """Queue a single item's entry (its lane and weight are in it)."""
+        lane = entry[LANE]
+        lane.level(priority).append(entry)
+        if entry[SINK].__class__ is Bulk:
+            lane.clean = False
+        lane.count += 1
+        if self.weighted:
+            lane.weight += entry[WEIGHT]
+        self.waiting += 1
+
+    def push_bulk(self, bulk: Bulk, priority: float) -> None:
+        """Queue a plain ``process_many`` call as one entry of the default lane."""
+        lane = self.lane0
+        lane.level(priority).append(bulk)
+        lane.clean = False
+        n = len(bulk.items)
+        lane.count += n
+        if self.weighted:
+            lane.weight += n
+        self.waiting += n
+
+    # ------------------------------------------------------------------ leaving without a batch
+
+    def withdraw(self, entry: list[Any]) -> bool:
+        """Take a queued item out: its caller left, or a stop failed it; it is never sent. False if already out."""
+        if not entry[QUEUED]:
+            return False
+        entry[QUEUED] = False
+        lane = entry[LANE]
+        lane.clean = False  # the entry stays in its level until the dispatcher reaches it
+        lane.count -= 1
+        if self.weighted:
+            lane.weight -= entry[WEIGHT]
+        self.waiting -= 1
+        self.recorder.exited += 1
+        return True
+
+    def withdraw_bulk(self, bulk: Bulk) -> int:
+        """Take every item of a bulk call still queued out; return how many there were."""
+        if bulk.entries is not None:
+            return sum(map(self.withdraw, bulk.entries))
+        unsent = len(bulk.items) - bulk.pos
+        if unsent and bulk.lane is not None:
+            bulk.pos = len(bulk.items)
+            lane = bulk.lane
+            lane.clean = False
+            lane.count -= unsent
+            if self.weighted:
+                lane.weight -= unsent
+            self.waiting -= unsent
+            self.recorder.exited += unsent
+        return unsent
+
+    def clear(self) -> list[Any]:
+        """Take every item out (a forced stop); return the sinks of those whose callers still wait."""
+        sinks: list[Any] = []
+        for lane in self.lanes.values():
+            for entry in lane.entries():
+                if entry.__class__ is list:
+                    sink = entry[SINK]
+                    if self.withdraw(entry) and not sink.done():
+                        sinks.append(sink if sink.__class__ is not Bulk else (sink, entry[INDEX], 1))
+                else:
+                    start = entry.pos
+                    unsent = self.withdraw_bulk(entry)
+                    if unsent and not entry.future.done():
+                        sinks.append((entry, start, unsent))
+            for fifo in lane.order:
+                fifo.clear()
+            lane.clean = True
+        self.lanes = {self.lane0.key: self.lane0}
+        return sinks
+
+    # ------------------------------------------------------------------ looking
+
+    def live_head(self, fifo: deque[Any]) -> Any:
+        """The first entry of a level still waiting; drops the entries before it that have left."""
+        while fifo:
+            entry = fifo[0]
+            if entry.__class__ is list:
+                if entry[QUEUED]:
+                    if not entry[SINK].done():
+                        return entry
+                    # Its caller was cancelled and has not run since to withdraw it: it must not be sent.
+                    self.withdraw(entry)
+            else:
+                if entry.future.done():  # cancelled, timed out, or one of its items failed
+                    self.withdraw_bulk(entry)
+                if entry.pos < len(entry.items):
+                    return entry
+            fifo.popleft()
+        return None
+
+    def oldest(self, lane: Lane) -> float:
+        """Arrival time of the lane's oldest waiting item (``inf`` if its callers all left)."""
+        oldest = math.inf
+        for fifo in lane.order:
+            head = self.live_head(fifo)
+            if head is not None:
+                oldest = min(oldest, head[ARRIVAL] if head.__class__ is list else head.arrival)
+        return oldest
+
+    def drop_empty_lanes(self) -> None:
+        """Keys come and go: forget the lanes that hold nothing (the default lane stays)."""
+        if len(self.lanes) > 1:
+            for key in [key for key, lane in self.lanes.items() if not lane.count and lane is not self.lane0]:
+                del self.lanes[key]
+
+    def keep_weights(self) -> None:
+        """Weights come into play on a running batcher: count the queued items' weights from now on."""
+        self.weighted = True
+        for lane in self.lanes.values():
+            lane.weight = 0.0
+            for entry in lane.entries():
+                if entry.__class__ is list:
+                    lane.weight += entry[WEIGHT] if entry[QUEUED] else 0.0
+                elif entry.lane is not None:
+                    lane.weight += len(entry.items) - entry.pos
+
+    # ------------------------------------------------------------------ forming a batch
+
+    def take(
+        self, lane: Lane, limit: int, weight_limit: float, *, now: float, max_priority_wait: float
+    ) -> Taken | None:
+        """Take the lane's next batch: at most ``limit`` items and ``weight_limit`` weight.
+
+        The best priority goes first, unless the head of another level has waited ``max_priority_wait``; first
+        come, first served within a level. ``None`` if every caller of the lane has left.
+        """
+        taken = None
+        if not self.weighted and len(lane.order) == 1:
+            taken = self._take_plain(lane, limit)
+        if taken is None:
+            taken = self._take_each(lane, limit, weight_limit, now - max_priority_wait)
+            if taken is None:
+                return None
+        n = len(taken.items)
+        lane.count -= n
+        if self.weighted:
+            lane.weight -= taken.weight
+        self.waiting -= n
+        self.recorder.exited += n
+        if not any(lane.order):
+            lane.clean = True
+        return taken
+
+    def _take_plain(self, lane: Lane, limit: int) -> Taken | None:
+        """The common case in C-level passes: one level of single items whose callers all still wait."""
+        fifo = lane.order[0]
+        if not fifo:
+            return None
+        if limit >= len(fifo):
+            entries = list(fifo)
             fifo.clear()
-        self.count = 0
-        self.weight = 0.0
-        self.clean = True
+        else:
+            entries = list(map(_popleft, repeat(fifo, limit)))
+        sinks = list(map(_sink_of, entries)) if lane.clean or _regular(entries) else None
+        if sinks is None or any(map(future_done, sinks)):
+            fifo.extendleft(reversed(entries))  # a bulk call or a departed caller among them: the general way
+            return None
+        consume(map(setitem, entries, repeat(QUEUED), repeat(False)))  # entry[QUEUED] = False, in C
+        n = len(entries)
+        return Taken(list(map(_item_of, entries)), sinks, oldest=entries[0][ARRIVAL], weight=n, futures_only=True)
 
-
-def without_departed(items: list[Any], sinks: list[Any], futures_only: bool) -> tuple[list[Any], list[Any]]:
-    """The batch without the items whose callers already left (the same lists when none did)."""
-    if futures_only:
-        if not any(map(future_done, sinks)):  # one pass in C: the common case costs next to nothing
-            return items, sinks
-    else:
-        for sink in sinks:
-            if sink[0].future.done() if sink.__class__ is tuple else sink.done():
+    def _take_each(self, lane: Lane, limit: int, weight_limit: float, starved_before: float) -> Taken | None:
+        """Entry by entry: priorities, weights, bulk calls, departed callers."""
+        items: list[Any] = []
+        sinks: list[Any] = []
+        weight = 0.0
+        oldest = math.inf
+        futures_only = True
+        while len(items) < limit:
+            picked = self._next_level(lane, starved_before)
+            if picked is None:
                 break
-        else:
-            return items, sinks
-    kept_items: list[Any] = []
-    kept_sinks: list[Any] = []
-    i = 0
-    for sink in sinks:
-        if sink.__class__ is tuple:
-            count = sink[2]
-            if not sink[0].future.done():
-                kept_items.extend(items[i : i + count])
-                kept_sinks.append(sink)
-            i += count
-        else:
-            if not sink.done():
-                kept_items.append(items[i])
-                kept_sinks.append(sink)
-            i += 1
-    return kept_items, kept_sinks
+            fifo, entry = picked
+            if entry.__class__ is list:
+                w = entry[WEIGHT]
+                if items and weight + w > weight_limit:
+                    break  # the batch closes before an item that would overflow it
+                fifo.popleft()
+                entry[QUEUED] = False
+                weight += w
+                items.append(entry[ITEM])
+                sink = entry[SINK]
+                if sink.__class__ is Bulk:
+                    sink = (sink, entry[INDEX], 1)
+                    futures_only = False
+                sinks.append(sink)
+                oldest = min(oldest, entry[ARRIVAL])
+                continue
+            start = entry.pos
+            count = min(limit - len(items), len(entry.items) - start)
+            if weight_limit < math.inf:  # a weight limit set after this call was queued: its items weigh 1
+                room = int(weight_limit - weight)
+                if room < 1 and items:
+                    break
+                count = min(count, max(room, 1))
+            chunk = entry.items[start : start + count]  # a copy: process_batch may keep or mutate it
+            if items:
+                items.extend(chunk)
+            else:
+                items = chunk
+            sinks.append((entry, start, count))
+            futures_only = False
+            entry.pos = start + count
+            weight += count
+            oldest = min(oldest, entry.arrival)
+            if entry.pos == len(entry.items):
+                fifo.popleft()
+        if not items:
+            return None
+        return Taken(items, sinks, oldest=oldest, weight=weight, futures_only=futures_only)
+
+    def _next_level(self, lane: Lane, starved_before: float) -> tuple[deque[Any], Any] | None:
+        """The level to take the next item from: the best priority, unless a head arrived by ``starved_before``."""
+        order = lane.order
+        if len(order) == 1:
+            head = self.live_head(order[0])
+            return None if head is None else (order[0], head)
+        best = None
+        overdue = None
+        overdue_at = math.inf
+        for fifo in order:
+            head = self.live_head(fifo)
+            if head is None:
+                continue
+            if best is None:
+                best = (fifo, head)
+            arrival = head[ARRIVAL] if head.__class__ is list else head.arrival
+            if arrival <= starved_before and arrival < overdue_at:
+                overdue, overdue_at = (fifo, head), arrival
+        return overdue if overdue is not None else best
 
 
-def fail_sinks(sinks: list[Any], exc: BaseException) -> int:
-    """Give ``exc`` to every caller of a batch still waiting; return how many items that failed."""
-    failed = 0
-    for sink in sinks:
-        if sink.__class__ is tuple:
-            bulk = sink[0]
-            if not bulk.future.done():
-                failed += sink[2]
-                bulk.fail(exc)
-        elif not sink.done():
-            sink.set_exception(exc)
-            failed += 1
-    return failed
+def _regular(entries: list[Any]) -> bool:
+    """Single items, all still queued, each its own caller's (no bulk call): what a clean lane holds."""
+    return (
+        set(map(type, entries)) == {list}
+        and all(map(_queued_of, entries))
+        and Bulk not in set(map(type, map(_sink_of, entries)))
+    )
 
 
-def deliver(sinks: list[Any], results: Sequence[Any], futures_only: bool) -> int:
-    """Hand each caller its result (an ``Exception`` element is raised to its caller); return how many failed."""
-    failed = 0
-    if futures_only and not any(issubclass(kind, Exception) for kind in set(map(type, results))):
-        # No exception among the results (one look at their types, not one isinstance per item).
-        if len(sinks) != len(results):
-            raise ValueError(f"{len(results)} results for {len(sinks)} callers")
-        if any(map(future_done, sinks)):
-            for sink, result in zip(sinks, results, strict=True):
-                if not sink.done():  # (else its caller left: the result is dropped)
-                    sink.set_result(result)
-        else:
-            # Every caller still waits (the common case): set them all in one pass in C. Nothing can finish a
-            # future meanwhile: set_result schedules its callbacks, it does not run them.
-            consume(map(_set_result, sinks, results))
-        return 0
-    if futures_only:
-        return sum(map(_settle, sinks, results))
-    i = 0
-    for sink in sinks:
-        if sink.__class__ is tuple:
-            bulk, start, count = sink
-            failed += bulk.deliver(start, results, i, count)
-            i += count
-            continue
-        failed += _settle(sink, results[i])
-        i += 1
-    return failed
-
-
-def _settle(sink: asyncio.Future[Any], result: Any) -> int:
-    """Give one caller its result, or raise to it the ``Exception`` the result is; 1 if that failed it."""
-    if sink.done():
-        return 0  # its caller left: the result is dropped
-    if isinstance(result, Exception):
-        sink.set_exception(result)
-        return 1
-    sink.set_result(result)
-    return 0
+def violations(queue: Queue) -> list[str]:
+    """The invariants of :class:`Queue` that do not hold now, described (for the tests)."""
+    found: list[str] = []
+    total = 0
+    for key, lane in queue.lanes.items():
+        count = 0
+        weight = 0.0
+        for entry in lane.entries():
+            if entry.__class__ is list:
+                if entry[QUEUED]:
+                    count += 1
+                    weight += entry[WEIGHT]
+            elif entry.lane is not None:
+                count += len(entry.items) - entry.pos
+                weight += len(entry.items) - entry.pos
+        if count != lane.count:
+            found.append(f"lane {key!r}: count {lane.count}, but {count} items queued")
+        if queue.weighted and not math.isclose(weight, lane.weight, abs_tol=1e-6):
+            found.append(f"lane {key!r}: weight {lane.weight}, but {weight} queued")
+        if lane.count < 0:
+            found.append(f"lane {key!r}: negative count {lane.count}")
+        total += lane.count
+    if total != queue.waiting:
+        found.append(f"waiting {queue.waiting}, but the lanes hold {total}")
+    return found

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from async_batcher._checks import finite_at_least
+from async_batcher._checks import seconds
 
 __all__ = ["AdaptiveWait", "AdaptiveWaitState"]
 
@@ -60,9 +60,7 @@ class AdaptiveWait:
     __slots__ = ("_last_submitted", "_last_time", "_n", "_nn", "_nt", "_t", "_w", "max_latency", "observations", "rate")
 
     def __init__(self, max_latency: float) -> None:
-        if not finite_at_least(max_latency, 0, strictly=True):
-            raise ValueError(f"max_latency must be a finite number of seconds > 0, got {max_latency!r}")
-        self.max_latency = float(max_latency)
+        self.max_latency = seconds("max_latency", max_latency, positive=True)
         self._w = self._n = self._t = self._nn = self._nt = 0.0
         self.observations = 0
         self.rate = 0.0

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.stats import BatcherStats
 
-__all__ = ["Batch", "BatchedFunction", "BatchedMethod", "batch"]
+__all__ = ["BatchDecorator", "BatchedFunction", "BatchedMethod", "batch"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -253,7 +253,7 @@ class BatchedMethod(Generic[S, T, R]):
         return f"<batched method {_qualname(self._func)}>"
 
 
-class Batch:
+class BatchDecorator:
     """The type of :data:`batch`: a decorator, used bare (``@batch``) or with settings (``@batch(...)``)."""
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
@@ -287,7 +287,7 @@ class Batch:
         name: str | None = ...,
         key: Callable[[Any], Hashable] | None = ...,
         weight: Callable[[Any], float] | None = ...,
-    ) -> Batch: ...
+    ) -> BatchDecorator: ...
 
     def __call__(self, *args: Any, **options: Any) -> Any:
         """Decorate ``func``, or, given only settings, return a decorator that uses them.
@@ -305,12 +305,17 @@ class Batch:
             raise TypeError(f"batch() takes the function to decorate and keyword settings; got {args!r}")
         merged = {**self._options, **options}
         if not args:
-            return Batch(merged)
+            return BatchDecorator(merged)
         func = args[0]
         if not callable(func):
             raise TypeError(
                 f"batch() takes the function to decorate, or keyword settings only; got {func!r}"
                 " (write @batch(max_batch_size=...))"
+            )
+        if inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"@batch cannot take {_qualname(func)!r}: it is an async generator function, and a batched function"
+                " returns one result per item (return a list instead of yielding)"
             )
         key = merged.pop("key", None)
         weight = merged.pop("weight", None)
@@ -333,4 +338,4 @@ class Batch:
 
 
 #: Decorator: ``@batch`` or ``@batch(max_batch_size=..., max_queue_time=..., key=..., weight=...)``.
-batch = Batch()
+batch = BatchDecorator()

@@ -12,6 +12,7 @@ __all__ = [
     "BatcherStoppedError",
     "ProcessBatchCancelledError",
     "QueueFullException",
+    "ReentrantCallError",
 ]
 
 
@@ -30,11 +31,16 @@ class BatcherStoppedError(AsyncBatchException, RuntimeError):
 class BatchSizeMismatchError(AsyncBatchException, ValueError):
     """``process_batch`` returned a number of results different from the number of items it was given."""
 
-    def __init__(self, expected: int, got: int) -> None:
-        super().__init__(f"process_batch returned {got} results for a batch of {expected} items")
+    def __init__(self, expected: int, got: int, *, at_least: bool = False) -> None:
+        returned = f"more than {expected}" if at_least else str(got)
+        super().__init__(f"process_batch returned {returned} results for a batch of {expected} items")
         self.expected = expected
-        self.got = got
+        self.got = got  # with at_least: the number read before giving up (expected + 1)
 
 
 class ProcessBatchCancelledError(AsyncBatchException):
     """``process_batch`` raised ``CancelledError`` of its own; the callers get this instead of being cancelled."""
+
+
+class ReentrantCallError(AsyncBatchException, RuntimeError):
+    """A call from inside ``process_batch`` would wait for its own batch (a deadlock): it is refused."""

@@ -43,24 +43,35 @@ class BatcherStats:
     """A snapshot of a batcher's counters; it does not change after it is taken.
 
     Item counts are cumulative over the batcher's life (across restarts); ``queued`` and ``in_flight`` are the
-    state at the moment of the snapshot. ``queue_wait`` is, per batch, how long its *oldest* item waited between
-    arrival and dispatch (the batch's worst case); ``process_time`` is how long ``process_batch`` took.
+    state at the moment of the snapshot. Every submitted item ends exactly once, counted in one of ``succeeded``,
+    ``failed``, ``cancelled`` and ``timed_out`` when its caller's call resolves (a ``process_many`` call's items
+    when the call resolves), so that::
+
+        submitted == succeeded + failed + cancelled + timed_out + (items whose callers still wait)
+
+    and once the batcher is stopped, with no caller left waiting, ``submitted == succeeded + failed + cancelled +
+    timed_out``. ``rejected`` items were never submitted. ``queue_wait`` is, per batch, how long its *oldest* item
+    waited between arrival and dispatch (the batch's worst case); ``process_time`` is how long ``process_batch``
+    took.
     """
 
     name: str
-    #: Batches sent to ``process_batch``.
+    #: Calls of ``process_batch`` that have ended (returned, raised, or were cancelled by a forced stop).
     batches: int
-    #: Items accepted into the queue.
+    #: Items accepted: into the queue, or into the line for room in a full queue (``wait_when_full``).
     submitted: int
-    #: Items that went through ``process_batch`` and got its result or its error.
+    #: Items that went through ``process_batch`` and whose callers got its outcome (not a stop's).
     processed: int
-    #: Items whose caller got an exception: from ``process_batch``, or abandoned by a forced or timed-out stop.
+    #: Items whose caller got its result.
+    succeeded: int
+    #: Items whose caller got an exception: from ``process_batch`` (raised, or returned for that item), the
+    #: failure of another item of the same ``process_many`` call, or a stop that abandoned the item.
     failed: int
-    #: Items whose caller was cancelled.
+    #: Items whose caller was cancelled before it had an outcome.
     cancelled: int
-    #: Items whose ``timeout=`` expired.
+    #: Items whose ``timeout=`` expired before they had an outcome.
     timed_out: int
-    #: Items refused at the door: queue full, or the batcher stopping or stopped.
+    #: Items refused at once, never submitted: queue full, the batcher stopping or stopped, or too heavy.
     rejected: int
     #: Items waiting in the queue now.
     queued: int
@@ -78,20 +89,23 @@ class _Recorder:
     __slots__ = (
         "batches",
         "cancelled",
-        "dequeued",
+        "exited",
         "failed",
         "processed",
         "rejected",
+        "succeeded",
         "timed_out",
         "window",
     )
 
     def __init__(self) -> None:
         self.batches = 0
-        # Items that left the queue (sent, withdrawn, abandoned); with those still queued, every item accepted.
-        # Counted per batch, not per item, to keep the hot path short.
-        self.dequeued = 0
+        # Submitted items that are no longer waiting in the queue nor in the line for room (sent, withdrawn, or
+        # given up); with those still waiting, every item submitted. Counted per batch, not per item, to keep the
+        # hot path short.
+        self.exited = 0
         self.processed = 0
+        self.succeeded = 0
         self.failed = 0
         self.cancelled = 0
         self.timed_out = 0
@@ -100,18 +114,19 @@ class _Recorder:
         self.window: deque[tuple[float, float]] = deque(maxlen=WINDOW)
 
     def record_batch(self, size: int, waited: float, elapsed: float) -> None:
-        """One batch went through ``process_batch``: ``size`` items, its oldest item ``waited`` seconds for it, and
-        it took ``elapsed`` seconds."""
+        """One call of ``process_batch`` ended: ``size`` items, its oldest item ``waited`` seconds for it, and it
+        took ``elapsed`` seconds."""
         self.batches += 1
         self.window.append((waited, elapsed))
 
-    def snapshot(self, name: str, queued: int, in_flight: int) -> BatcherStats:
+    def snapshot(self, name: str, *, queued: int, awaiting_room: int, in_flight: int) -> BatcherStats:
         window = list(self.window)
         return BatcherStats(
             name=name,
             batches=self.batches,
-            submitted=self.dequeued + queued,
+            submitted=self.exited + queued + awaiting_room,
             processed=self.processed,
+            succeeded=self.succeeded,
             failed=self.failed,
             cancelled=self.cancelled,
             timed_out=self.timed_out,

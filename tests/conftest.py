@@ -53,6 +53,7 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def __init__(self) -> None:
         self._now = 0.0
+        self.jumps = 0  # how many times the clock jumped to a timer: each is a wake-up of an idle loop
         self.busy_threads = 0
         super().__init__(selector=_JumpSelector(self))
 
@@ -61,6 +62,7 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def advance(self, seconds: float) -> None:
         self._now += seconds
+        self.jumps += 1
 
     def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         # While a thread works, time must not jump ahead of it.

@@ -311,8 +311,9 @@ def test_the_defaults_are_those_of_0_2_2() -> None:
     assert (b.max_batch_size, b.max_queue_time, b.concurrency, b.max_queue_size, b.executor) == (-1, 0.01, 1, -1, None)
 
 
-def test_batch_size_is_a_synonym_of_max_batch_size_but_not_both() -> None:
-    assert Recording(batch_size=20).max_batch_size == 20
+def test_batch_size_is_a_deprecated_synonym_of_max_batch_size_but_not_both() -> None:
+    with pytest.warns(DeprecationWarning, match="max_batch_size"):
+        assert Recording(batch_size=20).max_batch_size == 20
     with pytest.raises(TypeError, match="both"):
         Recording(batch_size=20, max_batch_size=10)
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from async_batcher import AsyncBatcher, AsyncBatchException, BatchSizeMismatchError, ProcessBatchCancelledError
+from async_batcher._queue import Queue
 from tests.batchers import Recording, SyncRecording, until
 
 
@@ -152,20 +153,21 @@ async def test_process_many_can_return_exceptions_in_place() -> None:
 
 
 async def test_a_bug_in_the_dispatcher_fails_the_callers_instead_of_hanging_them(
-    loop_errors: list[dict[str, Any]],
+    loop_errors: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    b = Recording(max_queue_time=0)
-    original = b._dispatch
+    # Fault injection: forming a batch (an internal step, no public hook reaches it) fails once.
+    original = Queue.take
     calls = 0
 
-    def broken_once(*args: Any) -> None:
+    def broken_once(self: Queue, *args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("a bug")
-        original(*args)
+        return original(self, *args, **kwargs)
 
-    b._dispatch = broken_once  # type: ignore[method-assign]
+    monkeypatch.setattr(Queue, "take", broken_once)
+    b = Recording(max_queue_time=0)
     results = await asyncio.gather(*(b.process(i) for i in range(3)), return_exceptions=True)
     assert all(isinstance(r, AsyncBatchException) and "a bug" in str(r) for r in results)
     assert [type(e["exception"]) for e in loop_errors] == [RuntimeError]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Hashable
 from typing import Any
 
@@ -48,13 +50,31 @@ async def test_each_key_keeps_its_own_deadline_and_size_trigger() -> None:
     await b.stop()
 
 
+class Key:
+    """A batch key that can be referred to weakly: whether the batcher still holds it can be seen from outside."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
 async def test_keys_come_and_go() -> None:
-    b = ByKey(max_queue_time=0)
+    class ByKeyObject(Recording):
+        def batch_key(self, item: Any) -> Hashable:
+            return item[0]
+
+        async def process_batch(self, batch: list[Any]) -> Any:  # type: ignore[override]
+            return [n for _, n in batch]
+
+    b = ByKeyObject(max_queue_time=0)
+    seen: list[weakref.ref[Key]] = []
     for round_ in range(5):
-        assert await asyncio.gather(*(b.process(round_ * 100 + i) for i in range(3))) == [
-            (round_ * 100 + i) * 2 for i in range(3)
-        ]
-    assert len(b._lanes) == 1  # only the lane every batcher keeps; the others were dropped when empty
+        keys = [Key(round_ * 10 + i) for i in range(3)]
+        seen += [weakref.ref(k) for k in keys]
+        assert await asyncio.gather(*(b.process((k, k.n)) for k in keys)) == [k.n for k in keys]
+        del keys
+    gc.collect()
+    assert [ref() for ref in seen] == [None] * 15  # the batcher kept no lane for a key that is gone
+    assert b.stats.batches == 15
     await b.stop()
 
 

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from tests.batchers import Recording
 
 
 async def test_a_deadline_already_past_when_the_timer_is_armed_still_fires() -> None:
-    # uvloop's call_at returns a plain Handle (no when()) for a time already past: the dispatcher must cope.
-    loop = asyncio.get_running_loop()
+    # The loop is held up between an item's arrival and its dispatch, so that its deadline has passed (by the
+    # clock; uvloop's clock is cached per iteration and can lag) when the dispatcher arms its timer. uvloop's call_at
+    # returns a plain Handle for a time already past: the dispatcher must cope.
     b = Recording(max_batch_size=100, max_queue_time=0.001)
-    b.start()
-    b._arm_timer(loop, loop.time() - 1.0)
-    b._arm_timer(loop, loop.time() + 3600.0)  # a later deadline keeps the earlier timer
-    assert await asyncio.wait_for(b.process(1), 5) == 2
+    for i in range(20):
+        call = asyncio.ensure_future(b.process(i))
+        await asyncio.sleep(0)  # the item is queued, a timer armed for its deadline
+        time.sleep(0.002)  # noqa: ASYNC251 - the loop is blocked on purpose, past that deadline
+        assert await asyncio.wait_for(call, 5) == 2 * i
+    assert b.stats.batches == 20
     await b.stop()
 
 

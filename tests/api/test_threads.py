@@ -12,12 +12,16 @@ from typing import Any
 import pytest
 
 from async_batcher import BatcherStoppedError, batch
-from async_batcher.threads import LoopThread, call_blocking
 from tests.api.test_decorator import Scaler
 from tests.batchers import Recording, until
 
 # Every blocking call in these tests has a timeout, so that a broken batcher fails a test instead of hanging it.
 WAIT = 30.0
+
+
+def loop_threads(name: str) -> list[threading.Thread]:
+    """The event-loop threads a batcher of this name started for blocking calls (they carry its name)."""
+    return [t for t in threading.enumerate() if t.name == f"async-batcher:{name}"]
 
 
 class ThreadRecording(Recording):
@@ -42,7 +46,7 @@ async def test_threads_calling_at_once_share_batches_on_the_apps_loop() -> None:
     assert results == [2 * i for i in range(32)]
     assert b.stats.batches == 1 and sorted(b.batches[0]) == list(range(32))
     assert b.threads == {threading.current_thread()}
-    assert b._loop_thread.thread is None  # no loop thread of its own was needed
+    assert not loop_threads(b.name)  # no loop thread of its own was needed
     await b.stop()
 
 
@@ -61,7 +65,7 @@ def test_a_program_without_an_event_loop_gets_a_loop_thread_that_stop_sync_ends(
     assert thread not in threading.enumerate()
     with pytest.raises(BatcherStoppedError):
         b.process_sync(1, timeout=WAIT)
-    assert b._loop_thread.thread is None  # refusing the item started nothing
+    assert not loop_threads(b.name)  # refusing the item started nothing
     assert b.stats.rejected == 1
 
     b.start()  # with no running loop: marks it to start at the next use, on a new loop thread
@@ -105,7 +109,7 @@ async def test_a_blocking_call_on_an_event_loop_thread_is_refused() -> None:
             b.process_many_sync([1], timeout=WAIT)
         with pytest.raises(RuntimeError, match="await"):
             b.stop_sync()
-    assert unbound._loop_thread.thread is None
+    assert not loop_threads(unbound.name)
     assert bound.stats.submitted == 0
     await bound.stop()
 
@@ -150,41 +154,40 @@ def test_a_decorated_sync_function_called_from_threads() -> None:
     assert results == [i * i for i in range(8)]
     assert len(calls) == 1 and sorted(calls[0]) == list(range(8))
     assert square.process_many_sync(range(8), timeout=WAIT) == results
-    thread = square.batcher._loop_thread.thread
-    assert thread is not None
+    (thread,) = loop_threads("squares")
     square.stop_sync()
     assert not thread.is_alive()
 
 
 def test_a_method_called_from_a_thread_and_its_loop_thread_ends_with_the_instance() -> None:
     assert Scaler(3).offset.sync(2, timeout=WAIT) == 5  # a temporary instance lives through the call
+    gc.collect()
+    before = set(loop_threads("Scaler.offset"))
     s = Scaler(10)
     assert s.offset.sync(1, timeout=WAIT) == 11
-    thread = s.offset.batcher._loop_thread.thread
-    assert thread is not None and thread.is_alive()
+    (thread,) = set(loop_threads("Scaler.offset")) - before
+    assert thread.is_alive()
     del s
     gc.collect()  # the instance, then its batcher, are gone: the batcher's finalizer stops the thread
     thread.join(WAIT)
     assert not thread.is_alive()
 
 
-def test_stopping_a_loop_thread_releases_the_threads_waiting_on_it() -> None:
-    lt = LoopThread("test-loop")
-    loop = lt.start()
-    assert lt.start() is loop  # idempotent
+def test_stopping_the_loop_thread_releases_the_threads_waiting_on_it() -> None:
     started = threading.Event()
 
-    async def forever() -> None:
-        started.set()
-        await asyncio.Event().wait()
+    class Forever(Recording):
+        async def process_batch(self, batch: list[int]) -> Any:
+            started.set()
+            await asyncio.Event().wait()  # never answers
 
+    b = Forever(max_queue_time=0, name="forever")
     with ThreadPoolExecutor(max_workers=1) as pool:
-        waiting = pool.submit(call_blocking, loop, forever(), None)
+        waiting = pool.submit(b.process_sync, 1)  # no timeout: only the stop can release it
         assert started.wait(WAIT)
-        thread = lt.thread
-        assert thread is not None
-        lt.stop()
+        (thread,) = loop_threads("forever")
+        b.stop_sync(timeout=0.05)  # the drain cannot finish: the timed-out stop fails the caller
         with pytest.raises(BatcherStoppedError):
             waiting.result(WAIT)
-    assert not thread.is_alive() and loop.is_closed()
-    lt.stop()  # a no-op once stopped
+    assert not thread.is_alive()
+    b.stop_sync()  # a no-op once stopped

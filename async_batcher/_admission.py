@@ -1,0 +1,291 @@
+"""How items get in and how they get out without a batch: the slow paths of submission, waiting for room in a full
+queue, timeouts, and withdrawal when a caller leaves (private).
+
+:meth:`AsyncBatcher.process` keeps the common case inline (running on its loop, no key, no weight, no timeout, no
+priority, room in the queue); everything else comes here. A blocking call is "wait, then the non-blocking call":
+:func:`wait_for_room` waits its turn, then the caller queues its items as if there had been room all along.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from async_batcher import _checks, _dispatch, _execution, _lifecycle
+from async_batcher._queue import DEFAULT_KEY, LANE, SINK, Queue
+from async_batcher._run import Run, State
+from async_batcher._sinks import Bulk
+from async_batcher.exceptions import BatcherStoppedError, QueueFullException, ReentrantCallError
+
+if TYPE_CHECKING:
+    from async_batcher.batcher import AsyncBatcher
+
+__all__: list[str] = []
+
+
+async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None, priority: float) -> Any:
+    """:meth:`AsyncBatcher.process` with a key, a weight, a priority, a timeout or a full queue; or not running."""
+    if priority != 0:
+        priority = _checks.priority(priority)
+    timeout = _checks.timeout(timeout)
+    loop = asyncio.get_running_loop()
+    run = _lifecycle.admit(b, loop, 1)
+    deadline = None if timeout is None else loop.time() + timeout
+    key, weight = key_and_weight(b, run, item, 1)
+    if no_room(b, run, 1):
+        await wait_for_room(b, run, 1, deadline)
+    queue = run.queue
+    lane = queue.lane0 if key is DEFAULT_KEY else queue.lane(key)
+    fut: asyncio.Future[Any] = loop.create_future()
+    entry = [item, fut, loop.time(), True, weight, lane, 0]
+    queue.push(entry, priority)
+    if run.in_flight >= b._slot_limit:
+        refuse_if_reentrant(b, run, entry)
+    _dispatch.arrived(b, run, lane)
+    expiry = None if deadline is None else loop.call_at(deadline, expire, b, run, entry)
+    try:
+        return await fut
+    except asyncio.CancelledError:
+        left(b, run, entry, fut)
+        raise
+    finally:
+        if expiry is not None:
+            expiry.cancel()
+
+
+async def submit_many(
+    b: AsyncBatcher[Any, Any], items: Iterable[Any], *, timeout: float | None, priority: float, return_exceptions: bool
+) -> list[Any]:
+    """:meth:`AsyncBatcher.process_many`: admitted whole or not at all, one future for the whole call."""
+    if priority != 0:
+        priority = _checks.priority(priority)
+    timeout = _checks.timeout(timeout)
+    return_exceptions = _checks.flag("return_exceptions", return_exceptions)
+    loop = asyncio.get_running_loop()
+    batch = list(items)
+    n = len(batch)
+    run = _lifecycle.admit(b, loop, n)
+    if n == 0:
+        return []
+    deadline = None if timeout is None else loop.time() + timeout
+    keys_weights = [key_and_weight(b, run, x, n) for x in batch] if run.keyed or run.queue.weighted else None
+    if n > b._room_limit:
+        b._recorder.rejected += n
+        raise QueueFullException(
+            f"{b.name}: process_many of {n} items can never fit in max_queue_size={b._max_queue_size}"
+        )
+    if no_room(b, run, n):
+        await wait_for_room(b, run, n, deadline)
+    queue = run.queue
+    fut: asyncio.Future[list[Any]] = loop.create_future()
+    bulk = _enqueue_bulk(queue, batch, keys_weights, fut, loop.time(), priority, return_exceptions, b)
+    if run.in_flight >= b._slot_limit:
+        refuse_if_reentrant(b, run, bulk)
+    lanes = [queue.lane0] if bulk.entries is None else dict.fromkeys(entry[LANE] for entry in bulk.entries)
+    for lane in lanes:
+        _dispatch.arrived(b, run, lane)
+    expiry = None if deadline is None else loop.call_at(deadline, expire_bulk, b, run, bulk)
+    try:
+        return await fut
+    except asyncio.CancelledError:
+        if fut.cancelled():
+            b._recorder.cancelled += n
+            withdraw_bulk(b, run, bulk)
+        raise
+    except BaseException:
+        withdraw_bulk(b, run, bulk)  # an item failed: the rest of the call is not sent
+        raise
+    finally:
+        if expiry is not None:
+            expiry.cancel()
+
+
+def _enqueue_bulk(
+    queue: Queue,
+    items: list[Any],
+    keys_weights: list[tuple[Hashable, float]] | None,
+    fut: asyncio.Future[list[Any]],
+    now: float,
+    priority: float,
+    return_exceptions: bool,
+    b: AsyncBatcher[Any, Any],
+) -> Bulk:
+    if keys_weights is None:  # one queue entry for the whole call: sliced into batches as they go out
+        bulk = Bulk(items, fut, now, return_exceptions=return_exceptions, lane=queue.lane0, recorder=b._recorder)
+        queue.push_bulk(bulk, priority)
+        return bulk
+    bulk = Bulk(items, fut, now, return_exceptions=return_exceptions, lane=None, recorder=b._recorder)
+    bulk.entries = []
+    for index, (x, (key, weight)) in enumerate(zip(items, keys_weights, strict=True)):
+        lane = queue.lane0 if key is DEFAULT_KEY else queue.lane(key)
+        entry = [x, bulk, now, True, weight, lane, index]
+        queue.push(entry, priority)
+        bulk.entries.append(entry)
+    return bulk
+
+
+def key_and_weight(b: AsyncBatcher[Any, Any], run: Run, item: Any, n: int) -> tuple[Hashable, float]:
+    """Call the ``batch_key`` / ``item_weight`` hooks once for an item, and check what they return."""
+    key = b.batch_key(item) if run.keyed else DEFAULT_KEY
+    if key is not DEFAULT_KEY:
+        try:
+            hash(key)
+        except TypeError:
+            raise TypeError(f"{b.name}: batch_key() returned an unhashable key: {key!r}") from None
+    if not run.queue.weighted:
+        return key, 1.0
+    weight = b.item_weight(item)
+    if not _checks.is_real(weight) or not math.isfinite(weight) or weight < 0:
+        raise ValueError(f"{b.name}: item_weight() must return a finite number >= 0, got {weight!r}")
+    if weight > b._weight_limit:
+        b._recorder.rejected += n
+        raise ValueError(
+            f"{b.name}: an item of weight {weight!r} can never fit in max_batch_weight={b._max_batch_weight!r}"
+        )
+    return key, float(weight)
+
+
+def refuse_if_reentrant(b: AsyncBatcher[Any, Any], run: Run, entry: Any) -> None:
+    """Every slot is taken: an item submitted from inside one of this run's batches would wait for its own batch
+    forever. Take it back and refuse it."""
+    inside = _execution.current_batch.get()
+    if inside is None or inside.run is not run or not inside.is_live():
+        return
+    if entry.__class__ is list:
+        withdraw(b, run, entry)
+    else:
+        withdraw_bulk(b, run, entry)
+    b._recorder.failed += 1 if entry.__class__ is list else len(entry.items)
+    raise ReentrantCallError(
+        f"{b.name}: process() called from inside its own process_batch while every slot (concurrency="
+        f"{b._concurrency}) is taken: the item would wait for its own batch forever; raise concurrency, or do the "
+        "work directly"
+    )
+
+
+# ---------------------------------------------------------------------- room in a full queue
+
+
+def no_room(b: AsyncBatcher[Any, Any], run: Run, n: int) -> bool:
+    """Whether ``n`` items must wait for room: the queue is full, or others wait already (they go first)."""
+    return run.queue.waiting + run.reserved + n > b._room_limit or bool(run.putters)
+
+
+async def wait_for_room(b: AsyncBatcher[Any, Any], run: Run, n: int, deadline: float | None) -> None:
+    """Wait, first come first served, until ``n`` items fit in the queue; or refuse at once.
+
+    On return, room for the ``n`` items is the caller's: it queues them without awaiting anything.
+    """
+    rec = b._recorder
+    if not b._wait_when_full:
+        rec.rejected += n
+        raise QueueFullException(
+            f"{b.name}: the queue is full (max_queue_size={b._max_queue_size}); cannot process more items at the moment"
+        )
+    loop = run.loop
+    waiter: asyncio.Future[None] = loop.create_future()
+    run.putters.append((waiter, n))
+    run.awaiting_room += n
+    expiry = None if deadline is None else loop.call_at(deadline, _expire_waiter, waiter)
+    try:
+        await waiter
+    except BaseException as exc:  # it gives up: cancelled, timed out, or refused by a stop
+        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+            run.reserved -= n  # woken, then cancelled before it could queue: the room goes to the next in line
+        run.awaiting_room -= n
+        rec.exited += n
+        if isinstance(exc, asyncio.CancelledError):
+            rec.cancelled += n
+        elif isinstance(exc, TimeoutError):
+            rec.timed_out += n
+        else:
+            rec.failed += n
+        wake_putters(b, run)  # it may have been the head of the line, holding smaller requests back
+        raise
+    finally:
+        if expiry is not None:
+            expiry.cancel()
+    run.reserved -= n
+    run.awaiting_room -= n
+    if run.state is not State.RUNNING:  # woken, then a stop began before it could queue
+        rec.exited += n
+        rec.failed += n
+        raise BatcherStoppedError(f"{b.name} is {run.state.value}")
+
+
+def _expire_waiter(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError("no room in the queue within the timeout"))
+
+
+def wake_putters(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    """Promise room to the callers in line, in order, as long as the next one fits."""
+    putters = run.putters
+    while putters:
+        waiter, n = putters[0]
+        if waiter.done():  # it gave up while waiting: skip it
+            putters.popleft()
+            continue
+        if run.queue.waiting + run.reserved + n > b._room_limit:
+            return  # the head of the line does not fit yet; nobody may overtake it
+        putters.popleft()
+        run.reserved += n
+        waiter.set_result(None)
+
+
+def fail_putters(run: Run, exc: BaseException) -> None:
+    """Refuse every caller in line for room (a stop): each counts itself out as it wakes."""
+    while run.putters:
+        waiter, _ = run.putters.popleft()
+        if not waiter.done():
+            waiter.set_exception(exc)
+
+
+# ---------------------------------------------------------------------- leaving: cancellation, timeout, failure
+
+
+def left(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any], fut: asyncio.Future[Any]) -> None:
+    """A caller of :meth:`AsyncBatcher.process` was cancelled (its future was, with it)."""
+    if fut.cancelled():  # the caller's own cancellation, not an error of process_batch
+        b._recorder.cancelled += 1
+        withdraw(b, run, entry)
+
+
+def expire(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
+    """A ``timeout=`` of :meth:`AsyncBatcher.process` expired."""
+    fut = entry[SINK]
+    if fut.done():
+        return
+    b._recorder.timed_out += 1
+    withdraw(b, run, entry)
+    fut.set_exception(TimeoutError(f"{b.name}: no result within the timeout"))
+
+
+def expire_bulk(b: AsyncBatcher[Any, Any], run: Run, bulk: Bulk) -> None:
+    """A ``timeout=`` of :meth:`AsyncBatcher.process_many` expired: the whole call times out."""
+    if bulk.future.done():
+        return
+    b._recorder.timed_out += len(bulk.items)
+    bulk.future.set_exception(TimeoutError(f"{b.name}: no results within the timeout"))
+    withdraw_bulk(b, run, bulk)
+
+
+def withdraw(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
+    """Take an item out of the queue if it is still there: it will never be sent."""
+    if run.queue.withdraw(entry):
+        _withdrawn(b, run)
+
+
+def withdraw_bulk(b: AsyncBatcher[Any, Any], run: Run, bulk: Bulk) -> None:
+    """Take what is still queued of a ``process_many`` call out of the queue."""
+    if run.queue.withdraw_bulk(bulk):
+        _withdrawn(b, run)
+
+
+def _withdrawn(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    # Items left without a batch: room for those in line, and perhaps the end of a drain.
+    if run.putters:
+        wake_putters(b, run)
+    _lifecycle.check_drained(b, run)

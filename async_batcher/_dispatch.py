@@ -1,0 +1,165 @@
+"""When a batch goes out: the dispatch rule, the choice of lane, the one timer, the adaptive size trigger (private).
+
+The rule is :func:`due`, for one lane; :func:`pump` applies it to every lane while slots are free, and arms a
+single timer for the earliest deadline of the lanes that are not due yet. Nothing runs while nothing waits: an
+item's arrival schedules the pump (:func:`arrived`) only when a batch may have become due; a batch's end and a
+timer schedule it too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from async_batcher import _admission, _execution, _lifecycle
+from async_batcher._run import Run, State
+from async_batcher._settings import UNLIMITED
+from async_batcher.exceptions import AsyncBatchException
+
+if TYPE_CHECKING:
+    from async_batcher._queue import Lane
+    from async_batcher.batcher import AsyncBatcher
+
+__all__: list[str] = []
+
+_DISPATCHING = (State.RUNNING, State.STOPPING)
+
+
+def due(b: AsyncBatcher[Any, Any], run: Run, lane: Lane, now: float) -> float:
+    """Contract point 1, for one lane whose items wait and a free slot: when its next batch goes out.
+
+    - at once (``now``) while the batcher stops (a drain waits for no deadline), or when the lane holds a full
+      batch: ``max_batch_size`` items (or the adaptive wait's target size), or ``max_batch_weight``;
+    - else when its oldest waiting item has waited ``max_queue_time`` since it arrived (with ``max_latency``, the
+      adaptive wait's deadline for it);
+    - ``inf`` if nothing of it waits (its callers may all have left).
+    """
+    if not lane.count:
+        return math.inf
+    if run.state is State.STOPPING or lane.count >= b._size_trigger or lane.weight >= b._weight_limit:
+        return now
+    oldest = run.queue.oldest(lane)  # (it drops the entries of callers who left: the count may fall to 0)
+    if oldest == math.inf:
+        return math.inf
+    if b._adaptive is None:
+        return oldest + b._max_queue_time
+    return b._adaptive.send_by(oldest, max(lane.count, min(b._size_trigger, b._batch_limit)))
+
+
+def choose(b: AsyncBatcher[Any, Any], run: Run, now: float) -> tuple[Lane | None, float]:
+    """The due lane served longest ago, so that keys take turns when slots are scarce; and, of the lanes it
+    looked at that are not due, the earliest time one will be."""
+    chosen: Lane | None = None
+    next_at = math.inf
+    for lane in run.queue.lanes.values():
+        if chosen is not None and lane.served >= chosen.served:
+            continue  # it cannot go before the one chosen
+        at = due(b, run, lane, now)
+        if at <= now:
+            chosen = lane
+            if lane.served < 0:
+                break  # never served: nobody goes before it
+        elif at < next_at:
+            next_at = at
+    return chosen, next_at
+
+
+def pump(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    """Send every batch that is due while slots are free; else arm one timer for the next deadline."""
+    if run.state not in _DISPATCHING:
+        return
+    queue = run.queue
+    # A timer may fire a hair before its time by the loop's clock resolution: when it fired for a deadline, that
+    # deadline is due.
+    now = max(run.loop.time(), run.timer_when)
+    if b._adaptive is not None:
+        adapt(b, run, now)
+    next_at = math.inf
+    while queue.waiting and run.in_flight < b._slot_limit:
+        lane, next_at = choose(b, run, now)
+        if lane is None:
+            break
+        run.dispatches += 1
+        lane.served = run.dispatches
+        taken = queue.take(lane, b._batch_limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
+        if taken is not None:
+            _execution.launch(b, run, taken, now)
+    queue.drop_empty_lanes()
+    if run.putters:
+        _admission.wake_putters(b, run)  # the batches just taken made room
+    if not queue.waiting:
+        cancel_timer(run)  # nothing waits: an idle batcher has no wake-ups
+        _lifecycle.check_drained(b, run)
+    elif run.in_flight < b._slot_limit and next_at < math.inf:
+        arm_timer(b, run, next_at)
+
+
+def adapt(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
+    """The adaptive wait: learn the arrival rate, and set the size at which a batch goes at once."""
+    adaptive = b._adaptive
+    if adaptive is None:
+        return
+    adaptive.note_arrivals(b._recorder.exited + run.queue.waiting, now)
+    target = adaptive.target_size(b._concurrency)
+    b._size_trigger = max(1, min(b._batch_limit, math.ceil(target) if target < math.inf else UNLIMITED))
+
+
+# ---------------------------------------------------------------------- waking the pump
+
+
+def arrived(b: AsyncBatcher[Any, Any], run: Run, lane: Lane) -> None:
+    """Items joined ``lane``: schedule the pump if a batch may now be due (a slot is free, and no timer is armed
+    yet or the lane is full). :meth:`AsyncBatcher.process` inlines this test for the default lane."""
+    if (
+        run.pump_handle is None
+        and run.in_flight < b._slot_limit
+        and (run.timer is None or lane.count >= b._size_trigger or lane.weight >= b._weight_limit)
+    ):
+        run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
+
+
+def repump(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    """A setting or the state changed: let the dispatcher look again (a no-op when the run does not dispatch)."""
+    if run.state in _DISPATCHING and run.pump_handle is None and not run.loop.is_closed():
+        run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
+
+
+def scheduled_pump(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    run.pump_handle = None
+    pump_safely(b, run)
+
+
+def pump_safely(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    """:func:`pump`, such that even a bug in it cannot leave a caller waiting: it fails them, and serves on."""
+    try:
+        pump(b, run)
+    except Exception as exc:
+        run.loop.call_exception_handler(
+            {"message": f"{b.name}: internal error while dispatching batches", "exception": exc}
+        )
+        _lifecycle.abort(b, run, AsyncBatchException(f"{b.name}: internal error while dispatching batches: {exc!r}"))
+
+
+# ---------------------------------------------------------------------- the timer
+
+
+def arm_timer(b: AsyncBatcher[Any, Any], run: Run, deadline: float) -> None:
+    """Make sure the pump runs at ``deadline``: one timer, for the earliest deadline."""
+    if run.timer is not None:
+        if run.timer_at <= deadline:
+            return  # it fires first and will look again
+        run.timer.cancel()
+    run.timer = run.loop.call_at(deadline, on_timer, b, run, deadline)
+    run.timer_at = deadline
+
+
+def cancel_timer(run: Run) -> None:
+    if run.timer is not None:
+        run.timer.cancel()
+        run.timer = None
+
+
+def on_timer(b: AsyncBatcher[Any, Any], run: Run, when: float) -> None:
+    run.timer = None
+    run.timer_when = when
+    pump_safely(b, run)

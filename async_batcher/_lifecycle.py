@@ -1,0 +1,226 @@
+"""A batcher's life: binding to a loop (start), the stop (drain, force, timeout), the abort, on_start / on_stop.
+
+States (:class:`~async_batcher._run.State`): NEW, then RUNNING once bound to a loop (the first ``process()`` or
+``start()`` in a loop), STOPPING from ``stop()`` until its drain ends and ``on_stop()`` has run, then STOPPED. A
+stopped batcher starts again as a new run, in the same loop or another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from async_batcher import _admission, _dispatch
+from async_batcher import batcher as batcher_module
+from async_batcher._queue import DEFAULT_KEY
+from async_batcher._run import Run, State
+from async_batcher._sinks import fail_sinks
+from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ReentrantCallError
+
+if TYPE_CHECKING:
+    from async_batcher.batcher import AsyncBatcher
+
+__all__: list[str] = []
+
+logger = logging.getLogger("async_batcher")
+
+
+# ---------------------------------------------------------------------- starting
+
+
+def admit(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop, n: int) -> Run:
+    """The run that ``n`` items submitted from ``loop`` join: the running one, or a new one; else refuse them."""
+    run = b._run
+    if run.loop is loop and run.state is State.RUNNING:
+        return run
+    if run.state is State.NEW or (run.state is State.RUNNING and run.loop.is_closed()):
+        return bind(b, loop)
+    if run.state is State.RUNNING:
+        raise RuntimeError(f"{b.name} is running on another event loop")
+    b._recorder.rejected += n
+    raise BatcherStoppedError(f"{b.name} is {run.state.value}; start() it again to submit items")
+
+
+def bind(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop) -> Run:
+    """Make the batcher run on ``loop``: start it, or start it again after a stop, as a new run."""
+    old = b._run
+    if old.loop is loop and old.state is State.RUNNING:
+        return old
+    if old.state in (State.RUNNING, State.STOPPING) and old.loop is not None:
+        if old.loop is loop:
+            raise BatcherStoppedError(f"{b.name} is stopping; it can be started again once stop() returns")
+        if not old.loop.is_closed():
+            raise RuntimeError(f"{b.name} is running on another event loop; stop it there before using it here")
+        # Its loop was closed without a stop: whatever it held went with it, its callers too.
+        logger.warning("%s: its event loop was closed without stop(); starting afresh", b.name)
+        _account_abandoned(b, old)
+    cls = type(b)
+    keyed = cls.batch_key is not _base(b).batch_key
+    run = Run(
+        loop,
+        b._recorder,
+        state=State.RUNNING,
+        default_key=DEFAULT_KEY,
+        keyed=keyed,
+        # The hooks cost a call per item: they are only called when overridden (or weights are limited).
+        weighted=cls.item_weight is not _base(b).item_weight or b._max_batch_weight is not None,
+        by_keyword=_by_keyword(b.process_batch),
+        is_coroutine=inspect.iscoroutinefunction(b.process_batch),
+    )
+    run.fast_loop = loop if not (run.keyed or run.queue.weighted) else None
+    b._run = run
+    if cls.on_start is not _base(b).on_start:
+        run.startup = loop.create_task(b.on_start())
+        run.startup.add_done_callback(partial(_startup_done, b))
+    return run
+
+
+def _base(b: AsyncBatcher[Any, Any]) -> type[AsyncBatcher[Any, Any]]:
+    return batcher_module.AsyncBatcher
+
+
+def _by_keyword(process_batch: Any) -> bool:
+    """Call ``process_batch(batch=...)`` where its parameter is named ``batch`` (0.2.2's subclasses, keyword-only
+    ones too) or it takes ``**kwargs``; by position otherwise (any other name)."""
+    try:
+        parameters = inspect.signature(process_batch).parameters
+    except (TypeError, ValueError):
+        return False
+    named = parameters.get("batch")
+    if named is not None and named.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+        return True
+    positional = [p for p in parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return takes_kwargs and all(p.kind is inspect.Parameter.VAR_POSITIONAL for p in positional)
+
+
+def _account_abandoned(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    # The callers of a run whose loop closed are gone: their items end here, as failed.
+    rec = b._recorder
+    lost = run.queue.waiting + run.awaiting_room
+    rec.exited += lost
+    rec.failed += lost + sum(len(batch.items) for batch in run.batches)
+
+
+def _startup_done(b: AsyncBatcher[Any, Any], task: asyncio.Task[None]) -> None:
+    # A failing on_start is reported to the callers of the batches; retrieve it here so that a run with no batch
+    # does not end in "exception was never retrieved".
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("%s: on_start() failed: %s", b.name, type(task.exception()).__name__)
+
+
+# ---------------------------------------------------------------------- stopping
+
+
+async def stop(b: AsyncBatcher[Any, Any], *, force: bool, timeout: float | None) -> None:
+    """The body of :meth:`AsyncBatcher.stop` on the batcher's own loop: every step bounded by ``timeout``."""
+    run = b._run
+    if run.state is State.NEW or run.state is State.STOPPED:
+        return
+    loop = run.loop
+    if loop.is_closed():
+        run.state = State.STOPPED  # its loop is gone, and everything it held with it
+        return
+    if loop is not asyncio.get_running_loop():
+        raise RuntimeError(f"{b.name} runs on another event loop; call stop() there")
+    task = asyncio.current_task()
+    if any(batch.handle is task for batch in run.batches):
+        raise ReentrantCallError(
+            f"{b.name}: stop() awaited inside its own process_batch would wait for that batch forever; "
+            "stop it from outside the batch"
+        )
+    deadline = None if timeout is None else loop.time() + timeout
+    if run.state is State.RUNNING:
+        begin_stop(b, run)
+    if force:
+        abort(b, run, BatcherStoppedError(f"{b.name} was stopped with force=True"))
+    drained, closing = run.drained, run.closing
+    if drained is not None and not drained.done():
+        try:
+            await asyncio.wait_for(asyncio.shield(drained), _left(loop, deadline))
+        except TimeoutError:
+            abort(b, run, BatcherStoppedError(f"{b.name} was stopped: stop(timeout={timeout}) expired"))
+    closing = run.closing
+    if closing is None:  # (an abort always ends the drain, so this is not reached)
+        return
+    run.stop_waiters += 1
+    try:
+        await asyncio.wait_for(asyncio.shield(closing), _left(loop, deadline))
+    except TimeoutError:
+        logger.warning("%s: on_stop() did not finish within stop(timeout=%s); it is cancelled", b.name, timeout)
+        closing.cancel()
+        finish(run)
+    finally:
+        run.stop_waiters -= 1
+
+
+def _left(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - loop.time())
+
+
+def begin_stop(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    """Refuse new items, refuse the callers in line for room, and send what waits without waiting for deadlines."""
+    run.state = State.STOPPING
+    run.fast_loop = None
+    run.drained = run.loop.create_future()
+    _admission.fail_putters(run, BatcherStoppedError(f"{b.name} is stopping"))
+    _dispatch.repump(b, run)
+    check_drained(b, run)
+
+
+def check_drained(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    """During a stop: once nothing is queued or in flight, run ``on_stop()`` (exactly once). The callers in line for
+    room were refused when the stop began."""
+    if run.state is State.STOPPING and run.closing is None and not run.queue.waiting and not run.in_flight:
+        if run.drained is not None and not run.drained.done():
+            run.drained.set_result(None)
+        run.closing = run.loop.create_task(_finish_stop(b, run))
+        run.closing.add_done_callback(partial(_closing_done, b, run))
+
+
+async def _finish_stop(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    try:
+        if run.startup is not None and not run.startup.done():
+            run.startup.cancel()
+        await b.on_stop()
+    finally:
+        finish(run)
+
+
+def finish(run: Run) -> None:
+    """The end of a run: no wake-up left, and the state says so."""
+    _dispatch.cancel_timer(run)
+    if run.pump_handle is not None:
+        run.pump_handle.cancel()
+        run.pump_handle = None
+    run.state = State.STOPPED
+    run.fast_loop = None
+
+
+def _closing_done(b: AsyncBatcher[Any, Any], run: Run, task: asyncio.Task[None]) -> None:
+    # stop() re-raises an on_stop() failure to whoever awaits it; retrieve it here so that a stop nobody awaits
+    # still reports it, through the loop's exception handler.
+    if not task.cancelled() and task.exception() is not None and not run.stop_waiters:
+        run.loop.call_exception_handler(
+            {"message": f"{b.name}: on_stop() failed", "exception": task.exception(), "task": task}
+        )
+
+
+def abort(b: AsyncBatcher[Any, Any], run: Run, exc: AsyncBatchException) -> None:
+    """Fail every queued, waiting and in-flight caller with ``exc``; cancel the batches in flight and free their
+    slots. A batch running in a thread runs on to its end unheard; one still waiting for a thread never starts."""
+    rec = b._recorder
+    fail_sinks(run.queue.clear(), exc, rec)
+    _admission.fail_putters(run, exc)
+    for batch in run.batches:
+        batch.abandoned = True
+        fail_sinks(batch.sinks, exc, rec)
+        if isinstance(batch.handle, asyncio.Task):
+            batch.handle.cancel()
+    run.batches.clear()
+    run.in_flight = 0
+    _dispatch.cancel_timer(run)
+    check_drained(b, run)

@@ -1,0 +1,150 @@
+"""The settings of a batcher and their validation (private).
+
+:class:`Settings` holds the settings a batcher keeps across runs, each a property whose setter validates the new
+value (a bad value raises ``ValueError`` or ``TypeError`` naming it, and the old value stays) and then tells the
+batcher, through :meth:`Settings._settings_changed`, so that a running batcher applies it from its next batch.
+
+Beside each setting it keeps the limit the dispatcher compares against, with "no limit" as a number the hot path
+can compare without a branch (``sys.maxsize``, ``inf``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import sys
+from typing import Final
+
+from async_batcher._checks import count, executor, flag, is_real, seconds
+from async_batcher.adaptive import AdaptiveWait, AdaptiveWaitState
+
+__all__: list[str] = []
+
+UNLIMITED: Final = sys.maxsize
+
+
+class Settings:
+    """The live settings of a batcher, validated; the base of :class:`~async_batcher.AsyncBatcher`."""
+
+    # -- The limits the dispatcher reads (derived from the settings by their setters).
+    _batch_limit: int  # max_batch_size, or UNLIMITED
+    _size_trigger: int  # the size at which a batch goes at once: _batch_limit, or the adaptive wait's target
+    _slot_limit: int  # concurrency, or UNLIMITED
+    _room_limit: int  # max_queue_size, or UNLIMITED
+    _weight_limit: float  # max_batch_weight, or inf
+    _adaptive: AdaptiveWait | None  # the adaptive wait, when max_latency is set
+
+    def _settings_changed(self, *, weights: bool = False, room: bool = False) -> None:
+        """Overridden by the batcher: a setting changed; ``weights``: weights came into play; ``room``: the queue
+        may hold more."""
+
+    @property
+    def max_batch_size(self) -> int:
+        """The most items in one batch; ``-1`` for no limit."""
+        return self._max_batch_size
+
+    @max_batch_size.setter
+    def max_batch_size(self, value: int) -> None:
+        self._max_batch_size = count("max_batch_size", value)
+        self._batch_limit = UNLIMITED if self._max_batch_size == -1 else self._max_batch_size
+        self._size_trigger = self._batch_limit  # the adaptive wait lowers it to the size it aims for
+        self._settings_changed()
+
+    @property
+    def max_queue_time(self) -> float:
+        """The most seconds the oldest waiting item waits for its batch to fill, once a slot is free."""
+        return self._max_queue_time
+
+    @max_queue_time.setter
+    def max_queue_time(self, value: float) -> None:
+        self._max_queue_time = seconds("max_queue_time", value)
+        self._settings_changed()
+
+    @property
+    def concurrency(self) -> int:
+        """The most batches processed at once; ``-1`` for no limit."""
+        return self._concurrency
+
+    @concurrency.setter
+    def concurrency(self, value: int) -> None:
+        self._concurrency = count("concurrency", value)
+        self._slot_limit = UNLIMITED if self._concurrency == -1 else self._concurrency
+        self._settings_changed()
+
+    @property
+    def max_queue_size(self) -> int:
+        """The most items waiting (batches in flight not counted); ``-1`` or ``0`` for no limit."""
+        return self._max_queue_size
+
+    @max_queue_size.setter
+    def max_queue_size(self, value: int) -> None:
+        self._max_queue_size = count("max_queue_size", value, zero_means_unlimited=True)
+        self._room_limit = UNLIMITED if self._max_queue_size <= 0 else self._max_queue_size
+        self._settings_changed(room=True)
+
+    @property
+    def max_batch_weight(self) -> float | None:
+        """The most total ``item_weight`` in one batch; ``None`` for no limit."""
+        return self._max_batch_weight
+
+    @max_batch_weight.setter
+    def max_batch_weight(self, value: float | None) -> None:
+        if value is not None and (not is_real(value) or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"max_batch_weight must be None or a finite number > 0, got {value!r}")
+        self._max_batch_weight = None if value is None else float(value)
+        self._weight_limit = math.inf if value is None else float(value)
+        self._settings_changed(weights=value is not None)
+
+    @property
+    def max_priority_wait(self) -> float:
+        """The most seconds an item is passed over for items of a better priority."""
+        return self._max_priority_wait
+
+    @max_priority_wait.setter
+    def max_priority_wait(self, value: float) -> None:
+        self._max_priority_wait = seconds("max_priority_wait", value)
+
+    @property
+    def max_latency(self) -> float | None:
+        """The latency budget of the adaptive wait (see :mod:`async_batcher.adaptive`); ``None``: fixed wait.
+
+        When set, the batcher chooses how long batches wait from what it measures, and ``max_queue_time`` is not
+        used.
+        """
+        return None if self._adaptive is None else self._adaptive.max_latency
+
+    @max_latency.setter
+    def max_latency(self, value: float | None) -> None:
+        if value is None:
+            self._adaptive = None
+            self._size_trigger = self._batch_limit
+        else:
+            budget = seconds("max_latency", value, positive=True)
+            if self._adaptive is None:
+                self._adaptive = AdaptiveWait(budget)
+            else:
+                self._adaptive.max_latency = budget  # keep what it has learned
+        self._settings_changed()
+
+    @property
+    def adaptive_state(self) -> AdaptiveWaitState | None:
+        """What the adaptive wait believes now (cost model, arrival rate, target size), or ``None`` when off."""
+        return None if self._adaptive is None else self._adaptive.state(self._concurrency)
+
+    @property
+    def executor(self) -> concurrent.futures.Executor | None:
+        """Where a plain ``def process_batch`` runs; the loop's default executor if ``None``."""
+        return self._executor
+
+    @executor.setter
+    def executor(self, value: concurrent.futures.Executor | None) -> None:
+        self._executor = executor(value)
+
+    @property
+    def wait_when_full(self) -> bool:
+        """On a full queue, wait for room instead of raising :class:`~async_batcher.QueueFullException`."""
+        return self._wait_when_full
+
+    @wait_when_full.setter
+    def wait_when_full(self, value: bool) -> None:
+        self._wait_when_full = flag("wait_when_full", value)

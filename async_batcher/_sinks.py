@@ -1,0 +1,230 @@
+"""How results reach the callers: bulk calls, delivery, failure, and the check of what ``process_batch`` returned.
+
+Private to the package. A batch keeps one *sink* per caller: the caller's future, or ``(bulk, start, count)`` for a
+run of a ``process_many`` call's items. Every function here counts the outcomes it settles in the statistics, once
+per item (a bulk call's items when the call resolves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from itertools import islice, repeat
+from typing import TYPE_CHECKING, Any
+
+from async_batcher.exceptions import BatchSizeMismatchError
+
+if TYPE_CHECKING:
+    from async_batcher._queue import Lane
+    from async_batcher.stats import _Recorder
+
+__all__: list[str] = []
+
+future_done = asyncio.Future.done
+_set_result = asyncio.Future.set_result
+# Runs an iterator to its end without keeping anything: a loop in C.
+consume: Callable[[Iterable[Any]], None] = deque[Any](maxlen=0).extend
+# A bulk call's result slot that has no result yet.
+PENDING: Any = object()
+
+
+class Bulk:
+    """One ``process_many`` call: its items, its future, and the results gathered for it so far.
+
+    Without keys or weights its items stay one queue entry, sliced into batches as they go out (``pos``: how many
+    have left the queue). Otherwise each item is a queue entry of its own (``entries``) whose sink is this bulk.
+    Each item's outcome is counted in the statistics once, when the call resolves.
+    """
+
+    __slots__ = (
+        "arrival",
+        "entries",
+        "future",
+        "items",
+        "lane",
+        "left",
+        "pos",
+        "recorder",
+        "results",
+        "return_exceptions",
+    )
+
+    def __init__(
+        self,
+        items: list[Any],
+        future: asyncio.Future[list[Any]],
+        arrival: float,
+        *,
+        return_exceptions: bool,
+        lane: Lane | None,
+        recorder: _Recorder,
+    ) -> None:
+        self.items = items
+        self.future = future
+        self.arrival = arrival
+        self.return_exceptions = return_exceptions
+        self.lane = lane  # the lane of its single entry; None when each item is an entry of its own
+        self.recorder = recorder
+        self.pos = 0  # items that have left the queue (plain bulk only)
+        self.left = len(items)  # results still to come
+        self.results: list[Any] = [PENDING] * len(items)
+        self.entries: list[list[Any]] | None = None
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def deliver(self, start: int, results: Any, offset: int, count: int) -> None:
+        """Take ``results[offset:offset+count]`` for ``items[start:start+count]``."""
+        if self.future.done():
+            return
+        chunk = results[offset : offset + count]
+        if not self.return_exceptions:
+            for r in chunk:
+                if isinstance(r, Exception):
+                    self.fail(r)
+                    return
+        self.results[start : start + count] = chunk
+        self.left -= count
+        if self.left == 0:
+            self._succeed()
+
+    def fail_chunk(self, start: int, count: int, exc: BaseException) -> None:
+        """``items[start:start+count]`` failed with ``exc``: in their places, or the whole call."""
+        if self.future.done():
+            return
+        if not self.return_exceptions:
+            self.fail(exc)
+            return
+        self.results[start : start + count] = repeat(exc, count)
+        self.left -= count
+        if self.left == 0:
+            self._succeed()
+
+    def fail(self, exc: BaseException) -> None:
+        """The whole call fails with ``exc`` (with ``return_exceptions``: every item still without a result)."""
+        if self.future.done():
+            return
+        if self.return_exceptions and isinstance(exc, Exception):
+            self.results = [exc if r is PENDING else r for r in self.results]
+            self.left = 0
+            self._succeed()
+            return
+        self.recorder.failed += len(self.items)
+        self.future.set_exception(exc)
+
+    def _succeed(self) -> None:
+        failed = sum(1 for r in self.results if isinstance(r, BaseException))
+        self.recorder.failed += failed
+        self.recorder.succeeded += len(self.items) - failed
+        self.future.set_result(self.results)
+
+
+def as_results(results: object, n: int) -> Sequence[Any]:
+    """What ``process_batch`` returned for a batch of ``n``, as a sequence of ``n`` results; else raise.
+
+    ``None`` means ``None`` for every item. Any ordered iterable is taken (a list, a tuple, a numpy array, a
+    generator), reading at most ``n + 1`` of its elements; a mapping, a set or a string is refused, as is anything
+    that is not iterable.
+    """
+    if results is None:
+        return [None] * n
+    if results.__class__ is list or results.__class__ is tuple:
+        seq: Sequence[Any] = results
+    elif isinstance(results, str | bytes | bytearray | Mapping | Set) or not isinstance(results, Iterable):
+        raise TypeError(_wrong_type(results, n))
+    elif hasattr(results, "__len__"):
+        count = len(results)  # type: ignore[arg-type]
+        if count != n:
+            raise BatchSizeMismatchError(n, count)
+        seq = list(results)
+    else:
+        seq = list(islice(results, n + 1))  # an endless iterator must not freeze the loop
+        if len(seq) > n:
+            raise BatchSizeMismatchError(n, n + 1, at_least=True)
+    if len(seq) != n:
+        raise BatchSizeMismatchError(n, len(seq))
+    return seq
+
+
+def _wrong_type(results: object, n: int) -> str:
+    kind = type(results).__name__
+    hint = " (an async process_batch must await what it returns)" if inspect.isawaitable(results) else ""
+    return (
+        f"process_batch returned {kind}{hint}; expected a sequence of {n} results in the order of the batch "
+        "(a list, a tuple, a numpy array, a generator), or None"
+    )
+
+
+def without_departed(items: list[Any], sinks: list[Any], *, futures_only: bool) -> tuple[list[Any], list[Any]]:
+    """The batch without the items whose callers already left (the same lists when none did)."""
+    if futures_only:
+        if not any(map(future_done, sinks)):  # one pass in C: the common case costs next to nothing
+            return items, sinks
+    elif not any(sink[0].future.done() if sink.__class__ is tuple else sink.done() for sink in sinks):
+        return items, sinks
+    kept_items: list[Any] = []
+    kept_sinks: list[Any] = []
+    i = 0
+    for sink in sinks:
+        if sink.__class__ is tuple:
+            count = sink[2]
+            if not sink[0].future.done():
+                kept_items.extend(items[i : i + count])
+                kept_sinks.append(sink)
+            i += count
+        else:
+            if not sink.done():
+                kept_items.append(items[i])
+                kept_sinks.append(sink)
+            i += 1
+    return kept_items, kept_sinks
+
+
+def fail_sinks(sinks: list[Any], exc: BaseException, recorder: _Recorder) -> None:
+    """Give ``exc`` to every caller of a batch still waiting."""
+    failed = 0
+    for sink in sinks:
+        if sink.__class__ is tuple:
+            sink[0].fail_chunk(sink[1], sink[2], exc)
+        elif not sink.done():
+            sink.set_exception(exc)
+            failed += 1
+    recorder.failed += failed
+
+
+def deliver(sinks: list[Any], results: Sequence[Any], recorder: _Recorder, *, futures_only: bool) -> None:
+    """Hand each caller its result; an ``Exception`` element is raised to its caller. A caller who left is skipped."""
+    if futures_only and not any(issubclass(kind, Exception) for kind in set(map(type, results))):
+        # No exception among the results (one look at their types, not one isinstance per item).
+        if any(map(future_done, sinks)):
+            settled = 0
+            for sink, result in zip(sinks, results, strict=True):
+                if not sink.done():
+                    sink.set_result(result)
+                    settled += 1
+            recorder.succeeded += settled
+        else:
+            # Every caller still waits (the common case): set them all in one pass in C. Nothing can finish a
+            # future meanwhile: set_result schedules its callbacks, it does not run them.
+            consume(map(_set_result, sinks, results))
+            recorder.succeeded += len(sinks)
+        return
+    i = 0
+    for sink in sinks:
+        if sink.__class__ is tuple:
+            bulk, start, count = sink
+            bulk.deliver(start, results, i, count)
+            i += count
+            continue
+        result = results[i]
+        i += 1
+        if sink.done():
+            continue  # its caller left: the result is dropped
+        if isinstance(result, Exception):
+            sink.set_exception(result)
+            recorder.failed += 1
+        else:
+            sink.set_result(result)
+            recorder.succeeded += 1
