@@ -285,6 +285,8 @@ def test_split_refuses_misaligned_outputs() -> None:
         split_outputs(torch.tensor(1.0), 1)
     with pytest.raises(ValueError, match="'y' has 1 rows"):
         split_outputs({"y": torch.zeros(1)}, 2)
+    with pytest.raises(TypeError, match="output 1 is a NoneType, not a tensor"):
+        split_outputs((torch.zeros(2), None), 2)
     with pytest.raises(ValueError, match="size must be >= 0, got -1"):
         split_outputs(torch.zeros(1), -1)
 

@@ -179,7 +179,7 @@ def split_outputs(
     longest = 0 if lengths is None or not len(lengths) else int(lengths.max())
 
     def rows(value: Any, name: str) -> Sequence[Any]:
-        tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        tensor = value if isinstance(value, torch.Tensor) else _output_tensor(value, name)
         check_rows(tuple(tensor.shape), size, padded_size, name)
         if keep is None:
             return to_device(tensor[:size], target).unbind(0)
@@ -194,6 +194,13 @@ def split_outputs(
         return [row[longest - n :] for row, n in zip(per_item, keep, strict=True)]
 
     return split_structure(outputs, size, rows)
+
+
+def _output_tensor(value: Any, name: str) -> torch.Tensor:
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} is a {type(value).__name__}, not a tensor of one row per item") from None
 
 
 def to_device(
@@ -219,6 +226,8 @@ def _as_device(device: _Device) -> torch.device:
 
 @dataclass(frozen=True)
 class _Padding:
+    """How collate pads sequences: the side, and the dtype of the mask."""
+
     side: PaddingSide
     mask_dtype: torch.dtype
 
