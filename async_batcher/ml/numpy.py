@@ -22,10 +22,22 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Batch", "PadValue", "check_buckets", "collate", "split_outputs"]
+from async_batcher.ml._collate import (
+    PadValue,
+    bucket_size,
+    check_array_pad_value,
+    check_buckets,
+    check_fill,
+    check_items,
+    check_rows,
+    check_shapes,
+    common_keys,
+    describe,
+    pad_value_for,
+    split_structure,
+)
 
-#: A pad value for every feature, or one per feature name (dict inputs); features not named get 0.
-PadValue: TypeAlias = "int | float | bool | Mapping[str, int | float | bool]"
+__all__ = ["Batch", "PadValue", "check_buckets", "collate", "split_outputs"]
 
 _Array: TypeAlias = "npt.NDArray[Any]"
 # The stacked inputs, their masks and lengths have one structure: an array, or a dict of arrays.
@@ -73,25 +85,22 @@ def collate(
     can be an input the model cannot take, such as an all-masked sequence) and :meth:`Batch.split` drops
     them.
     """
-    items = list(items)
-    if not items:
-        raise ValueError("cannot collate an empty batch")
-    padded_size = _bucket_size(len(items), buckets)
+    items = check_items(items)
+    padded_size = bucket_size(len(items), buckets)
     if isinstance(items[0], Mapping):
-        keys = _common_keys(items)
+        keys = common_keys(items, pad_value)
         columns = {key: _stack_feature([item[key] for item in items], key, dtype, pad_sequences) for key in keys}
         features = {
-            key: _finish(column, key, padded_size, _pad_value_for(pad_value, key), mask_dtype)
+            key: _finish(column, key, padded_size, pad_value_for(pad_value, key), mask_dtype)
             for key, column in columns.items()
         }
         inputs: _Arrays = {key: f[0] for key, f in features.items()}
         mask: _Arrays | None = {key: f[1] for key, f in features.items()} if pad_sequences else None
         lengths: _Arrays | None = {key: f[2] for key, f in features.items()} if pad_sequences else None
     else:
-        if isinstance(pad_value, Mapping):
-            raise TypeError("a pad_value mapping names features of dict items; these items are not dicts")
+        fill = check_array_pad_value(pad_value)
         column = _stack_feature(items, None, dtype, pad_sequences)
-        inputs, mask_array, lengths_array = _finish(column, None, padded_size, pad_value, mask_dtype)
+        inputs, mask_array, lengths_array = _finish(column, None, padded_size, fill, mask_dtype)
         mask = mask_array if pad_sequences else None
         lengths = lengths_array if pad_sequences else None
     return Batch(inputs=inputs, size=len(items), padded_size=padded_size, mask=mask, lengths=lengths)
@@ -105,61 +114,13 @@ def split_outputs(outputs: Any, size: int, *, padded_size: int | None = None) ->
     with row ``i`` of each array. Outputs with fewer rows than items, or other than ``padded_size`` rows when
     given, are an error rather than a silent misalignment.
     """
-    if size < 0:
-        raise ValueError(f"size must be >= 0, got {size}")
-    if isinstance(outputs, Mapping):
-        columns = {key: _rows(value, size, padded_size, repr(key)) for key, value in outputs.items()}
-        return [{key: column[i] for key, column in columns.items()} for i in range(size)]
-    if isinstance(outputs, list | tuple):
-        parts = [_rows(value, size, padded_size, f"output {n}") for n, value in enumerate(outputs)]
-        return [type(outputs)(part[i] for part in parts) for i in range(size)]
-    return list(_rows(outputs, size, padded_size, "the output")[:size])
+    return split_structure(outputs, size, lambda value, name: _rows(value, size, padded_size, name))
 
 
-def _rows(value: Any, size: int, padded_size: int | None, name: str) -> _Array:
+def _rows(value: Any, size: int, padded_size: int | None, name: str) -> list[Any]:
     array = np.asarray(value)
-    if array.ndim == 0:
-        raise ValueError(f"{name} is a scalar, not a batch of {size} rows")
-    if padded_size is not None and array.shape[0] != padded_size:
-        raise ValueError(f"{name} has {array.shape[0]} rows for a batch of {padded_size} rows")
-    if array.shape[0] < size:
-        raise ValueError(f"{name} has {array.shape[0]} rows for {size} items")
-    return array[:size]
-
-
-def check_buckets(buckets: Collection[int]) -> tuple[int, ...]:
-    """``buckets`` sorted, after checking that they are a non-empty collection of positive ints."""
-    if not buckets or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in buckets):
-        raise ValueError(f"buckets must be positive ints, got {buckets!r}")
-    return tuple(sorted(buckets))
-
-
-def _bucket_size(size: int, buckets: Collection[int] | None) -> int:
-    if buckets is None:
-        return size
-    fitting = [b for b in check_buckets(buckets) if b >= size]
-    if not fitting:
-        raise ValueError(f"a batch of {size} items is larger than the largest bucket size {max(buckets)}")
-    return min(fitting)
-
-
-def _common_keys(items: list[Any]) -> list[str]:
-    keys = list(items[0])
-    expected = set(keys)
-    for index, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            raise TypeError(f"item 0 is a mapping but item {index} is a {type(item).__name__}")
-        if set(item) != expected:
-            missing = sorted(map(str, expected - set(item)))
-            extra = sorted(map(str, set(item) - expected))
-            raise ValueError(f"item {index} has other features than item 0: missing {missing}, unexpected {extra}")
-    return keys
-
-
-def _pad_value_for(pad_value: PadValue, key: str) -> int | float | bool:
-    if isinstance(pad_value, Mapping):
-        return pad_value.get(key, 0)
-    return pad_value
+    check_rows(array.shape, size, padded_size, name)
+    return list(array[:size])
 
 
 @dataclass(frozen=True)
@@ -174,7 +135,6 @@ class _Column:
 
 
 def _stack_feature(values: list[Any], key: str | None, dtype: npt.DTypeLike | None, pad: bool) -> _Column:
-    what = "items" if key is None else f"feature {key!r}"
     if not pad:
         # The common case first: one np.array call over the whole batch (4x faster than an array per item on
         # lists of floats). Ragged or non-numeric items make it fail, or give objects: then the slow path below
@@ -189,22 +149,8 @@ def _stack_feature(values: list[Any], key: str | None, dtype: npt.DTypeLike | No
     arrays = [np.asarray(v) if dtype is None else np.asarray(v, dtype=dtype) for v in values]
     for index, array in enumerate(arrays):
         if array.dtype == np.object_:
-            raise TypeError(f"{what}: item {index} is not a rectangular array of numbers")
-    first = arrays[0].shape
-    for index, array in enumerate(arrays):
-        shape = array.shape
-        if pad:
-            if array.ndim == 0:
-                raise ValueError(f"{what}: item {index} is a scalar; pad_sequences needs a sequence axis")
-            if shape[1:] != first[1:]:
-                raise ValueError(
-                    f"cannot pad {what}: item 0 has shape {first} but item {index} has shape {shape}"
-                    " (only the first axis may differ)"
-                )
-        elif shape != first:
-            raise ValueError(
-                f"cannot stack {what} of different shapes: item 0 has shape {first}, item {index} has shape {shape}"
-            )
+            raise TypeError(f"{describe(key)}: item {index} is not a rectangular array of numbers")
+    check_shapes([array.shape for array in arrays], key, pad=pad)
     # reduce, not np.result_type(*arrays): that takes a bounded number of arguments, batches do not have one.
     result_dtype = (
         np.dtype(dtype) if dtype is not None else functools.reduce(np.promote_types, (a.dtype for a in arrays))
@@ -250,16 +196,10 @@ def _fill_value(pad_value: int | float | bool, dtype: np.dtype[Any], key: str | 
 
     A float dtype may round the value (0.1 in float32) but not overflow it to infinity.
     """
-    what = "" if key is None else f" of feature {key!r}"
     try:
         with np.errstate(all="ignore"):
             fill = np.array(pad_value).astype(dtype, casting="unsafe")
-        if dtype.kind in "fc":
-            exact = bool(np.isfinite(fill)) or not bool(np.isfinite(pad_value))
-        else:
-            exact = bool(fill == pad_value)
     except (OverflowError, ValueError, TypeError):
-        exact = False
-    if not exact:
-        raise ValueError(f"pad value {pad_value!r}{what} cannot be represented in dtype {dtype}")
+        fill = None
+    check_fill(pad_value, fill, floating=dtype.kind in "fc", dtype=dtype, key=key)
     return fill

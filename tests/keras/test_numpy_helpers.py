@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import re
 
 import numpy as np
@@ -183,3 +184,16 @@ def test_split_takes_anything_numpy_converts() -> None:
             return np.array([[1.0], [2.0], [3.0]])
 
     assert [r.tolist() for r in split_outputs(Tensor(), 2)] == [[1.0], [2.0]]
+
+
+def test_pad_value_naming_a_feature_the_items_lack_is_refused() -> None:
+    # A misspelt name would leave the real feature padded with 0, which can be a real token id.
+    with pytest.raises(ValueError, match=r"pad_value names features the items do not have: \['input_id'\]"):
+        collate([{"input_ids": [1, 2]}, {"input_ids": [3]}], pad_sequences=True, pad_value={"input_id": 0})
+
+
+def test_split_namedtuple_outputs_keep_their_type() -> None:
+    point = collections.namedtuple("point", ["x", "y"])
+    rows = split_outputs(point(np.array([1, 2]), np.array([3, 4])), 2)
+    assert all(isinstance(row, point) for row in rows)
+    assert [(int(row.x), int(row.y)) for row in rows] == [(1, 3), (2, 4)]

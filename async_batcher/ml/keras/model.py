@@ -13,7 +13,8 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from async_batcher.batcher import AsyncBatcher
-from async_batcher.ml.numpy import PadValue, check_buckets, collate
+from async_batcher.ml._collate import check_bucketed_batch_size
+from async_batcher.ml.numpy import PadValue, collate
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -68,13 +69,7 @@ class KerasAsyncBatcher(AsyncBatcher[Any, Any]):
         )
         if predict_fn is None and not callable(getattr(model, "predict_on_batch", None)):
             raise TypeError(f"model must have predict_on_batch (a Keras model), got {type(model).__name__}")
-        if buckets is not None:
-            buckets = check_buckets(buckets)
-            if max_batch_size < 1 or max_batch_size > buckets[-1]:
-                raise ValueError(
-                    f"with buckets {buckets} max_batch_size must be set and fit in the largest bucket,"
-                    f" got {max_batch_size}"
-                )
+        buckets = check_bucketed_batch_size(buckets, max_batch_size)
         self.model = model
         if predict_fn is None and callable(make := getattr(model, "make_predict_function", None)):
             # Keras builds its predict function lazily, unguarded: build it here, not in two batch threads at once.
