@@ -4,7 +4,7 @@
 .PHONY: bench-overhead bench-overhead-quick
 
 $(VENV)/.bench-overhead-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m pip install -q -e . --group bench
 	touch $@
 
 bench-overhead: $(VENV)/.bench-overhead-installed
