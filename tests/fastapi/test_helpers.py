@@ -1,4 +1,4 @@
-"""async_batcher.ml.fastapi on a tiny app served by a real uvicorn: 503 on a full queue, draining shutdown."""
+"""async_batcher.fastapi on tiny apps served by a real uvicorn: lifespan state, the dependency, 503, draining."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from async_batcher import AsyncBatcher
-from async_batcher.ml.fastapi import add_batcher_exception_handlers, batcher_lifespan, run_batchers
-from tests.keras.servers import ThreadServer
+from async_batcher.fastapi import add_batcher_exception_handlers, batcher_dependency, batcher_lifespan, run_batchers
+from tests.servers import ThreadServer
 
 
 class HeldDoubler(AsyncBatcher[int, int]):
@@ -135,7 +135,7 @@ async def test_run_batchers_drains_what_is_queued_on_exit() -> None:
 
 
 async def test_run_batchers_stops_every_batcher_even_if_one_fails() -> None:
-    failing, other = Doubler(fail_on_stop=True), Doubler()
+    failing, other = Doubler(fail_on_stop=True, name="failing"), Doubler(name="other")
     with pytest.raises(OSError, match="could not close"):
         async with run_batchers(other, failing):
             assert await failing.is_running() and await other.is_running()
@@ -147,3 +147,116 @@ async def test_run_batchers_stops_every_batcher_even_if_one_fails() -> None:
 def test_retry_after_must_be_whole_seconds(retry_after: Any) -> None:
     with pytest.raises(ValueError, match="retry_after must be a non-negative int"):
         add_batcher_exception_handlers(FastAPI(), retry_after=retry_after)
+
+
+class Square(AsyncBatcher[int, int]):
+    async def process_batch(self, batch: list[int]) -> list[int]:
+        return [x * x for x in batch]
+
+
+def _serve(app: FastAPI) -> ThreadServer:
+    server = ThreadServer(app)
+    server.start()
+    return server
+
+
+def _stop(server: ThreadServer) -> None:
+    server.begin_shutdown()
+    server.join()
+
+
+async def test_the_lifespan_state_holds_the_batchers_and_the_dependency_gives_them_by_name() -> None:
+    doubler, square = Doubler(name="double"), Square(name="square")
+    app = FastAPI(lifespan=batcher_lifespan(doubler, square))
+
+    @app.post("/double")
+    async def double(x: int, batcher: Annotated[Doubler, Depends(batcher_dependency("double"))]) -> int:
+        return await batcher.process(x)
+
+    @app.post("/square")
+    async def squared(x: int, batcher: Annotated[Square, Depends(batcher_dependency("square"))]) -> int:
+        return await batcher.process(x)
+
+    @app.post("/any")
+    async def any_batcher(x: int, batcher: Annotated[Square, Depends(batcher_dependency())]) -> int:
+        return await batcher.process(x)  # two batchers in the state: which one is ambiguous
+
+    server = _serve(app)
+    try:
+        assert server.state == {"double": doubler, "square": square}
+        assert await doubler.is_running() and await square.is_running()
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            doubled = await asyncio.gather(*(client.post("/double", params={"x": x}) for x in range(5)))
+            squared_ = await asyncio.gather(*(client.post("/square", params={"x": x}) for x in range(5)))
+            ambiguous = await client.post("/any", params={"x": 3})
+    finally:
+        _stop(server)
+    assert [r.json() for r in doubled] == [0, 2, 4, 6, 8]
+    assert [r.json() for r in squared_] == [0, 1, 4, 9, 16]
+    assert ambiguous.status_code == 500  # a set-up bug, told by a LookupError in the server's log
+    assert not await doubler.is_running() and not await square.is_running()
+
+
+async def test_without_a_name_the_dependency_gives_the_only_batcher_among_other_state() -> None:
+    square = Square()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        async with run_batchers(square) as batchers:
+            yield {**batchers, "settings": {"answer": 42}}  # other state is ignored
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.post("/square")
+    async def squared(x: int, batcher: Annotated[Square, Depends(batcher_dependency())]) -> int:
+        return await batcher.process(x)
+
+    @app.post("/missing")
+    async def missing(x: int, batcher: Annotated[Square, Depends(batcher_dependency("nope"))]) -> int:
+        return await batcher.process(x)
+
+    server = _serve(app)
+    try:
+        assert server.state == {"Square": square, "settings": {"answer": 42}}
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            answer = await client.post("/square", params={"x": 7})
+            absent = await client.post("/missing", params={"x": 7})
+    finally:
+        _stop(server)
+    assert (answer.status_code, answer.json()) == (200, 49)
+    assert absent.status_code == 500
+
+
+def test_the_dependency_names_what_it_misses() -> None:
+    from starlette.requests import Request
+
+    get = batcher_dependency("predictor")
+    request = Request({"type": "http", "state": {"square": Square(name="square"), "other": 1}})
+    with pytest.raises(LookupError, match=r"batcher 'predictor' is not in the app's lifespan state.*\['square'\]"):
+        get(request)
+    with pytest.raises(LookupError, match=r"a batcher is not in the app's lifespan state.* \[\]"):
+        batcher_dependency()(Request({"type": "http"}))
+    with pytest.raises(TypeError, match="name must be a batcher's name"):
+        batcher_dependency(3)  # type: ignore[arg-type]
+
+
+def test_batchers_need_distinct_names_and_must_be_batchers() -> None:
+    with pytest.raises(ValueError, match="two batchers are named 'Square': give each batcher its own name="):
+        batcher_lifespan(Square(), Square())
+    with pytest.raises(TypeError, match="expected AsyncBatcher instances"):
+        batcher_lifespan(lambda x: x)  # type: ignore[arg-type]
+
+
+async def test_run_batchers_gives_the_batchers_by_name() -> None:
+    square, doubler = Square(), Doubler(name="d")
+    async with run_batchers(square, doubler) as batchers:
+        assert batchers == {"Square": square, "d": doubler}
+        assert await square.process(3) == 9
+
+
+def test_the_earlier_path_is_the_same_api() -> None:
+    import async_batcher.fastapi as new
+    import async_batcher.ml.fastapi as old
+
+    assert old.__all__ == new.__all__
+    assert all(getattr(old, name) is getattr(new, name) for name in new.__all__)

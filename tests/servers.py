@@ -1,4 +1,4 @@
-"""Real servers for the tests: an ASGI app under uvicorn in a thread, the example server in a subprocess."""
+"""Real servers for the tests: an ASGI app under uvicorn in a thread, the benchmark's Keras server in a subprocess."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-# Bounded waits for a server to come up: the example server imports TensorFlow and may train its model first.
+ROOT = Path(__file__).resolve().parents[1]
+# Bounded waits for a server to come up: the Keras server imports TensorFlow and may train its model first.
 STARTUP_TIMEOUT = 240.0
 
 
@@ -48,6 +48,12 @@ class ThreadServer:
                 raise RuntimeError("the test server did not start")
             time.sleep(0.01)
 
+    @property
+    def state(self) -> dict[str, Any]:
+        """The app's lifespan state (what its lifespan yielded), as uvicorn holds it."""
+        state: dict[str, Any] = self.server.lifespan.state
+        return state
+
     def begin_shutdown(self) -> None:
         """What SIGTERM does: stop accepting, answer the requests in flight, then run the lifespan's shutdown."""
         self.server.should_exit = True
@@ -63,10 +69,10 @@ def _get_json(url: str) -> Any:
         return json.load(response)
 
 
-class ExampleServer:
-    """``python -m examples.keras.server`` as a subprocess on a free port, with the given options.
+class KerasServer:
+    """``python -m benchmarks.keras.server`` as a subprocess on a free port, with the given options.
 
-    ``as_file``: run ``python <root>/examples/keras/server.py`` from another folder instead, as a user may.
+    ``as_file``: run ``python <root>/benchmarks/keras/server.py`` from another folder instead, as a user may.
     """
 
     def __init__(self, *options: str, as_file: bool = False) -> None:
@@ -75,7 +81,7 @@ class ExampleServer:
         self.log = tempfile.NamedTemporaryFile(prefix="keras-server-", suffix=".log", delete=False)
         # Settings come from the command line only: no KERAS_SERVER_* of the developer's shell leaks in.
         env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_SERVER_")}
-        program = [str(ROOT / "examples" / "keras" / "server.py")] if as_file else ["-m", "examples.keras.server"]
+        program = [str(ROOT / "benchmarks" / "keras" / "server.py")] if as_file else ["-m", "benchmarks.keras.server"]
         command = [sys.executable, *program, "--port", str(self.port), *options]
         cwd = tempfile.gettempdir() if as_file else ROOT
         self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
@@ -89,12 +95,12 @@ class ExampleServer:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the example server exited with {self.process.returncode}:\n{self.log_text()}")
+                raise RuntimeError(f"the Keras server exited with {self.process.returncode}:\n{self.log_text()}")
             with contextlib.suppress(OSError, ValueError):
                 if _get_json(self.url + "/healthz").get("status") == "ok":
                     return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the example server was not healthy in {STARTUP_TIMEOUT} s:\n{self.log_text()}")
+                raise RuntimeError(f"the Keras server was not healthy in {STARTUP_TIMEOUT} s:\n{self.log_text()}")
             time.sleep(0.2)
 
     def stats(self) -> Any:
@@ -122,8 +128,8 @@ class ExampleServer:
 
 
 @contextlib.contextmanager
-def example_server(*options: str, as_file: bool = False) -> Iterator[ExampleServer]:
-    server = ExampleServer(*options, as_file=as_file)
+def keras_server(*options: str, as_file: bool = False) -> Iterator[KerasServer]:
+    server = KerasServer(*options, as_file=as_file)
     try:
         yield server
     finally:
