@@ -43,7 +43,7 @@ $(VENV)/.docs-installed: pyproject.toml | $(BIN)/python
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or reference fails it.
 docs: $(VENV)/.docs-installed
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis site
