@@ -3,8 +3,8 @@
 ::
 
     predictor = MyBatcher(name="predictor", max_queue_size=1000)
-    app = FastAPI(lifespan=batcher_lifespan(predictor))   # starts it; drains and stops it on shutdown
-    add_batcher_exception_handlers(app)                   # full queue or stopping: 503 + Retry-After
+    app = FastAPI(lifespan=batcher_lifespan(predictor))  # runs it with the app
+    add_batcher_exception_handlers(app)  # full queue, stopping: 503
     Predictor = Annotated[MyBatcher, Depends(batcher_dependency("predictor"))]
 
     @app.post("/predict")
