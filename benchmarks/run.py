@@ -3,7 +3,8 @@
 ``python -m benchmarks.run`` (what ``make benchmark`` runs):
 
 1. times the model alone at several batch sizes (``benchmarks.keras.timing``, its own process);
-2. starts the benchmark server (``benchmarks/keras/server.py``) as a subprocess on 127.0.0.1 and waits (bounded) until it is healthy;
+2. starts the benchmark server (``benchmarks/keras/server.py``) as a subprocess on 127.0.0.1 and waits (bounded)
+   until it is healthy;
 3. for each user count, runs locust headless against ``/predict``, ``/optimized_predict`` and the no-model
    ``/echo_await`` and ``/echo`` (the HTTP ceilings of an endpoint that awaits its answer and of one that does not)
    in turn: interleaved, so that load from elsewhere on a shared machine hits them alike;
