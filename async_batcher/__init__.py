@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from async_batcher._version import __version__
 from async_batcher.adaptive import AdaptiveWaitState
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.decorator import BatchDecorator, BatchedFunction, BatchedMethod, batch
@@ -30,4 +31,5 @@ __all__ = [
     "QueueFullException",
     "ReentrantCallError",
     "batch",
+    "__version__",
 ]

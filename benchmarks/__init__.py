@@ -1,1 +1,1 @@
-"""Benchmarks: the Keras example load test (``make benchmark``), overhead, adaptive wait, AWS."""
+"""Benchmarks: the Keras server load test (``make benchmark``), overhead, adaptive wait, AWS."""

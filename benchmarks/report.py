@@ -241,19 +241,19 @@ def write(results: dict[str, Any], out: Path) -> str:
         "",
         "The example model (49 hidden `Dense(64, relu)` layers on the 10 diabetes features), timed in a process of"
         " its own before the load test, on TensorFlow thread pools sized as the server sizes them"
-        " (`python -m examples.keras.timing`). A call costs nearly the same for 1 or 256 rows: that fixed cost is"
+        " (`python -m benchmarks.keras.timing`). A call costs nearly the same for 1 or 256 rows: that fixed cost is"
         " what batching shares out. `model.predict` is what async-batcher 0.2.2's example called.",
         "",
         *_timing_table(results["model_timing"]),
         "",
         "## How it was run",
         "",
-        f"- Server: `python -m examples.keras.server {env['server_args']}` on 127.0.0.1; the defaults are in"
-        " `python -m examples.keras.server --help`.",
-        "- Raw data in `reports/keras/`: `summary.csv` (the table above), locust's `<endpoint>_u<users>_stats.csv`,"
-        " `_stats_history.csv`, `_failures.csv` and its output `<endpoint>_u<users>.log`, `model_timing.json`,"
-        " `results.json`, `server.log`; locust's HTML reports `<endpoint>_u<users>.html` too, kept out of git (1 MB"
-        " each).",
+        f"- Server: `python -m benchmarks.keras.server {env['server_args']}` on 127.0.0.1; the defaults are in"
+        " `python -m benchmarks.keras.server --help`.",
+        "- Data in `reports/keras/`: `summary.csv` (the table above), `results.json` (what this report is rendered"
+        " from: `make benchmark-report`), `model_timing.json`. Each run also leaves locust's own files"
+        " (`<endpoint>_u<users>_stats.csv`, `_stats_history.csv`, `_failures.csv`, the HTML report and its output"
+        " `<endpoint>_u<users>.log`) and the server's log in `reports/keras/raw/`, kept out of git.",
         "- Reproduce: `make benchmark` (builds `.venv`, then runs `python -m benchmarks.run`).",
     ]
     if TUNING_NOTES.exists():

@@ -1,13 +1,16 @@
-"""Load-test the Keras example server with locust and write reports/keras.md: what batching buys.
+"""Load-test the Keras benchmark server with locust and write reports/keras.md: what batching buys.
 
 ``python -m benchmarks.run`` (what ``make benchmark`` runs):
 
-1. times the model alone at several batch sizes (``examples.keras.timing``, its own process);
-2. starts the example server as a subprocess on 127.0.0.1 and waits (bounded) until it is healthy;
+1. times the model alone at several batch sizes (``benchmarks.keras.timing``, its own process);
+2. starts the benchmark server (``benchmarks/keras/server.py``) as a subprocess on 127.0.0.1 and waits (bounded)
+   until it is healthy;
 3. for each user count, runs locust headless against ``/predict``, ``/optimized_predict`` and the no-model
    ``/echo_await`` and ``/echo`` (the HTTP ceilings of an endpoint that awaits its answer and of one that does not)
    in turn: interleaved, so that load from elsewhere on a shared machine hits them alike;
-4. stops the server and writes the report (tables, plots, raw CSV and locust's HTML reports).
+4. stops the server and writes the report: reports/keras.md, its plots, ``summary.csv`` and ``results.json``
+   in reports/keras/; locust's own CSV, HTML and logs and the server's log go to reports/keras/raw/, which git
+   ignores.
 
 Every locust run is a separate process (locust's gevent and TensorFlow do not share one) sending traffic to
 127.0.0.1 only, for a bounded time. ``--help`` lists the options: longer steps, other user counts, several
@@ -41,7 +44,7 @@ from benchmarks import report
 __all__ = ["Step", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCUSTFILE = ROOT / "benchmarks" / "locust" / "predict_load.py"
+LOCUSTFILE = ROOT / "benchmarks" / "keras" / "locustfile.py"
 ENDPOINTS = ("/predict", "/optimized_predict", "/echo_await", "/echo")
 HEALTH_TIMEOUT = 300.0  # first use trains the model (seconds) after TensorFlow's import (seconds more)
 
@@ -106,7 +109,7 @@ def _server(args: argparse.Namespace, port: int, log_path: Path) -> Iterator[sub
     command = [
         sys.executable,
         "-m",
-        "examples.keras.server",
+        "benchmarks.keras.server",
         "--port",
         str(port),
         "--workers",
@@ -227,7 +230,7 @@ def _run_step(
 
 def _model_timing(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     path = out / "model_timing.json"
-    command = [sys.executable, "-m", "examples.keras.timing", "--json", str(path), "--reps", str(args.timing_reps)]
+    command = [sys.executable, "-m", "benchmarks.keras.timing", "--json", str(path), "--reps", str(args.timing_reps)]
     print("timing the model alone: " + shlex.join(command[1:]), flush=True)
     subprocess.run(command, cwd=ROOT, check=True, timeout=600, stdout=subprocess.DEVNULL)
     with open(path) as f:
@@ -290,20 +293,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown endpoints {unknown}; known: {list(ENDPOINTS)}")
 
     data_dir = args.out / "keras"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    for old in data_dir.glob("*"):
-        if old.suffix in {".csv", ".html", ".log", ".json", ".png"}:
-            old.unlink()
+    raw_dir = data_dir / "raw"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    for directory in (data_dir, raw_dir):
+        for old in directory.glob("*"):
+            if old.suffix in {".csv", ".html", ".log", ".json", ".png"}:
+                old.unlink()
     environment = _environment(args, argv)
     timing = _model_timing(args, data_dir)
     port = args.port or _free_port()
     steps: list[Step] = []
     total = len(args.users) * len(endpoints)
     started = time.monotonic()
-    with _server(args, port, data_dir / "server.log") as server:
+    with _server(args, port, raw_dir / "server.log") as server:
         for users in args.users:
             for endpoint in endpoints:
-                step = _run_step(args, server, port, endpoint, users, data_dir)
+                step = _run_step(args, server, port, endpoint, users, raw_dir)
                 steps.append(step)
                 batch = f", {step.mean_batch_size:.1f} items/batch" if step.mean_batch_size else ""
                 print(

@@ -1,4 +1,4 @@
-# The adaptive wait against fixed waits (issue 3): python -m benchmarks.adaptive; writes reports/adaptive.*.
+# The adaptive wait against fixed waits: python -m benchmarks.adaptive; writes reports/adaptive.*.
 # ADAPTIVE_ARGS passes options through, e.g. `make bench-adaptive ADAPTIVE_ARGS=--quick`.
 .PHONY: bench-adaptive
 

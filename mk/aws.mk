@@ -10,7 +10,7 @@ $(VENV)/.aws-installed: $(VENV)/.test-installed async_batcher/aws/testing.py
 TEST_PREREQS += $(VENV)/.aws-installed
 
 $(VENV)/.bench-aws-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test,aws,bench]'
+	$(BIN)/python -m pip install -q -e '.[aws]' --group bench
 	touch $@
 
 .PHONY: bench-aws

@@ -1,9 +1,10 @@
-# The Keras example: `make benchmark` load-tests its server with locust and writes reports/keras.md.
-# Its .venv gets the example's extras; the test extra already holds what tests/keras needs.
+# The Keras benchmark: `make benchmark` load-tests benchmarks/keras/server.py with locust and writes
+# reports/keras.md. Its .venv gets the library's extras the server imports and the bench-keras group (TensorFlow,
+# locust); the test group already holds what tests/keras needs.
 .PHONY: benchmark benchmark-report
 
 $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[tensorflow,server,bench]'
+	$(BIN)/python -m pip install -q -e '.[keras,fastapi,metrics]' --group bench-keras
 	touch $@
 
 # BENCH_ARGS passes options through, e.g. make benchmark BENCH_ARGS='--step-seconds 60 --users 16,64,256'

@@ -1,10 +1,10 @@
-# The overhead benchmark of issue 3: python -m benchmarks.overhead (README.md, "Overhead: what the batcher itself costs").
+# The overhead benchmark: python -m benchmarks.overhead (docs/guides/benchmarks.md, "Overhead: what the batcher itself costs").
 # It builds one virtual environment per published peer under .cache/peers/ (pip, needs PyPI) on first use.
 # OVERHEAD_ARGS passes options through, e.g. `make bench-overhead OVERHEAD_ARGS=--quick`.
 .PHONY: bench-overhead bench-overhead-quick
 
 $(VENV)/.bench-overhead-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m pip install -q -e . --group bench
 	touch $@
 
 bench-overhead: $(VENV)/.bench-overhead-installed

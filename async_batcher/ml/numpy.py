@@ -19,8 +19,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-import numpy as np
-import numpy.typing as npt
+try:
+    import numpy as np
+    import numpy.typing as npt
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("async_batcher.ml.numpy needs numpy: pip install 'async-batcher[numpy]'") from exc
 
 from async_batcher.ml._collate import (
     PadValue,

@@ -1,1 +1,1 @@
-"""The overhead benchmark of issue 3: run it as ``python -m benchmarks.overhead``."""
+"""The overhead benchmark: what the batcher itself costs; run it as ``python -m benchmarks.overhead``."""

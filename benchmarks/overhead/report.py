@@ -117,7 +117,7 @@ def _ratio(cells: dict[Key, Cell], a: str, b: str, shape: str, loop: str) -> flo
 
 
 def evaluate_targets(cells: dict[Key, Cell], loops: list[str]) -> list[Target]:
-    """The goals of issue 3 for our batcher."""
+    """The targets the overhead benchmark checks our batcher against."""
     out: list[Target] = []
     for loop in loops:
         out.append(Target("steady ≥ 0.8 x floor", loop, _ratio(cells, "ours", "floor", "steady", loop), 0.8, True, "x"))
@@ -277,7 +277,7 @@ def summary(rows: list[dict[str, Any]], impls: list[str], loops: list[str], repe
     targets = evaluate_targets(cells, loops)
     met = sum(t.verdict == "PASS" for t in targets)
     return [
-        "## Targets (issue 3)",
+        "## Targets",
         "",
         *target_table(targets, evaluate_targets(aggregate(rows, per_cpu=True), loops)),
         "",

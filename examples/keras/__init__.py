@@ -1,1 +1,1 @@
-"""The Keras example: a deep regression MLP served with and without async-batcher."""
+"""The Keras example: a model behind FastAPI, concurrent requests batched into one model call."""

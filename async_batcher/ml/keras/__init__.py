@@ -1,4 +1,7 @@
-"""Keras integration (extra ``[tensorflow]``): :class:`~async_batcher.ml.keras.model.KerasAsyncBatcher`."""
+"""Keras integration: :class:`~async_batcher.ml.keras.model.KerasAsyncBatcher`.
+
+Extra ``[keras]``: it installs numpy only. The model, Keras and its backend (TensorFlow, JAX, PyTorch) are yours.
+"""
 
 from __future__ import annotations
 

@@ -12,6 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
+try:
+    import numpy  # noqa: F401  (what the extra installs; async_batcher.ml.numpy below imports it)
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("async_batcher.ml.keras needs numpy: pip install 'async-batcher[keras]'") from exc
+
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.ml._collate import check_bucketed_batch_size
 from async_batcher.ml.numpy import PadValue, collate

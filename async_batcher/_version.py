@@ -1,0 +1,3 @@
+"""The package's version: the one place it is written (pyproject.toml reads it from here when building)."""
+
+__version__ = "1.0.0.dev0"

@@ -1,0 +1,152 @@
+"""Serve batchers from a FastAPI (or any Starlette) app: run them with the app, hand them to endpoints, answer 503.
+
+::
+
+    predictor = MyBatcher(name="predictor", max_queue_size=1000)
+    app = FastAPI(lifespan=batcher_lifespan(predictor))  # runs it with the app
+    add_batcher_exception_handlers(app)  # full queue, stopping: 503
+    Predictor = Annotated[MyBatcher, Depends(batcher_dependency("predictor"))]
+
+    @app.post("/predict")
+    async def predict(body: Features, batcher: Predictor) -> float:
+        return await batcher.process(body.values)
+
+The batchers are the app's lifespan state (ASGI's ``scope["state"]``), keyed by their ``name``: an endpoint gets
+them through :func:`batcher_dependency`, and tests or several apps in one process never share a global.
+
+A full queue becomes ``503 Service Unavailable`` with a ``Retry-After`` header, the standard signal for a client
+or load balancer to back off and come back, instead of a 500 that reads like a bug. A request that arrives while
+the batchers stop, after the server began shutting down, gets the same answer. Needs the ``[fastapi]`` extra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+try:
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "async_batcher.fastapi needs FastAPI (or Starlette): pip install 'async-batcher[fastapi]'"
+    ) from exc
+
+from async_batcher.batcher import AsyncBatcher
+from async_batcher.exceptions import BatcherStoppedError, QueueFullException
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+__all__ = ["add_batcher_exception_handlers", "batcher_dependency", "batcher_lifespan", "run_batchers"]
+
+logger = logging.getLogger("async_batcher.fastapi")
+
+
+def _by_name(batchers: tuple[AsyncBatcher[Any, Any], ...]) -> dict[str, AsyncBatcher[Any, Any]]:
+    named: dict[str, AsyncBatcher[Any, Any]] = {}
+    for batcher in batchers:
+        if not isinstance(batcher, AsyncBatcher):
+            raise TypeError(f"expected AsyncBatcher instances (a @batch function's is f.batcher), got {batcher!r}")
+        if batcher.name in named:
+            raise ValueError(f"two batchers are named {batcher.name!r}: give each batcher its own name=")
+        named[batcher.name] = batcher
+    return named
+
+
+@contextlib.asynccontextmanager
+async def run_batchers(
+    *batchers: AsyncBatcher[Any, Any], stop_timeout: float | None = None
+) -> AsyncIterator[dict[str, AsyncBatcher[Any, Any]]]:
+    """Start ``batchers`` on entry and give them by name; on exit stop them, draining what they hold, in reverse.
+
+    For a lifespan that builds its batchers itself (after loading a model, say) or has more state to yield::
+
+        async def lifespan(app):
+            batcher = KerasAsyncBatcher(model=load_model(), name="predictor")
+            async with run_batchers(batcher) as batchers:
+                yield {**batchers, "settings": settings}
+
+    ``stop_timeout``: how long each stop may drain before the items left are failed with
+    ``BatcherStoppedError`` (None: as long as it takes). Every batcher is stopped even if one fails to stop.
+    Two batchers with the same ``name`` are a ``ValueError``, before any starts.
+    """
+    named = _by_name(batchers)
+    started: list[AsyncBatcher[Any, Any]] = []
+    try:
+        for batcher in batchers:
+            batcher.start()
+            started.append(batcher)
+        yield dict(named)
+    finally:
+        errors: list[BaseException] = []
+        for batcher in reversed(started):
+            try:
+                await batcher.stop(timeout=stop_timeout)
+            except Exception as exc:  # stop the others all the same, then report
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+def batcher_lifespan(
+    *batchers: AsyncBatcher[Any, Any], stop_timeout: float | None = None
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[dict[str, AsyncBatcher[Any, Any]]]]:
+    """A ``lifespan=`` for ``FastAPI(...)`` that runs ``batchers`` for the life of the app (see run_batchers).
+
+    Its state is the batchers by name, for :func:`batcher_dependency`. Uvicorn runs the shutdown half after it
+    stopped accepting requests and the requests in flight have been answered, so the drain finds only what those
+    requests left behind.
+    """
+    _by_name(batchers)  # a bad argument fails here, where the app is built, not at its start
+
+    def lifespan(app: Starlette) -> contextlib.AbstractAsyncContextManager[dict[str, AsyncBatcher[Any, Any]]]:
+        return run_batchers(*batchers, stop_timeout=stop_timeout)
+
+    return lifespan
+
+
+def batcher_dependency(name: str | None = None) -> Callable[[Request], AsyncBatcher[Any, Any]]:
+    """A FastAPI dependency that gives an endpoint the batcher named ``name`` from the app's lifespan state.
+
+    ``Depends(batcher_dependency("predictor"))``; with ``name=None`` the state must hold exactly one batcher,
+    which it gives. A batcher that is not there is a ``LookupError`` naming those that are (a bug in the app's
+    set-up, so a 500): yield it from the lifespan (:func:`batcher_lifespan`, or :func:`run_batchers` in your own).
+    """
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a batcher's name (a str) or None, got {name!r}")
+
+    def get_batcher(request: Request) -> AsyncBatcher[Any, Any]:
+        state: Mapping[str, Any] = request.scope.get("state") or {}
+        found = {key: value for key, value in state.items() if isinstance(value, AsyncBatcher)}
+        if name is not None and name in found:
+            return found[name]
+        if name is None and len(found) == 1:
+            return next(iter(found.values()))
+        wanted = "a batcher" if name is None else f"batcher {name!r}"
+        raise LookupError(
+            f"{wanted} is not in the app's lifespan state, which holds the batchers {sorted(found)}:"
+            " yield it from the lifespan, e.g. FastAPI(lifespan=batcher_lifespan(batcher))"
+        )
+
+    return get_batcher
+
+
+def add_batcher_exception_handlers(app: Starlette, *, retry_after: int = 1) -> None:
+    """Answer ``QueueFullException`` and ``BatcherStoppedError`` with 503 and ``Retry-After: retry_after``."""
+    if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 0:
+        raise ValueError(f"retry_after must be a non-negative int of seconds, got {retry_after!r}")
+
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        reason = "queue full" if isinstance(exc, QueueFullException) else "shutting down"
+        logger.debug("%s %s: 503, %s", request.method, request.url.path, reason)
+        return JSONResponse(
+            {"detail": f"Service unavailable: {reason}, retry later"},
+            status_code=503,
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    app.add_exception_handler(QueueFullException, unavailable)
+    app.add_exception_handler(BatcherStoppedError, unavailable)

@@ -1,0 +1,30 @@
+"""docs/snippets/fastapi_app.py, the FastAPI guide's app, served by a real uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.servers import ThreadServer
+
+
+@pytest.mark.single_loop
+async def test_the_guides_app_batches_and_refuses_a_bad_shape_alone() -> None:
+    from docs.snippets.fastapi_app import app, scorer
+
+    server = ThreadServer(app)
+    server.start()
+    try:
+        bodies = [{"values": [i, 1, 2, 3]} for i in range(8)]
+        bodies[3] = {"values": [1, 2]}  # too short: 422, and the others still answered
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            responses = await asyncio.gather(*(client.post("/score", json=body) for body in bodies))
+    finally:
+        server.begin_shutdown()
+        server.join()
+    assert [r.status_code for r in responses] == [200, 200, 200, 422, 200, 200, 200, 200]
+    assert [r.json() for i, r in enumerate(responses) if i != 3] == [float(i + 6) for i in range(8) if i != 3]
+    assert scorer.stats.processed == 7 and scorer.stats.batches < 7
+    assert not await scorer.is_running()  # the lifespan stopped it
