@@ -25,7 +25,7 @@ def test_all_matches_what_the_package_exports() -> None:
         name
         for name, value in vars(async_batcher).items()
         if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
-    }
+    } | {"__version__"}
     assert set(async_batcher.__all__) == public
     for name in async_batcher.__all__:
         assert getattr(async_batcher, name) is not None
