@@ -22,10 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from async_batcher.aws.testing import DYNAMODB_LOCAL_NPM_VERSION, DynamoDBLocal, MotoSqsServer, dummy_credentials
 from examples.aws_support import NO_WAIT, ONE_CALL_PER_ITEM, Measure, Measurement, markdown_table
 from examples.dynamodb import write_items
 from examples.sqs import send_messages
+from tools.aws import DYNAMODB_LOCAL_NPM_VERSION, DynamoDBLocal, MotoServer, dummy_credentials
 
 CALLERS = (1, 10, 100, 1000)
 # Items per run: enough for the steady state, few enough for a single caller (which waits max_queue_time per
@@ -37,7 +37,7 @@ REPORT = Path("reports")
 
 
 async def run_service(
-    server: DynamoDBLocal | MotoSqsServer, measure: Measure, items: dict[int, int], callers: tuple[int, ...]
+    server: DynamoDBLocal | MotoServer, measure: Measure, items: dict[int, int], callers: tuple[int, ...]
 ) -> list[Measurement]:
     results = []
     for count in callers:
@@ -129,7 +129,7 @@ async def main(quick: bool) -> list[Measurement]:
     results: list[Measurement] = []
     with DynamoDBLocal() as dynamodb:
         results += await run_service(dynamodb, write_items.measure, DYNAMODB_ITEMS, callers)
-    with MotoSqsServer() as sqs:
+    with MotoServer() as sqs:
         results += await run_service(sqs, send_messages.measure, SQS_ITEMS, callers)
     return results
 

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 from aiobotocore.config import AioConfig
 
 from async_batcher import AsyncBatcher
-from async_batcher.aws.dynamodb.keys import deserialize_item
+from async_batcher.aws.dynamodb._keys import deserialize_item
 from async_batcher.aws.retry import RetryPolicy
-from async_batcher.aws.testing import LocalServer
+from tools.servers import LocalServer
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -111,3 +111,40 @@ async def kill_mid_run(server: LocalServer, batcher: AsyncBatcher[T, R], items: 
     assert errors, "the kill happened after every item: nothing was tested"
     assert len(errors) < len(outcomes), "nothing went through before the kill"
     return outcomes
+
+
+async def create_topic_to_queue(sns: Any, sqs: Any, *, fifo: bool = False) -> tuple[str, str]:
+    """A fresh SNS topic with a fresh SQS queue subscribed to it (raw delivery: the queue's bodies are the
+    published messages, with their attributes); returns (topic ARN, queue URL)."""
+    suffix = ".fifo" if fifo else ""
+    attributes = {"FifoTopic": "true"} if fifo else {}
+    topic = (await sns.create_topic(Name=unique("topic") + suffix, Attributes=attributes))["TopicArn"]
+    queue = await create_queue(sqs, fifo=fifo)
+    arn = (await sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"]))["Attributes"]["QueueArn"]
+    await sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"})
+    return str(topic), queue
+
+
+async def create_stream(client: Any, *, shards: int = 2) -> str:
+    """A fresh Kinesis stream (moto makes it active at once); returns its name."""
+    name = unique("stream")
+    await client.create_stream(StreamName=name, ShardCount=shards)
+    return name
+
+
+async def read_stream(client: Any, stream: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every record of ``stream`` as (shard id, record), shard by shard from the start. moto answers at once: an
+    empty page means the shard is read."""
+    records: list[tuple[str, dict[str, Any]]] = []
+    for shard in (await client.list_shards(StreamName=stream))["Shards"]:
+        shard_id = shard["ShardId"]
+        iterator = (
+            await client.get_shard_iterator(StreamName=stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON")
+        )["ShardIterator"]
+        while True:
+            page = await client.get_records(ShardIterator=iterator, Limit=10_000)
+            if not page["Records"]:
+                break
+            records.extend((shard_id, record) for record in page["Records"])
+            iterator = page["NextShardIterator"]
+    return records

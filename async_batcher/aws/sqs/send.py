@@ -17,8 +17,10 @@ A call carries messages for one queue only, at most 10 of them, and at most ``ma
 1 MiB for queues configured for that). ``batch_key`` returns the queue URL, so the batcher never mixes queues
 in a batch, and ``process_batch`` groups by queue as well, so a mixed batch is still right.
 
-Retried messages can overtake one another: in a FIFO queue, a message whose entry failed on SQS's side is
-sent again after the entries of the same call that succeeded.
+The calls of a FIFO queue (``.fifo``) go one after the other, and a call refused for one message is bisected in
+order, so a message group keeps its order inside a batch; across batches it does only with ``concurrency=1``.
+Retried messages can still overtake one another: a message whose entry failed on SQS's side is sent again after
+the entries of the same call that succeeded.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from async_batcher.aws._chunking import attributes_size, check_attributes, chunk_groups, utf8_length
+from async_batcher.aws._delivery import Outcomes, Splitter, splitter
+from async_batcher.aws._entries import numbered, settle_entries
 from async_batcher.aws.base import AwsBatcher
-from async_batcher.aws.chunking import chunk, group_by
-from async_batcher.aws.delivery import Outcomes, Splitter, splitter
 from async_batcher.aws.errors import SqsEntryError
 
 __all__ = [
@@ -93,12 +96,7 @@ class SqsMessage:
             isinstance(self.delay_seconds, bool) or not isinstance(self.delay_seconds, int) or self.delay_seconds < 0
         ):
             raise ValueError(f"delay_seconds must be an int >= 0, got {self.delay_seconds!r}")
-        if self.attributes is not None:
-            for name, value in self.attributes.items():
-                if not isinstance(value, Mapping) or "DataType" not in value:
-                    raise ValueError(
-                        f"message attribute {name!r} must be a mapping with a 'DataType', got {value!r:.200}"
-                    )
+        check_attributes(self.attributes)
 
     def entry(self) -> dict[str, Any]:
         """The ``SendMessageBatch`` entry for this message, without its ``Id``."""
@@ -114,23 +112,9 @@ class SqsMessage:
         return entry
 
 
-def _length(value: object) -> int:
-    if isinstance(value, str):
-        return len(value.encode("utf-8"))
-    if isinstance(value, bytes | bytearray | memoryview):
-        return len(value)
-    return len(str(value).encode("utf-8"))
-
-
 def message_size(message: SqsMessage) -> int:
     """The size SQS counts against its limits: the body, and each attribute's name, type and value."""
-    size = _length(message.body)
-    for name, value in (message.attributes or {}).items():
-        size += _length(name) + _length(value.get("DataType", ""))
-        for field_name in ("StringValue", "BinaryValue"):
-            if field_name in value:
-                size += _length(value[field_name])
-    return size
+    return utf8_length(message.body) + attributes_size(message.attributes)
 
 
 @dataclass(eq=False)
@@ -192,34 +176,25 @@ class AsyncSqsSendBatcher(AwsBatcher[SqsMessage, str]):
         delivery = self._delivery(
             "SendMessageBatch", send, lambda item, error: outcomes.fail(item.index, error), _SPLIT
         )
-        calls = [
-            run
-            for same_queue in group_by(sends, key_of=lambda item: item.queue_url).values()
-            for run in chunk(
-                same_queue, max_count=MAX_ENTRIES_PER_CALL, max_bytes=self.max_batch_bytes, size_of=lambda s: s.size
-            )
-        ]
-        await self._run_calls(delivery, calls, outcomes)
+        calls = chunk_groups(
+            sends,
+            key_of=lambda item: item.queue_url,
+            max_count=MAX_ENTRIES_PER_CALL,
+            max_bytes=self.max_batch_bytes,
+            size_of=lambda item: item.size,
+        )
+        fifo = any(call[0].queue_url.endswith(".fifo") for call in calls)
+        await self._run_calls(delivery, calls, outcomes, in_order=fifo)
         return outcomes.results()
 
     async def _call(self, sends: list[_Send], outcomes: Outcomes[str]) -> list[_Send]:
         """One ``SendMessageBatch`` call; records the sent and refused messages, returns those to retry."""
-        entries = [{"Id": str(number), **item.entry} for number, item in enumerate(sends)]
+        entries = numbered([item.entry for item in sends])
         response = await self.client.send_message_batch(QueueUrl=sends[0].queue_url, Entries=entries)
-        answered: set[int] = set()
-        for success in response.get("Successful") or ():
-            number = int(success["Id"])
-            outcomes.succeed(sends[number].index, success["MessageId"])
-            answered.add(number)
-        left: list[_Send] = []
-        for failure in response.get("Failed") or ():
-            number = int(failure["Id"])
-            answered.add(number)
-            if failure.get("SenderFault"):
-                error = SqsEntryError(failure.get("Code", ""), failure.get("Message", ""), sender_fault=True)
-                outcomes.fail(sends[number].index, error)
-            else:
-                left.append(sends[number])
-        # An entry SQS did not mention was not sent as far as we know: send it again.
-        left.extend(item for number, item in enumerate(sends) if number not in answered)
-        return left
+        return settle_entries(
+            response, sends, outcomes, value_of=lambda success: str(success["MessageId"]), refuse=_refused
+        )
+
+
+def _refused(code: str, message: str) -> SqsEntryError:
+    return SqsEntryError(code, message, sender_fault=True)
