@@ -2,6 +2,10 @@
 
 Every test reads the streams back: a record whose caller got a (shard, sequence number) is there exactly once,
 at that place, and one whose caller got an error is not there.
+
+moto numbers a shard's records without a lock: two PutRecords calls to one shard at the same time can get the
+same sequence number, and one record then replaces the other. The batcher sends a batch's calls one after the
+other, and these tests keep ``concurrency=1`` (the default), so that moto never sees two at once.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ async def test_records_kinesis_fails_are_retried_until_they_land(moto_server: Mo
 
         proxy.rules.append(first_calls("PutRecords", 12, fail_some))
         batch = records(300)
-        async with putter(proxy.url, stream_name=stream, max_batch_size=50, concurrency=2) as batcher:
+        async with putter(proxy.url, stream_name=stream, max_batch_size=50) as batcher:
             results = await asyncio.gather(*(batcher.process(r) for r in batch))
         where = await stored(kinesis, stream)
     assert where == {r.data: result for r, result in zip(batch, results, strict=True)}

@@ -15,9 +15,10 @@ Each caller's ``await batcher.process(KinesisRecord(data=..., partition_key=...)
   have been put.
 
 A call carries records for one stream only, at most 500 of them and at most 5 MiB (data plus partition keys).
-Kinesis answers record by record in request order: failed records are sent again, with exponential backoff
-and full jitter, after the others of their call, so a retried record can land after later records of its
-shard.
+The calls of a batch go one after the other, so the records of a partition key keep their order inside a
+batch (across batches only with ``concurrency=1``, the default). Kinesis answers record by record in request
+order: failed records are sent again, with exponential backoff and full jitter, after the others of their
+call, so a retried record can land after later records of its shard.
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ class AsyncKinesisPutBatcher(AwsBatcher[KinesisRecord, KinesisPutResult]):
             max_bytes=MAX_REQUEST_BYTES,
             size_of=lambda item: item.size,
         )
-        await self._run_calls(delivery, calls, outcomes)
+        # One call after the other: the records of a partition key keep their order inside a batch.
+        await self._run_calls(delivery, calls, outcomes, in_order=True)
         return outcomes.results()
 
     async def _call(self, puts: list[_Put], outcomes: Outcomes[KinesisPutResult]) -> list[_Put]:
