@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from typing import Any, TypeVar
+from typing import Any
 
 from aiobotocore.config import AioConfig
 
-from async_batcher import AsyncBatcher
 from async_batcher.aws.dynamodb._keys import deserialize_item
 from async_batcher.aws.retry import RetryPolicy
-from tools.servers import LocalServer
-
-T = TypeVar("T")
-R = TypeVar("R")
+from tests.crash import kill_mid_run as kill_mid_run  # the AWS tests import it from here
 
 # botocore makes one attempt per call, so the batcher's own retries are what the tests observe; short
 # timeouts so that a dead server is noticed quickly.
@@ -83,34 +78,6 @@ async def receive_all(client: Any, queue_url: str) -> list[dict[str, Any]]:
             QueueUrl=queue_url,
             Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(batch)],
         )
-
-
-async def kill_mid_run(server: LocalServer, batcher: AsyncBatcher[T, R], items: list[T], late: T) -> list[object]:
-    """Submit ``items`` concurrently, kill ``server`` once the first caller has its outcome, and return every
-    caller's outcome (result or exception) in order. Fails (TimeoutError) if any caller is still waiting 60 s
-    later, or if ``late``, submitted after the kill, does not fail too."""
-    first_done = asyncio.Event()
-
-    async def submit(item: T) -> object:
-        try:
-            return await batcher.process(item)
-        except Exception as error:  # each caller's own outcome
-            return error
-        finally:
-            first_done.set()
-
-    async with asyncio.timeout(60):  # a hang fails the test instead of blocking the suite
-        async with batcher:
-            tasks = [asyncio.create_task(submit(item)) for item in items]
-            await first_done.wait()
-            server.kill()
-            outcomes = await asyncio.gather(*tasks)
-            late_outcome = await submit(late)
-    assert isinstance(late_outcome, Exception), f"an item submitted after the kill got {late_outcome!r}"
-    errors = [o for o in outcomes if isinstance(o, Exception)]
-    assert errors, "the kill happened after every item: nothing was tested"
-    assert len(errors) < len(outcomes), "nothing went through before the kill"
-    return outcomes
 
 
 async def create_topic_to_queue(sns: Any, sqs: Any, *, fifo: bool = False) -> tuple[str, str]:
