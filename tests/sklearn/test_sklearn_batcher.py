@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from sklearn.preprocessing import StandardScaler
 
 from async_batcher.ml.sklearn import SklearnAsyncBatcher
 from async_batcher.ml.sklearn.model import SklearnAsyncBatcher as Original
+from tests.snippets import run_snippet
 
 
 def iris_classifier() -> tuple[Any, np.ndarray[Any, Any]]:
@@ -76,3 +78,7 @@ def test_a_missing_numpy_names_the_extra() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 1
     assert "pip install 'async-batcher[sklearn]'" in done.stderr
+
+
+def test_the_documentation_snippet_runs(tmp_path: Path) -> None:
+    assert "[0.982 0.018 0.   ]" in run_snippet("sklearn_predict", tmp_path)
