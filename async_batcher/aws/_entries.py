@@ -6,12 +6,11 @@ its item in the call.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from async_batcher.aws._delivery import Outcomes
-
-R = TypeVar("R")
+from async_batcher.aws.errors import BatchEntryError
 
 
 class _Indexed(Protocol):
@@ -28,30 +27,26 @@ def numbered(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def settle_entries(
-    response: Mapping[str, Any],
-    items: Sequence[I],
-    outcomes: Outcomes[R],
-    *,
-    value_of: Callable[[Mapping[str, Any]], R],
-    refuse: Callable[[str, str], Exception],
+    response: Mapping[str, Any], items: Sequence[I], outcomes: Outcomes[str], *, refused: type[BatchEntryError]
 ) -> list[I]:
     """Record each item the answer settles; return the items to send again.
 
-    A ``Successful`` entry gives its item ``value_of(entry)``; a ``Failed`` entry with ``SenderFault`` gives
-    ``refuse(code, message)``. A ``Failed`` entry that is the service's fault, and an item the answer does
-    not mention (not sent as far as we know), are returned for another try.
+    A ``Successful`` entry gives its item its ``MessageId``; a ``Failed`` entry with ``SenderFault`` gives
+    ``refused(code, message, sender_fault=True)``. A ``Failed`` entry that is the service's fault, and an item
+    the answer does not mention (not sent as far as we know), are returned for another try.
     """
     answered: set[int] = set()
     for success in response.get("Successful") or ():
         number = int(success["Id"])
-        outcomes.succeed(items[number].index, value_of(success))
+        outcomes.succeed(items[number].index, str(success["MessageId"]))
         answered.add(number)
     left: list[I] = []
     for failure in response.get("Failed") or ():
         number = int(failure["Id"])
         answered.add(number)
         if failure.get("SenderFault"):
-            outcomes.fail(items[number].index, refuse(failure.get("Code", ""), failure.get("Message", "")))
+            error = refused(failure.get("Code", ""), failure.get("Message", ""), sender_fault=True)
+            outcomes.fail(items[number].index, error)
         else:
             left.append(items[number])
     left.extend(item for number, item in enumerate(items) if number not in answered)

@@ -23,13 +23,12 @@ call, so a retried record can land after later records of its shard.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from async_batcher.aws._chunking import chunk_groups, utf8_length
-from async_batcher.aws._delivery import Outcomes, Splitter, splitter
-from async_batcher.aws.base import AwsBatcher
+from async_batcher.aws._chunking import utf8_length
+from async_batcher.aws._delivery import Outcomes
+from async_batcher.aws._targeted import Entry, TargetedBatcher
 from async_batcher.aws.errors import KinesisRecordError
 from async_batcher.aws.retry import RETRYABLE_ERROR_CODES
 
@@ -52,7 +51,7 @@ MAX_RECORD_BYTES = 1024 * 1024
 """The most data plus partition key of one record."""
 
 # What one bad record can make Kinesis refuse a whole PutRecords call with.
-_SPLIT: Splitter[_Put] = splitter(bisect_codes={"ValidationException", "InvalidArgumentException"})
+_BISECT_CODES = frozenset({"ValidationException", "InvalidArgumentException"})
 
 
 @dataclass(kw_only=True)
@@ -107,15 +106,7 @@ class KinesisPutResult:
     sequence_number: str
 
 
-@dataclass(eq=False)
-class _Put:
-    index: int
-    stream_name: str
-    entry: dict[str, Any]
-    size: int
-
-
-class AsyncKinesisPutBatcher(AwsBatcher[KinesisRecord, KinesisPutResult]):
+class AsyncKinesisPutBatcher(TargetedBatcher[KinesisRecord, KinesisPutResult]):
     """Batches :class:`KinesisRecord` puts into Kinesis ``PutRecords`` calls (see the module docstring).
 
     Args:
@@ -128,53 +119,40 @@ class AsyncKinesisPutBatcher(AwsBatcher[KinesisRecord, KinesisPutResult]):
     """
 
     service_name: ClassVar[str] = "kinesis"
+    operation: ClassVar[str] = "PutRecords"
+    target_attribute: ClassVar[str] = "stream_name"
+    max_entries: ClassVar[int] = MAX_RECORDS_PER_CALL
+    bisect_codes: ClassVar[frozenset[str]] = _BISECT_CODES
 
     def __init__(
         self, *, stream_name: str | None = None, max_batch_size: int = MAX_RECORDS_PER_CALL, **kwargs: Any
     ) -> None:
-        super().__init__(max_batch_size=max_batch_size, **kwargs)
-        if stream_name is not None and (not isinstance(stream_name, str) or not stream_name):
-            raise ValueError(f"stream_name must be a non-empty str or None, got {stream_name!r}")
-        self.stream_name = stream_name
+        super().__init__(default_target=stream_name, max_batch_size=max_batch_size, **kwargs)
 
-    def batch_key(self, item: KinesisRecord) -> Hashable:
-        """Records for different streams never share a batch."""
-        return item.stream_name or self.stream_name
+    @property
+    def stream_name(self) -> str | None:
+        """The stream of the records that name none."""
+        return self.default_target
 
-    async def process_batch(self, batch: list[KinesisRecord]) -> list[KinesisPutResult | Exception]:
-        outcomes: Outcomes[KinesisPutResult] = Outcomes(len(batch))
-        puts: list[_Put] = []
-        for index, record in enumerate(batch):
-            stream_name = record.stream_name or self.stream_name
-            if stream_name is None:
-                outcomes.fail(index, ValueError("the record names no stream_name and the batcher has none"))
-                continue
-            puts.append(_Put(index, stream_name, record.entry(), record.size))
+    def max_call_bytes(self) -> int:
+        return MAX_REQUEST_BYTES
 
-        async def send(call: list[_Put]) -> list[_Put]:
-            return await self._call(call, outcomes)
+    def entry_of(self, item: KinesisRecord) -> tuple[dict[str, Any], int]:
+        return item.entry(), item.size
 
-        delivery = self._delivery("PutRecords", send, lambda item, error: outcomes.fail(item.index, error), _SPLIT)
-        calls = chunk_groups(
-            puts,
-            key_of=lambda item: item.stream_name,
-            max_count=MAX_RECORDS_PER_CALL,
-            max_bytes=MAX_REQUEST_BYTES,
-            size_of=lambda item: item.size,
-        )
-        # One call after the other: the records of a partition key keep their order inside a batch.
-        await self._run_calls(delivery, calls, outcomes, in_order=True)
-        return outcomes.results()
+    def in_order(self, target: str) -> bool:
+        """Always: one call after the other, the records of a partition key keep their order inside a batch."""
+        return True
 
-    async def _call(self, puts: list[_Put], outcomes: Outcomes[KinesisPutResult]) -> list[_Put]:
+    async def call(self, entries: list[Entry], outcomes: Outcomes[KinesisPutResult]) -> list[Entry]:
         """One ``PutRecords`` call; records the records put and refused, returns those to retry."""
-        response = await self.client.put_records(StreamName=puts[0].stream_name, Records=[p.entry for p in puts])
+        response = await self.client.put_records(StreamName=entries[0].target, Records=[e.entry for e in entries])
         answers = response.get("Records") or []
-        if len(answers) != len(puts):
+        if len(answers) != len(entries):
             # Kinesis answers every record, in order; without that, none of them counts as put.
-            return puts
-        left: list[_Put] = []
-        for put, answer in zip(puts, answers, strict=True):
+            return entries
+        left: list[Entry] = []
+        for put, answer in zip(entries, answers, strict=True):
             code = answer.get("ErrorCode")
             if code is None:
                 outcomes.succeed(put.index, KinesisPutResult(answer["ShardId"], answer["SequenceNumber"]))

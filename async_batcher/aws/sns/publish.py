@@ -22,14 +22,14 @@ the sender's fault) can still land after later messages of its call.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from async_batcher.aws._chunking import attributes_size, check_attributes, chunk_groups, utf8_length
-from async_batcher.aws._delivery import Outcomes, Splitter, splitter
+from async_batcher.aws._chunking import attributes_size, check_attributes, utf8_length
+from async_batcher.aws._delivery import Outcomes
 from async_batcher.aws._entries import numbered, settle_entries
-from async_batcher.aws.base import AwsBatcher
+from async_batcher.aws._targeted import Entry, TargetedBatcher
 from async_batcher.aws.errors import SnsEntryError
 
 __all__ = ["MAX_BATCH_BYTES", "MAX_ENTRIES_PER_CALL", "AsyncSnsPublishBatcher", "SnsMessage", "message_size"]
@@ -41,8 +41,8 @@ MAX_BATCH_BYTES = 256 * 1024
 """The most payload ``PublishBatch`` takes in one call (all its messages together)."""
 
 # What one bad message can make SNS refuse a whole PublishBatch call with.
-_SPLIT: Splitter[_Publish] = splitter(
-    bisect_codes={
+_BISECT_CODES = frozenset(
+    {
         "InvalidParameter",
         "InvalidParameterValue",
         "ParameterValueInvalid",
@@ -107,15 +107,7 @@ def message_size(message: SnsMessage) -> int:
     return utf8_length(message.message) + utf8_length(message.subject or "") + attributes_size(message.attributes)
 
 
-@dataclass(eq=False)
-class _Publish:
-    index: int
-    topic_arn: str
-    entry: dict[str, Any]
-    size: int
-
-
-class AsyncSnsPublishBatcher(AwsBatcher[SnsMessage, str]):
+class AsyncSnsPublishBatcher(TargetedBatcher[SnsMessage, str]):
     """Batches :class:`SnsMessage` publishes into SNS ``PublishBatch`` calls (see the module docstring).
 
     Args:
@@ -128,51 +120,30 @@ class AsyncSnsPublishBatcher(AwsBatcher[SnsMessage, str]):
     """
 
     service_name: ClassVar[str] = "sns"
+    operation: ClassVar[str] = "PublishBatch"
+    target_attribute: ClassVar[str] = "topic_arn"
+    max_entries: ClassVar[int] = MAX_ENTRIES_PER_CALL
+    bisect_codes: ClassVar[frozenset[str]] = _BISECT_CODES
 
     def __init__(
         self, *, topic_arn: str | None = None, max_batch_size: int = MAX_ENTRIES_PER_CALL, **kwargs: Any
     ) -> None:
-        super().__init__(max_batch_size=max_batch_size, **kwargs)
-        _optional_text("topic_arn", topic_arn)
-        self.topic_arn = topic_arn
+        super().__init__(default_target=topic_arn, max_batch_size=max_batch_size, **kwargs)
 
-    def batch_key(self, item: SnsMessage) -> Hashable:
-        """Messages for different topics never share a batch."""
-        return item.topic_arn or self.topic_arn
+    @property
+    def topic_arn(self) -> str | None:
+        """The topic of the messages that name none."""
+        return self.default_target
 
-    async def process_batch(self, batch: list[SnsMessage]) -> list[str | Exception]:
-        outcomes: Outcomes[str] = Outcomes(len(batch))
-        publishes: list[_Publish] = []
-        for index, message in enumerate(batch):
-            topic_arn = message.topic_arn or self.topic_arn
-            if topic_arn is None:
-                outcomes.fail(index, ValueError("the message names no topic_arn and the batcher has none"))
-                continue
-            publishes.append(_Publish(index, topic_arn, message.entry(), message_size(message)))
+    def max_call_bytes(self) -> int:
+        return MAX_BATCH_BYTES
 
-        async def send(call: list[_Publish]) -> list[_Publish]:
-            return await self._call(call, outcomes)
+    def entry_of(self, item: SnsMessage) -> tuple[dict[str, Any], int]:
+        return item.entry(), message_size(item)
 
-        delivery = self._delivery("PublishBatch", send, lambda item, error: outcomes.fail(item.index, error), _SPLIT)
-        calls = chunk_groups(
-            publishes,
-            key_of=lambda item: item.topic_arn,
-            max_count=MAX_ENTRIES_PER_CALL,
-            max_bytes=MAX_BATCH_BYTES,
-            size_of=lambda item: item.size,
-        )
-        fifo = any(call[0].topic_arn.endswith(".fifo") for call in calls)
-        await self._run_calls(delivery, calls, outcomes, in_order=fifo)
-        return outcomes.results()
-
-    async def _call(self, publishes: list[_Publish], outcomes: Outcomes[str]) -> list[_Publish]:
+    async def call(self, entries: list[Entry], outcomes: Outcomes[str]) -> list[Entry]:
         """One ``PublishBatch`` call; records the published and refused messages, returns those to retry."""
-        entries = numbered([item.entry for item in publishes])
-        response = await self.client.publish_batch(TopicArn=publishes[0].topic_arn, PublishBatchRequestEntries=entries)
-        return settle_entries(
-            response, publishes, outcomes, value_of=lambda success: str(success["MessageId"]), refuse=_refused
+        response = await self.client.publish_batch(
+            TopicArn=entries[0].target, PublishBatchRequestEntries=numbered([item.entry for item in entries])
         )
-
-
-def _refused(code: str, message: str) -> SnsEntryError:
-    return SnsEntryError(code, message, sender_fault=True)
+        return settle_entries(response, entries, outcomes, refused=SnsEntryError)

@@ -25,14 +25,14 @@ the entries of the same call that succeeded.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from async_batcher.aws._chunking import attributes_size, check_attributes, chunk_groups, utf8_length
-from async_batcher.aws._delivery import Outcomes, Splitter, splitter
+from async_batcher.aws._chunking import attributes_size, check_attributes, utf8_length
+from async_batcher.aws._delivery import Outcomes
 from async_batcher.aws._entries import numbered, settle_entries
-from async_batcher.aws.base import AwsBatcher
+from async_batcher.aws._targeted import Entry, TargetedBatcher
 from async_batcher.aws.errors import SqsEntryError
 
 __all__ = [
@@ -52,8 +52,8 @@ DEFAULT_MAX_BATCH_BYTES = 256 * 1024
 _MAX_BATCH_BYTES_CAP = 1024 * 1024  # the largest payload SQS takes in one call (2025 onwards)
 
 # What one bad message can make SQS refuse a whole SendMessageBatch call with.
-_SPLIT: Splitter[_Send] = splitter(
-    bisect_codes={
+_BISECT_CODES = frozenset(
+    {
         "InvalidMessageContents",
         "InvalidParameterValue",
         "InvalidAttributeValue",
@@ -117,15 +117,7 @@ def message_size(message: SqsMessage) -> int:
     return utf8_length(message.body) + attributes_size(message.attributes)
 
 
-@dataclass(eq=False)
-class _Send:
-    index: int
-    queue_url: str
-    entry: dict[str, Any]
-    size: int
-
-
-class AsyncSqsSendBatcher(AwsBatcher[SqsMessage, str]):
+class AsyncSqsSendBatcher(TargetedBatcher[SqsMessage, str]):
     """Batches :class:`SqsMessage` sends into SQS ``SendMessageBatch`` calls (see the module docstring).
 
     Args:
@@ -139,6 +131,10 @@ class AsyncSqsSendBatcher(AwsBatcher[SqsMessage, str]):
     """
 
     service_name: ClassVar[str] = "sqs"
+    operation: ClassVar[str] = "SendMessageBatch"
+    target_attribute: ClassVar[str] = "queue_url"
+    max_entries: ClassVar[int] = MAX_ENTRIES_PER_CALL
+    bisect_codes: ClassVar[frozenset[str]] = _BISECT_CODES
 
     def __init__(
         self,
@@ -148,53 +144,25 @@ class AsyncSqsSendBatcher(AwsBatcher[SqsMessage, str]):
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         **kwargs: Any,
     ) -> None:
-        super().__init__(max_batch_size=max_batch_size, **kwargs)
-        if queue_url is not None and (not isinstance(queue_url, str) or not queue_url):
-            raise ValueError(f"queue_url must be a non-empty str or None, got {queue_url!r}")
+        super().__init__(default_target=queue_url, max_batch_size=max_batch_size, **kwargs)
         if not isinstance(max_batch_bytes, int) or not 1 <= max_batch_bytes <= _MAX_BATCH_BYTES_CAP:
             raise ValueError(f"max_batch_bytes must be an int in [1, {_MAX_BATCH_BYTES_CAP}], got {max_batch_bytes!r}")
-        self.queue_url = queue_url
         self.max_batch_bytes = max_batch_bytes
 
-    def batch_key(self, item: SqsMessage) -> Hashable:
-        """Messages for different queues never share a batch."""
-        return item.queue_url or self.queue_url
+    @property
+    def queue_url(self) -> str | None:
+        """The queue of the messages that name none."""
+        return self.default_target
 
-    async def process_batch(self, batch: list[SqsMessage]) -> list[str | Exception]:
-        outcomes: Outcomes[str] = Outcomes(len(batch))
-        sends: list[_Send] = []
-        for index, message in enumerate(batch):
-            queue_url = message.queue_url or self.queue_url
-            if queue_url is None:
-                outcomes.fail(index, ValueError("the message names no queue_url and the batcher has none"))
-                continue
-            sends.append(_Send(index, queue_url, message.entry(), message_size(message)))
+    def max_call_bytes(self) -> int:
+        return self.max_batch_bytes
 
-        async def send(call: list[_Send]) -> list[_Send]:
-            return await self._call(call, outcomes)
+    def entry_of(self, item: SqsMessage) -> tuple[dict[str, Any], int]:
+        return item.entry(), message_size(item)
 
-        delivery = self._delivery(
-            "SendMessageBatch", send, lambda item, error: outcomes.fail(item.index, error), _SPLIT
-        )
-        calls = chunk_groups(
-            sends,
-            key_of=lambda item: item.queue_url,
-            max_count=MAX_ENTRIES_PER_CALL,
-            max_bytes=self.max_batch_bytes,
-            size_of=lambda item: item.size,
-        )
-        fifo = any(call[0].queue_url.endswith(".fifo") for call in calls)
-        await self._run_calls(delivery, calls, outcomes, in_order=fifo)
-        return outcomes.results()
-
-    async def _call(self, sends: list[_Send], outcomes: Outcomes[str]) -> list[_Send]:
+    async def call(self, entries: list[Entry], outcomes: Outcomes[str]) -> list[Entry]:
         """One ``SendMessageBatch`` call; records the sent and refused messages, returns those to retry."""
-        entries = numbered([item.entry for item in sends])
-        response = await self.client.send_message_batch(QueueUrl=sends[0].queue_url, Entries=entries)
-        return settle_entries(
-            response, sends, outcomes, value_of=lambda success: str(success["MessageId"]), refuse=_refused
+        response = await self.client.send_message_batch(
+            QueueUrl=entries[0].target, Entries=numbered([item.entry for item in entries])
         )
-
-
-def _refused(code: str, message: str) -> SqsEntryError:
-    return SqsEntryError(code, message, sender_fault=True)
+        return settle_entries(response, entries, outcomes, refused=SqsEntryError)
