@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import subprocess
 import sys
@@ -48,13 +49,9 @@ def test_each_package_re_exports_its_public_classes() -> None:
     )  # fmt: skip
 
 
-def test_private_modules_export_nothing() -> None:
-    import async_batcher.aws._chunking
-    import async_batcher.aws._delivery
-    import async_batcher.aws.dynamodb._keys
-
-    for module in (async_batcher.aws._chunking, async_batcher.aws._delivery, async_batcher.aws.dynamodb._keys):
-        assert not hasattr(module, "__all__"), module.__name__
+@pytest.mark.parametrize("module", ["_chunking", "_delivery", "_entries", "_sdk", "_targeted", "dynamodb._keys"])
+def test_private_modules_export_nothing(module: str) -> None:
+    assert not hasattr(importlib.import_module(f"async_batcher.aws.{module}"), "__all__")
 
 
 def test_the_test_tools_are_not_in_the_package() -> None:
