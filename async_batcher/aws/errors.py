@@ -11,7 +11,10 @@ from async_batcher.exceptions import AsyncBatchException
 
 __all__ = [
     "AwsBatchError",
+    "BatchEntryError",
+    "KinesisRecordError",
     "RetriesExhaustedError",
+    "SnsEntryError",
     "SqsEntryError",
 ]
 
@@ -36,18 +39,38 @@ class RetriesExhaustedError(AwsBatchError):
         self.last_error = last_error
 
 
-class SqsEntryError(AwsBatchError):
-    """SQS refused this message in ``SendMessageBatch`` (its ``Failed`` entry).
+class BatchEntryError(AwsBatchError):
+    """The service refused this item's entry of a batch call (``operation``) with ``code``.
 
-    ``sender_fault`` is True when the message itself is at fault (retrying it unchanged will not help).
+    ``sender_fault`` is True when the item itself is at fault (retrying it unchanged will not help).
     """
+
+    operation = "batch call"
 
     def __init__(self, code: str, message: str, sender_fault: bool) -> None:
         who = "sender" if sender_fault else "service"
-        super().__init__(f"SendMessageBatch entry failed ({who} fault): {code}: {message}")
+        super().__init__(f"{self.operation} entry failed ({who} fault): {code}: {message}")
         self.code = code
         self.message = message
         self.sender_fault = sender_fault
+
+
+class SqsEntryError(BatchEntryError):
+    """SQS refused this message in ``SendMessageBatch`` (its ``Failed`` entry)."""
+
+    operation = "SendMessageBatch"
+
+
+class SnsEntryError(BatchEntryError):
+    """SNS refused this message in ``PublishBatch`` (its ``Failed`` entry with ``SenderFault`` true)."""
+
+    operation = "PublishBatch"
+
+
+class KinesisRecordError(BatchEntryError):
+    """Kinesis refused this record in ``PutRecords`` with an ``ErrorCode`` that waiting will not cure."""
+
+    operation = "PutRecords"
 
 
 def _describe(error: BaseException) -> str:

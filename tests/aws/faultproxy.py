@@ -1,15 +1,17 @@
 """An HTTP proxy on 127.0.0.1 between an AWS client and a local server, which injects the service's faults.
 
-Both DynamoDB and SQS (since botocore 1.31) speak AWS's JSON protocol: a POST whose ``X-Amz-Target`` header
-names the operation and whose body is JSON. The proxy reads each request and asks its rules, in order, what
-to do with it:
+DynamoDB, Kinesis and SQS (since botocore 1.31) speak AWS's JSON protocol: a POST whose ``X-Amz-Target`` header
+names the operation and whose body is JSON. SNS speaks the query protocol (a form-encoded POST, XML answers),
+which :mod:`tests.aws.faultquery` turns into the same kind of body for the rules. The proxy reads each request
+and asks its rules, in order, what to do with it:
 
 * nothing (``None``): forward it unchanged and return the server's answer;
 * :class:`Reply`: answer an error itself (throttling, 5xx, validation) without forwarding;
 * :class:`Withhold`: remove some entries from the request, forward the rest, and report the removed ones as
   the service does when it leaves them out: ``UnprocessedItems`` (``BatchWriteItem``), ``UnprocessedKeys``
-  (``BatchGetItem``), ``Failed`` (``SendMessageBatch``). The withheld entries never reach the server, so a
-  client that drops them loses them for real, and a read-back shows it;
+  (``BatchGetItem``), ``Failed`` (``SendMessageBatch``, ``PublishBatch``), a record with an ``ErrorCode``
+  (``PutRecords``). The withheld entries never reach the server, so a client that drops them loses them for
+  real, and a read-back shows it;
 * :class:`Disconnect`: close the connection without an answer.
 
 Neither DynamoDB Local nor moto checks request signatures, so the edited requests are accepted. Because the
@@ -27,6 +29,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from tests.aws import faultquery
+
 __all__ = ["Disconnect", "FaultProxy", "Reply", "Rule", "Withhold", "first_calls"]
 
 
@@ -43,7 +47,8 @@ class Reply:
 class Withhold:
     """Leave out the entries at ``indices`` (positions in the request, flattened over tables).
 
-    For ``SendMessageBatch`` they come back as ``Failed`` entries with ``code`` and ``sender_fault``.
+    For ``SendMessageBatch`` and ``PublishBatch`` they come back as ``Failed`` entries with ``code`` and
+    ``sender_fault``; for ``PutRecords`` as records with ``ErrorCode`` ``code``.
     """
 
     indices: Iterable[int]
@@ -84,9 +89,13 @@ def _entries(operation: str, body: dict[str, Any]) -> list[tuple[str, Any]]:
         return [(table, request) for table, requests in body["RequestItems"].items() for request in requests]
     if operation == "BatchGetItem":
         return [(table, key) for table, spec in body["RequestItems"].items() for key in spec["Keys"]]
-    if operation == "SendMessageBatch":
-        return [("", entry) for entry in body["Entries"]]
+    if operation in _LISTS:
+        return [("", entry) for entry in body[_LISTS[operation]]]
     raise ValueError(f"cannot withhold entries of {operation}")
+
+
+# The batch operations whose entries are one list of the request: its name.
+_LISTS = {"SendMessageBatch": "Entries", "PublishBatch": "PublishBatchRequestEntries", "PutRecords": "Records"}
 
 
 def _rebuild(operation: str, body: dict[str, Any], entries: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -104,13 +113,22 @@ def _rebuild(operation: str, body: dict[str, Any], entries: list[tuple[str, Any]
             spec["Keys"].append(key)
         rebuilt["RequestItems"] = keys
     else:
-        rebuilt["Entries"] = [entry for _, entry in entries]
+        rebuilt[_LISTS[operation]] = [entry for _, entry in entries]
     return rebuilt
 
 
 def _report_withheld(operation: str, request: dict[str, Any], answer: dict[str, Any], fault: Withhold,
-                     withheld: list[tuple[str, Any]]) -> None:  # fmt: skip
-    """Add the withheld entries to the answer, where the service reports what it left out."""
+                     withheld: list[tuple[str, Any]], dropped: set[int]) -> None:  # fmt: skip
+    """Add the withheld entries to the answer, where the service reports what it left out (``dropped``: their
+    positions in the request)."""
+    if operation == "PutRecords":
+        # The answer's records are the request's, in order: put an error record at each withheld position.
+        forwarded = iter(answer.get("Records", []))
+        total = len(request["Records"])
+        failed = {"ErrorCode": fault.code, "ErrorMessage": "withheld"}
+        answer["Records"] = [dict(failed) if i in dropped else next(forwarded) for i in range(total)]
+        answer["FailedRecordCount"] = answer.get("FailedRecordCount", 0) + len(dropped)
+        return
     if operation == "BatchWriteItem":
         unprocessed = answer.setdefault("UnprocessedItems", {})
         for table, entry in withheld:
@@ -133,6 +151,8 @@ def _empty_answer(operation: str) -> dict[str, Any]:
         return {"UnprocessedItems": {}}
     if operation == "BatchGetItem":
         return {"Responses": {}, "UnprocessedKeys": {}}
+    if operation == "PutRecords":
+        return {"FailedRecordCount": 0, "Records": []}
     return {"Successful": [], "Failed": []}
 
 
@@ -176,9 +196,12 @@ class FaultProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
-        target = request.headers.get("X-Amz-Target", "")
-        operation = target.rsplit(".", 1)[-1]
-        body: dict[str, Any] = json.loads(raw) if raw else {}
+        query = faultquery.is_query(request.headers.get("Content-Type", ""))
+        if query:
+            operation, body = faultquery.parse_form(raw)
+        else:
+            operation = request.headers.get("X-Amz-Target", "").rsplit(".", 1)[-1]
+            body = json.loads(raw) if raw else {}
         self.seen.append((operation, body))
         fault = None
         for rule in self.rules:
@@ -190,15 +213,15 @@ class FaultProxy:
             request.transport.abort()
             return web.Response(status=500)  # never reaches the client: the connection is gone
         if isinstance(fault, Reply):
-            return self._error(fault)
+            return self._error(fault, query=query)
         if isinstance(fault, Withhold):
-            return await self._withhold(request, operation, body, fault)
+            return await self._withhold(request, operation, body, fault, query=query)
         self.forwarded.append((operation, body))
         status, headers, answer = await self._forward(request, raw)
         return web.Response(status=status, headers=headers, body=answer)
 
     async def _withhold(self, request: web.Request, operation: str, body: dict[str, Any],
-                        fault: Withhold) -> web.Response:  # fmt: skip
+                        fault: Withhold, *, query: bool) -> web.Response:  # fmt: skip
         entries = _entries(operation, body)
         drop = set(fault.indices)
         kept = [entry for i, entry in enumerate(entries) if i not in drop]
@@ -206,15 +229,16 @@ class FaultProxy:
         if kept:
             sent = _rebuild(operation, body, kept)
             self.forwarded.append((operation, sent))
-            status, headers, raw_answer = await self._forward(request, json.dumps(sent).encode())
+            encoded_request = faultquery.form_body(operation, sent) if query else json.dumps(sent).encode()
+            status, headers, raw_answer = await self._forward(request, encoded_request)
             if status != 200:
                 return web.Response(status=status, headers=headers, body=raw_answer)
-            answer = json.loads(raw_answer)
+            answer = faultquery.parse_answer(raw_answer) if query else json.loads(raw_answer)
         else:
-            headers = {"Content-Type": "application/x-amz-json-1.0"}
+            headers = {"Content-Type": "text/xml" if query else "application/x-amz-json-1.0"}
             answer = _empty_answer(operation)
-        _report_withheld(operation, body, answer, fault, withheld)
-        encoded = json.dumps(answer).encode()
+        _report_withheld(operation, body, answer, fault, withheld, drop)
+        encoded = faultquery.render_answer(answer) if query else json.dumps(answer).encode()
         if "x-amz-crc32" in headers:
             headers["x-amz-crc32"] = str(zlib.crc32(encoded) & 0xFFFFFFFF)
         return web.Response(status=200, headers=headers, body=encoded)
@@ -230,7 +254,10 @@ class FaultProxy:
             return response.status, kept, answer
 
     @staticmethod
-    def _error(fault: Reply) -> web.Response:
+    def _error(fault: Reply, *, query: bool) -> web.Response:
+        if query:
+            xml = faultquery.error_xml(fault.code, fault.message, fault.status)
+            return web.Response(status=fault.status, headers={"Content-Type": "text/xml"}, body=xml)
         payload = {"__type": f"com.amazonaws.injected#{fault.code}", "message": fault.message}
         encoded = json.dumps(payload).encode()
         headers = {

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from typing import Any, TypeVar
+from typing import Any
 
 from aiobotocore.config import AioConfig
 
-from async_batcher import AsyncBatcher
-from async_batcher.aws.dynamodb.keys import deserialize_item
+from async_batcher.aws.dynamodb._keys import deserialize_item
 from async_batcher.aws.retry import RetryPolicy
-from async_batcher.aws.testing import LocalServer
-
-T = TypeVar("T")
-R = TypeVar("R")
+from tests.crash import kill_mid_run as kill_mid_run  # the AWS tests import it from here
 
 # botocore makes one attempt per call, so the batcher's own retries are what the tests observe; short
 # timeouts so that a dead server is noticed quickly.
@@ -85,29 +80,38 @@ async def receive_all(client: Any, queue_url: str) -> list[dict[str, Any]]:
         )
 
 
-async def kill_mid_run(server: LocalServer, batcher: AsyncBatcher[T, R], items: list[T], late: T) -> list[object]:
-    """Submit ``items`` concurrently, kill ``server`` once the first caller has its outcome, and return every
-    caller's outcome (result or exception) in order. Fails (TimeoutError) if any caller is still waiting 60 s
-    later, or if ``late``, submitted after the kill, does not fail too."""
-    first_done = asyncio.Event()
+async def create_topic_to_queue(sns: Any, sqs: Any, *, fifo: bool = False) -> tuple[str, str]:
+    """A fresh SNS topic with a fresh SQS queue subscribed to it (raw delivery: the queue's bodies are the
+    published messages, with their attributes); returns (topic ARN, queue URL)."""
+    suffix = ".fifo" if fifo else ""
+    attributes = {"FifoTopic": "true"} if fifo else {}
+    topic = (await sns.create_topic(Name=unique("topic") + suffix, Attributes=attributes))["TopicArn"]
+    queue = await create_queue(sqs, fifo=fifo)
+    arn = (await sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"]))["Attributes"]["QueueArn"]
+    await sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"})
+    return str(topic), queue
 
-    async def submit(item: T) -> object:
-        try:
-            return await batcher.process(item)
-        except Exception as error:  # each caller's own outcome
-            return error
-        finally:
-            first_done.set()
 
-    async with asyncio.timeout(60):  # a hang fails the test instead of blocking the suite
-        async with batcher:
-            tasks = [asyncio.create_task(submit(item)) for item in items]
-            await first_done.wait()
-            server.kill()
-            outcomes = await asyncio.gather(*tasks)
-            late_outcome = await submit(late)
-    assert isinstance(late_outcome, Exception), f"an item submitted after the kill got {late_outcome!r}"
-    errors = [o for o in outcomes if isinstance(o, Exception)]
-    assert errors, "the kill happened after every item: nothing was tested"
-    assert len(errors) < len(outcomes), "nothing went through before the kill"
-    return outcomes
+async def create_stream(client: Any, *, shards: int = 2) -> str:
+    """A fresh Kinesis stream (moto makes it active at once); returns its name."""
+    name = unique("stream")
+    await client.create_stream(StreamName=name, ShardCount=shards)
+    return name
+
+
+async def read_stream(client: Any, stream: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every record of ``stream`` as (shard id, record), shard by shard from the start. moto answers at once: an
+    empty page means the shard is read."""
+    records: list[tuple[str, dict[str, Any]]] = []
+    for shard in (await client.list_shards(StreamName=stream))["Shards"]:
+        shard_id = shard["ShardId"]
+        iterator = (
+            await client.get_shard_iterator(StreamName=stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON")
+        )["ShardIterator"]
+        while True:
+            page = await client.get_records(ShardIterator=iterator, Limit=10_000)
+            if not page["Records"]:
+                break
+            records.extend((shard_id, record) for record in page["Records"])
+            iterator = page["NextShardIterator"]
+    return records

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from async_batcher.aws.chunking import chunk, group_by, json_size, split_rounds
+from async_batcher.aws._chunking import chunk, group_by, json_size, split_rounds
 
 
 def test_chunk_by_count() -> None:

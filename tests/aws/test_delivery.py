@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from async_batcher.aws.delivery import Delivery, splitter
+from async_batcher.aws._delivery import Delivery, splitter
 from async_batcher.aws.errors import RetriesExhaustedError
 from async_batcher.aws.retry import RetryPolicy
 

@@ -10,12 +10,12 @@ import aioboto3
 import pytest
 from botocore.exceptions import ClientError
 
+from async_batcher.aws.dynamodb._keys import serialize_item
 from async_batcher.aws.dynamodb.get import AsyncDynamoDbGetBatcher, GetItem
-from async_batcher.aws.dynamodb.keys import serialize_item
 from async_batcher.aws.errors import RetriesExhaustedError
-from async_batcher.aws.testing import ApiCallCounter, DynamoDBLocal
 from tests.aws.faultproxy import FaultProxy, Reply, Withhold, first_calls
 from tests.aws.helpers import FAST_RETRY, NO_BOTOCORE_RETRY, create_table
+from tools.aws import ApiCallCounter, DynamoDBLocal
 
 
 def reader(endpoint: str, session: aioboto3.Session | None = None, **kwargs: Any) -> AsyncDynamoDbGetBatcher:

@@ -15,12 +15,12 @@ import aioboto3
 import pytest
 from botocore.exceptions import ClientError
 
-from async_batcher.aws.chunking import json_size
+from async_batcher.aws._chunking import json_size
 from async_batcher.aws.dynamodb.write import AsyncDynamoDbWriteBatcher, WriteOperation
 from async_batcher.aws.errors import RetriesExhaustedError
-from async_batcher.aws.testing import ApiCallCounter, DynamoDBLocal
 from tests.aws.faultproxy import FaultProxy, Reply, Withhold, first_calls
 from tests.aws.helpers import FAST_RETRY, NO_BOTOCORE_RETRY, create_table, kill_mid_run, scan_all
+from tools.aws import ApiCallCounter, DynamoDBLocal
 
 pytestmark = pytest.mark.single_loop
 

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from async_batcher.aws.dynamodb.keys import (
+from async_batcher.aws.dynamodb._keys import (
     KeySchemaCache,
     deserialize_item,
     key_identity,

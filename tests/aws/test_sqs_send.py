@@ -17,9 +17,9 @@ from botocore.exceptions import ClientError
 from async_batcher.aws.errors import RetriesExhaustedError, SqsEntryError
 from async_batcher.aws.sqs import AsyncSqsSendBatcher, SqsMessage
 from async_batcher.aws.sqs.send import DEFAULT_MAX_BATCH_BYTES, message_size
-from async_batcher.aws.testing import ApiCallCounter, MotoSqsServer
 from tests.aws.faultproxy import FaultProxy, Reply, Withhold, first_calls
 from tests.aws.helpers import FAST_RETRY, NO_BOTOCORE_RETRY, create_queue, kill_mid_run, receive_all
+from tools.aws import ApiCallCounter, MotoServer
 
 pytestmark = pytest.mark.single_loop
 
@@ -38,7 +38,7 @@ def by_body(messages: list[dict[str, Any]]) -> dict[str, str]:
     return {m["Body"]: m["MessageId"] for m in messages}
 
 
-async def test_sends_to_two_queues_all_arrive_with_their_ids(moto_server: MotoSqsServer) -> None:
+async def test_sends_to_two_queues_all_arrive_with_their_ids(moto_server: MotoServer) -> None:
     session = aioboto3.Session()
     counter = ApiCallCounter(session, record=True)
     async with session.client("sqs", endpoint_url=moto_server.endpoint_url) as admin:
@@ -59,7 +59,7 @@ async def test_sends_to_two_queues_all_arrive_with_their_ids(moto_server: MotoSq
         assert all((int(b[1:]) % 3 == 0) == (params["QueueUrl"] == second) for b in bodies)
 
 
-async def test_calls_respect_the_payload_cap(moto_server: MotoSqsServer) -> None:
+async def test_calls_respect_the_payload_cap(moto_server: MotoServer) -> None:
     session = aioboto3.Session()
     counter = ApiCallCounter(session, record=True)
     async with session.client("sqs", endpoint_url=moto_server.endpoint_url) as admin:
@@ -79,7 +79,7 @@ async def test_calls_respect_the_payload_cap(moto_server: MotoSqsServer) -> None
         assert payload <= DEFAULT_MAX_BATCH_BYTES
 
 
-async def test_failed_entries_that_are_not_the_senders_fault_are_retried(moto_server: MotoSqsServer) -> None:
+async def test_failed_entries_that_are_not_the_senders_fault_are_retried(moto_server: MotoServer) -> None:
     async with (
         FaultProxy(moto_server.endpoint_url) as proxy,
         aioboto3.Session().client("sqs", endpoint_url=moto_server.endpoint_url) as admin,
@@ -101,7 +101,7 @@ async def test_failed_entries_that_are_not_the_senders_fault_are_retried(moto_se
     assert sum(len(body["Entries"]) for body in proxy.calls("SendMessageBatch")) > 120
 
 
-async def test_a_message_at_fault_fails_only_its_caller(moto_server: MotoSqsServer) -> None:
+async def test_a_message_at_fault_fails_only_its_caller(moto_server: MotoServer) -> None:
     def refuse_bad(operation: str, body: dict[str, Any]) -> Withhold | None:
         if operation != "SendMessageBatch":
             return None
@@ -131,7 +131,7 @@ async def test_a_message_at_fault_fails_only_its_caller(moto_server: MotoSqsServ
     assert len(proxy.calls("SendMessageBatch")) == 3  # refused entries are not retried
 
 
-async def test_a_message_sqs_keeps_failing_gets_retries_exhausted(moto_server: MotoSqsServer) -> None:
+async def test_a_message_sqs_keeps_failing_gets_retries_exhausted(moto_server: MotoServer) -> None:
     async with (
         FaultProxy(moto_server.endpoint_url) as proxy,
         aioboto3.Session().client("sqs", endpoint_url=moto_server.endpoint_url) as admin,
@@ -148,7 +148,7 @@ async def test_a_message_sqs_keeps_failing_gets_retries_exhausted(moto_server: M
 @pytest.mark.parametrize(
     ("code", "status"), [("RequestThrottled", 400), ("ThrottlingException", 400), ("InternalError", 500)]
 )
-async def test_throttled_calls_are_retried(moto_server: MotoSqsServer, code: str, status: int) -> None:
+async def test_throttled_calls_are_retried(moto_server: MotoServer, code: str, status: int) -> None:
     async with (
         FaultProxy(moto_server.endpoint_url) as proxy,
         aioboto3.Session().client("sqs", endpoint_url=moto_server.endpoint_url) as admin,
@@ -161,7 +161,7 @@ async def test_throttled_calls_are_retried(moto_server: MotoSqsServer, code: str
     assert len(proxy.calls("SendMessageBatch")) == 4
 
 
-async def test_messages_refused_whole_call_are_isolated(moto_server: MotoSqsServer) -> None:
+async def test_messages_refused_whole_call_are_isolated(moto_server: MotoServer) -> None:
     async with aioboto3.Session().client("sqs", endpoint_url=moto_server.endpoint_url) as admin:
         queue, fifo = await create_queue(admin), await create_queue(admin, fifo=True)
         bogus = {"a": {"DataType": "Bogus", "StringValue": "1"}}  # moto refuses the whole call for it
@@ -182,7 +182,7 @@ async def test_messages_refused_whole_call_are_isolated(moto_server: MotoSqsServ
     assert received == {m.body: r for m, r in zip(messages, results, strict=True) if m.body.startswith("ok")}
 
 
-async def test_attributes_delay_and_fifo_fields_reach_sqs(moto_server: MotoSqsServer) -> None:
+async def test_attributes_delay_and_fifo_fields_reach_sqs(moto_server: MotoServer) -> None:
     async with aioboto3.Session().client("sqs", endpoint_url=moto_server.endpoint_url) as admin:
         fifo = await create_queue(admin, fifo=True)
         plain = await create_queue(admin)
@@ -214,7 +214,7 @@ async def test_attributes_delay_and_fifo_fields_reach_sqs(moto_server: MotoSqsSe
         assert [m["Body"] for m in await receive_all(admin, plain)] == ["later"]
 
 
-async def test_a_message_without_a_queue_fails_alone(moto_server: MotoSqsServer) -> None:
+async def test_a_message_without_a_queue_fails_alone(moto_server: MotoServer) -> None:
     async with aioboto3.Session().client("sqs", endpoint_url=moto_server.endpoint_url) as admin:
         queue = await create_queue(admin)
         async with sender(moto_server.endpoint_url) as batcher:
@@ -257,7 +257,7 @@ def test_message_size_counts_body_and_attributes() -> None:
 
 
 async def test_a_server_that_dies_mid_run_fails_callers_promptly() -> None:
-    with MotoSqsServer() as server:
+    with MotoServer() as server:
         session = aioboto3.Session()
         async with session.client("sqs", endpoint_url=server.endpoint_url) as admin:
             queue = await create_queue(admin)

@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from async_batcher.aws._delivery import Outcomes, Splitter, splitter
 from async_batcher.aws.base import AwsBatcher
-from async_batcher.aws.delivery import Outcomes, Splitter, splitter
-from async_batcher.aws.dynamodb.keys import KeyIdentity, WireItem, deserialize_item, key_identity, serialize_item
+from async_batcher.aws.dynamodb._keys import KeyIdentity, WireItem, deserialize_item, key_identity, serialize_item
 
 __all__ = ["MAX_KEYS_PER_CALL", "AsyncDynamoDbGetBatcher", "GetItem"]
 

@@ -35,10 +35,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from async_batcher.aws._chunking import chunk, json_size, split_rounds
+from async_batcher.aws._delivery import Outcomes, Splitter, splitter
 from async_batcher.aws.base import AwsBatcher
-from async_batcher.aws.chunking import chunk, json_size, split_rounds
-from async_batcher.aws.delivery import Outcomes, Splitter, splitter
-from async_batcher.aws.dynamodb.keys import KeyIdentity, KeySchemaCache, WireItem, key_identity, serialize_item
+from async_batcher.aws.dynamodb._keys import KeyIdentity, KeySchemaCache, WireItem, key_identity, serialize_item
 
 __all__ = ["MAX_ITEMS_PER_CALL", "MAX_REQUEST_BYTES", "AsyncDynamoDbWriteBatcher", "WriteOperation"]
 

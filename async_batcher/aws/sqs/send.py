@@ -17,19 +17,22 @@ A call carries messages for one queue only, at most 10 of them, and at most ``ma
 1 MiB for queues configured for that). ``batch_key`` returns the queue URL, so the batcher never mixes queues
 in a batch, and ``process_batch`` groups by queue as well, so a mixed batch is still right.
 
-Retried messages can overtake one another: in a FIFO queue, a message whose entry failed on SQS's side is
-sent again after the entries of the same call that succeeded.
+The calls of a FIFO queue (``.fifo``) go one after the other, and a call refused for one message is bisected in
+order, so a message group keeps its order inside a batch; across batches it does only with ``concurrency=1``.
+Retried messages can still overtake one another: a message whose entry failed on SQS's side is sent again after
+the entries of the same call that succeeded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from async_batcher.aws.base import AwsBatcher
-from async_batcher.aws.chunking import chunk, group_by
-from async_batcher.aws.delivery import Outcomes, Splitter, splitter
+from async_batcher.aws._chunking import attributes_size, check_attributes, utf8_length
+from async_batcher.aws._delivery import Outcomes
+from async_batcher.aws._entries import numbered, settle_entries
+from async_batcher.aws._targeted import Entry, TargetedBatcher
 from async_batcher.aws.errors import SqsEntryError
 
 __all__ = [
@@ -49,8 +52,8 @@ DEFAULT_MAX_BATCH_BYTES = 256 * 1024
 _MAX_BATCH_BYTES_CAP = 1024 * 1024  # the largest payload SQS takes in one call (2025 onwards)
 
 # What one bad message can make SQS refuse a whole SendMessageBatch call with.
-_SPLIT: Splitter[_Send] = splitter(
-    bisect_codes={
+_BISECT_CODES = frozenset(
+    {
         "InvalidMessageContents",
         "InvalidParameterValue",
         "InvalidAttributeValue",
@@ -93,12 +96,7 @@ class SqsMessage:
             isinstance(self.delay_seconds, bool) or not isinstance(self.delay_seconds, int) or self.delay_seconds < 0
         ):
             raise ValueError(f"delay_seconds must be an int >= 0, got {self.delay_seconds!r}")
-        if self.attributes is not None:
-            for name, value in self.attributes.items():
-                if not isinstance(value, Mapping) or "DataType" not in value:
-                    raise ValueError(
-                        f"message attribute {name!r} must be a mapping with a 'DataType', got {value!r:.200}"
-                    )
+        check_attributes(self.attributes)
 
     def entry(self) -> dict[str, Any]:
         """The ``SendMessageBatch`` entry for this message, without its ``Id``."""
@@ -114,34 +112,12 @@ class SqsMessage:
         return entry
 
 
-def _length(value: object) -> int:
-    if isinstance(value, str):
-        return len(value.encode("utf-8"))
-    if isinstance(value, bytes | bytearray | memoryview):
-        return len(value)
-    return len(str(value).encode("utf-8"))
-
-
 def message_size(message: SqsMessage) -> int:
     """The size SQS counts against its limits: the body, and each attribute's name, type and value."""
-    size = _length(message.body)
-    for name, value in (message.attributes or {}).items():
-        size += _length(name) + _length(value.get("DataType", ""))
-        for field_name in ("StringValue", "BinaryValue"):
-            if field_name in value:
-                size += _length(value[field_name])
-    return size
+    return utf8_length(message.body) + attributes_size(message.attributes)
 
 
-@dataclass(eq=False)
-class _Send:
-    index: int
-    queue_url: str
-    entry: dict[str, Any]
-    size: int
-
-
-class AsyncSqsSendBatcher(AwsBatcher[SqsMessage, str]):
+class AsyncSqsSendBatcher(TargetedBatcher[SqsMessage, str]):
     """Batches :class:`SqsMessage` sends into SQS ``SendMessageBatch`` calls (see the module docstring).
 
     Args:
@@ -155,6 +131,10 @@ class AsyncSqsSendBatcher(AwsBatcher[SqsMessage, str]):
     """
 
     service_name: ClassVar[str] = "sqs"
+    operation: ClassVar[str] = "SendMessageBatch"
+    target_attribute: ClassVar[str] = "queue_url"
+    max_entries: ClassVar[int] = MAX_ENTRIES_PER_CALL
+    bisect_codes: ClassVar[frozenset[str]] = _BISECT_CODES
 
     def __init__(
         self,
@@ -164,62 +144,25 @@ class AsyncSqsSendBatcher(AwsBatcher[SqsMessage, str]):
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         **kwargs: Any,
     ) -> None:
-        super().__init__(max_batch_size=max_batch_size, **kwargs)
-        if queue_url is not None and (not isinstance(queue_url, str) or not queue_url):
-            raise ValueError(f"queue_url must be a non-empty str or None, got {queue_url!r}")
+        super().__init__(default_target=queue_url, max_batch_size=max_batch_size, **kwargs)
         if not isinstance(max_batch_bytes, int) or not 1 <= max_batch_bytes <= _MAX_BATCH_BYTES_CAP:
             raise ValueError(f"max_batch_bytes must be an int in [1, {_MAX_BATCH_BYTES_CAP}], got {max_batch_bytes!r}")
-        self.queue_url = queue_url
         self.max_batch_bytes = max_batch_bytes
 
-    def batch_key(self, item: SqsMessage) -> Hashable:
-        """Messages for different queues never share a batch."""
-        return item.queue_url or self.queue_url
+    @property
+    def queue_url(self) -> str | None:
+        """The queue of the messages that name none."""
+        return self.default_target
 
-    async def process_batch(self, batch: list[SqsMessage]) -> list[str | Exception]:
-        outcomes: Outcomes[str] = Outcomes(len(batch))
-        sends: list[_Send] = []
-        for index, message in enumerate(batch):
-            queue_url = message.queue_url or self.queue_url
-            if queue_url is None:
-                outcomes.fail(index, ValueError("the message names no queue_url and the batcher has none"))
-                continue
-            sends.append(_Send(index, queue_url, message.entry(), message_size(message)))
+    def max_call_bytes(self) -> int:
+        return self.max_batch_bytes
 
-        async def send(call: list[_Send]) -> list[_Send]:
-            return await self._call(call, outcomes)
+    def entry_of(self, item: SqsMessage) -> tuple[dict[str, Any], int]:
+        return item.entry(), message_size(item)
 
-        delivery = self._delivery(
-            "SendMessageBatch", send, lambda item, error: outcomes.fail(item.index, error), _SPLIT
-        )
-        calls = [
-            run
-            for same_queue in group_by(sends, key_of=lambda item: item.queue_url).values()
-            for run in chunk(
-                same_queue, max_count=MAX_ENTRIES_PER_CALL, max_bytes=self.max_batch_bytes, size_of=lambda s: s.size
-            )
-        ]
-        await self._run_calls(delivery, calls, outcomes)
-        return outcomes.results()
-
-    async def _call(self, sends: list[_Send], outcomes: Outcomes[str]) -> list[_Send]:
+    async def call(self, entries: list[Entry], outcomes: Outcomes[str]) -> list[Entry]:
         """One ``SendMessageBatch`` call; records the sent and refused messages, returns those to retry."""
-        entries = [{"Id": str(number), **item.entry} for number, item in enumerate(sends)]
-        response = await self.client.send_message_batch(QueueUrl=sends[0].queue_url, Entries=entries)
-        answered: set[int] = set()
-        for success in response.get("Successful") or ():
-            number = int(success["Id"])
-            outcomes.succeed(sends[number].index, success["MessageId"])
-            answered.add(number)
-        left: list[_Send] = []
-        for failure in response.get("Failed") or ():
-            number = int(failure["Id"])
-            answered.add(number)
-            if failure.get("SenderFault"):
-                error = SqsEntryError(failure.get("Code", ""), failure.get("Message", ""), sender_fault=True)
-                outcomes.fail(sends[number].index, error)
-            else:
-                left.append(sends[number])
-        # An entry SQS did not mention was not sent as far as we know: send it again.
-        left.extend(item for number, item in enumerate(sends) if number not in answered)
-        return left
+        response = await self.client.send_message_batch(
+            QueueUrl=entries[0].target, Entries=numbered([item.entry for item in entries])
+        )
+        return settle_entries(response, entries, outcomes, refused=SqsEntryError)

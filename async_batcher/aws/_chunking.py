@@ -1,21 +1,14 @@
 """Cut a batch into calls the service accepts: by count, by size, and with each key at most once per call.
 
-Pure functions, shared by the DynamoDB and SQS batchers.
+Pure functions, shared by the AWS batchers.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
-
-__all__ = [
-    "chunk",
-    "group_by",
-    "json_size",
-    "split_rounds",
-]
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -72,6 +65,17 @@ def group_by(items: Iterable[T], key_of: Callable[[T], K]) -> dict[K, list[T]]:
     return groups
 
 
+def chunk_groups(
+    items: Sequence[T], *, key_of: Callable[[T], K], max_count: int, max_bytes: int, size_of: Callable[[T], int]
+) -> list[list[T]]:
+    """:func:`chunk` within each group of :func:`group_by` (one queue, topic or stream per call)."""
+    return [
+        run
+        for group in group_by(items, key_of).values()
+        for run in chunk(group, max_count=max_count, max_bytes=max_bytes, size_of=size_of)
+    ]
+
+
 def _encode_bytes(value: object) -> str:
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
@@ -83,3 +87,30 @@ def _encode_bytes(value: object) -> str:
 def json_size(value: Any) -> int:
     """The size in bytes of ``value`` as botocore's JSON protocol sends it (blobs base64-encoded)."""
     return len(json.dumps(value, default=_encode_bytes))
+
+
+def utf8_length(value: object) -> int:
+    """The length in bytes of a str (UTF-8), bytes-like value, or anything else as its str."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    if isinstance(value, bytes | bytearray | memoryview):
+        return len(value)
+    return len(str(value).encode("utf-8"))
+
+
+def attributes_size(attributes: Mapping[str, Mapping[str, Any]] | None) -> int:
+    """The size SQS and SNS count for message attributes: each one's name, type and value."""
+    size = 0
+    for name, value in (attributes or {}).items():
+        size += utf8_length(name) + utf8_length(value.get("DataType", ""))
+        for field_name in ("StringValue", "BinaryValue"):
+            if field_name in value:
+                size += utf8_length(value[field_name])
+    return size
+
+
+def check_attributes(attributes: Mapping[str, Mapping[str, Any]] | None) -> None:
+    """Refuse message attributes that are not ``{"name": {"DataType": ..., ...}}``, naming the bad one."""
+    for name, value in (attributes or {}).items():
+        if not isinstance(value, Mapping) or "DataType" not in value:
+            raise ValueError(f"message attribute {name!r} must be a mapping with a 'DataType', got {value!r:.200}")

@@ -16,16 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
-
-__all__ = [
-    "KeyIdentity",
-    "KeySchemaCache",
-    "WireItem",
-    "deserialize_item",
-    "key_identity",
-    "serialize_item",
-]
+from async_batcher.aws._sdk import TypeDeserializer, TypeSerializer
 
 WireItem = dict[str, dict[str, Any]]
 """An item (or a key) in DynamoDB's wire format: attribute name -> ``{"S": "..."}`` and the like."""

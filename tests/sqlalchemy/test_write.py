@@ -1,0 +1,198 @@
+"""AsyncSqlalchemyWriteBatcher against a real PostgreSQL (asyncpg) and SQLite (aiosqlite): every test reads the
+table back and counts its rows."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
+
+from async_batcher.sqlalchemy import AsyncSqlalchemyWriteBatcher
+from async_batcher.sqlalchemy._statements import dialect_insert
+from async_batcher.sqlalchemy.write import is_row_fault
+from tests.sqlalchemy.helpers import StatementLog, database, person_model, read_table
+
+pytestmark = pytest.mark.single_loop
+
+
+async def test_0_2_2_usage_insert_with_returning_then_update(database_url: str) -> None:
+    model = person_model()
+    async with database(database_url, model) as engine:
+        inserter = AsyncSqlalchemyWriteBatcher(
+            model=model, async_engine=engine, operation="insert", returning=[model.name, model.age]
+        )
+        updater = AsyncSqlalchemyWriteBatcher(model, engine, "update")  # 0.2.2's positional form
+        returned = await asyncio.gather(
+            *(inserter.process({"id": i, "name": f"Name {i}", "age": i}) for i in range(10))
+        )
+        assert returned == [(f"Name {i}", i) for i in range(10)]
+        async with inserter.async_session_maker() as session:  # 0.2.2's read-back
+            assert len((await session.scalars(select(model))).all()) == 10
+        assert await asyncio.gather(*(updater.process({"id": i, "age": i * 2}) for i in range(10))) == [None] * 10
+        assert await read_table(engine, model) == {i: (f"Name {i}", i * 2) for i in range(10)}
+        await inserter.stop()
+        await updater.stop()
+
+
+async def test_one_insert_statement_and_one_transaction_per_batch(database_url: str) -> None:
+    model = person_model()
+    async with database(database_url, model) as engine:
+        log = StatementLog(engine)
+        async with AsyncSqlalchemyWriteBatcher(model, engine, max_batch_size=250, max_queue_time=5) as batcher:
+            results = await asyncio.gather(
+                *(batcher.process({"id": i, "name": f"n{i}", "age": i % 90}) for i in range(1000))
+            )
+        assert results == [None] * 1000
+        assert log.count("INSERT") == 4  # one executemany per batch of 250
+        assert batcher.stats.batches == 4
+        assert await read_table(engine, model) == {i: (f"n{i}", i % 90) for i in range(1000)}
+
+
+async def test_each_caller_gets_its_own_returned_row(database_url: str) -> None:
+    model = person_model(generated_ids=True)
+    async with database(database_url, model) as engine:
+        batcher = AsyncSqlalchemyWriteBatcher(model, engine, returning=[model.id, model.name], max_batch_size=50)
+        async with batcher:
+            rows = await asyncio.gather(*(batcher.process({"name": f"n{i}", "age": i}) for i in range(120)))
+        assert [row.name for row in rows] == [f"n{i}" for i in range(120)]
+        stored = await read_table(engine, model)
+    assert len(stored) == 120
+    assert {row.id: (row.name, int(row.name[1:])) for row in rows} == stored
+
+
+async def test_a_bad_row_fails_only_its_caller(database_url: str) -> None:
+    model = person_model()
+    bad = {
+        3: {"id": 0, "name": "again", "age": 1},  # duplicate primary key (row 0 of this batch)
+        7: {"id": 7, "name": "negative", "age": -1},  # check constraint
+        11: {"id": 11, "name": None, "age": 1},  # NOT NULL
+        15: {"id": 15, "name": "x", "age": 1, "height": 2},  # not a column: refused before any SQL
+        19: ["not", "a", "dict"],
+    }
+    if database_url.startswith("postgresql"):
+        bad[23] = {"id": 23, "name": "y" * 31, "age": 1}  # too long for VARCHAR(30) (SQLite does not check)
+        bad[27] = {"id": 27, "name": "z", "age": "old"}  # not an integer (SQLite stores it)
+    rows: list[Any] = [bad.get(i, {"id": i, "name": f"n{i}", "age": i}) for i in range(30)]
+    async with database(database_url, model) as engine:
+        log = StatementLog(engine)
+        batcher = AsyncSqlalchemyWriteBatcher(model, engine, returning=model.id, max_batch_size=30)
+        async with batcher:
+            results = await asyncio.gather(*(batcher.process(row) for row in rows), return_exceptions=True)
+        stored = await read_table(engine, model)
+    assert isinstance(results[3], IntegrityError)
+    assert isinstance(results[7], IntegrityError)
+    assert isinstance(results[11], IntegrityError)
+    assert isinstance(results[15], ValueError) and "has no column(s) ['height']" in str(results[15])
+    assert isinstance(results[19], TypeError) and "a row must be a dict" in str(results[19])
+    for index in set(bad) - {3, 7, 11, 15, 19}:
+        assert isinstance(results[index], DBAPIError), (index, results[index])
+    good = [i for i in range(30) if i not in bad]
+    assert [results[i] for i in good] == [(i,) for i in good]  # each caller's own row
+    assert stored == {i: (f"n{i}", i) for i in good}
+    assert log.count("INSERT") < 30  # bisection: far fewer statements than one per row
+
+
+async def test_update_sets_the_given_columns_of_each_row(database_url: str) -> None:
+    model = person_model()
+    async with database(database_url, model) as engine:
+        async with AsyncSqlalchemyWriteBatcher(model, engine) as inserter:
+            await inserter.process_many([{"id": i, "name": f"n{i}", "age": i} for i in range(6)])
+        updater = AsyncSqlalchemyWriteBatcher(model, engine, operation="update", max_batch_size=20)
+        updates: list[dict[str, Any]] = [
+            {"id": 0, "age": 50},
+            {"id": 1, "name": "renamed"},
+            {"id": 0, "age": 51},  # the same row twice: in order, the last one stays
+            {"id": 99, "age": 1},  # no such row: nothing changes, nothing is created
+            {"name": "no key", "age": 2},
+            {"id": 2},
+            {"id": 3, "age": -5},
+        ]
+        async with updater:
+            results = await asyncio.gather(*(updater.process(u) for u in updates), return_exceptions=True)
+        stored = await read_table(engine, model)
+    assert results[:4] == [None] * 4
+    assert isinstance(results[4], ValueError) and "lacks ['id']" in str(results[4])
+    assert isinstance(results[5], ValueError) and "at least one column to set" in str(results[5])
+    assert isinstance(results[6], IntegrityError)
+    assert stored == {0: ("n0", 51), 1: ("renamed", 1), 2: ("n2", 2), 3: ("n3", 3), 4: ("n4", 4), 5: ("n5", 5)}
+
+
+async def test_upsert_inserts_or_updates_and_returns_each_callers_row(database_url: str) -> None:
+    model = person_model()
+    async with database(database_url, model) as engine:
+        async with AsyncSqlalchemyWriteBatcher(model, engine) as inserter:
+            await inserter.process_many([{"id": i, "name": f"old{i}", "age": i} for i in range(3)])
+        upserter = AsyncSqlalchemyWriteBatcher(
+            model, engine, on_conflict="update", returning=[model.id, model.name], max_batch_size=20
+        )
+        rows = [{"id": 1, "name": "new1", "age": 10}, {"id": 5, "name": "new5", "age": 5},
+                {"id": 1, "name": "newer1", "age": 11}, {"id": 2, "name": "new2", "age": 20}]  # fmt: skip
+        async with upserter:
+            results = await asyncio.gather(*(upserter.process(row) for row in rows))
+        keeper = AsyncSqlalchemyWriteBatcher(model, engine, on_conflict="nothing")
+        async with keeper:
+            kept = await keeper.process_many(
+                [{"id": 0, "name": "ignored", "age": 9}, {"id": 6, "name": "n6", "age": 6}]
+            )
+        assert kept == [None, None]
+        stored = await read_table(engine, model)
+    assert results == [(1, "new1"), (5, "new5"), (1, "newer1"), (2, "new2")]
+    assert stored == {0: ("old0", 0), 1: ("newer1", 11), 2: ("new2", 20), 5: ("new5", 5), 6: ("n6", 6)}
+
+
+async def test_a_statement_the_server_refuses_fails_every_caller_without_bisection(database_url: str) -> None:
+    model = person_model()
+    async with database(database_url, model) as engine:
+        log = StatementLog(engine)
+        async with engine.begin() as connection:
+            await connection.execute(text(f"ALTER TABLE {model.__tablename__} RENAME TO gone_{model.__tablename__}"))
+        async with AsyncSqlalchemyWriteBatcher(model, engine, max_batch_size=16) as batcher:
+            results = await asyncio.gather(
+                *(batcher.process({"id": i, "name": "n", "age": 1}) for i in range(16)), return_exceptions=True
+            )
+        async with engine.begin() as connection:
+            await connection.execute(text(f"ALTER TABLE gone_{model.__tablename__} RENAME TO {model.__tablename__}"))
+    assert all(isinstance(r, DBAPIError) and "gone" not in str(r) for r in results)
+    assert len({id(r) for r in results}) == 1  # the batch's error, once
+    assert log.count("INSERT") == 1
+
+
+def test_settings_are_validated_eagerly() -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    model = person_model()
+    engine = create_async_engine("sqlite+aiosqlite://")
+    with pytest.raises(ValueError, match="operation must be 'insert' or 'update', got 'delete'"):
+        AsyncSqlalchemyWriteBatcher(model, engine, operation="delete")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="returning does not go with on_conflict='nothing'"):
+        AsyncSqlalchemyWriteBatcher(model, engine, returning=model.id, on_conflict="nothing")
+    with pytest.raises(ValueError, match="operation='update' takes neither on_conflict nor returning"):
+        AsyncSqlalchemyWriteBatcher(model, engine, operation="update", returning=model.id)
+    with pytest.raises(ValueError, match=r"conflict_columns \['nope'\] are not columns"):
+        AsyncSqlalchemyWriteBatcher(model, engine, on_conflict="update", conflict_columns=["nope"])
+    with pytest.raises(TypeError, match="async_engine must be an AsyncEngine"):
+        AsyncSqlalchemyWriteBatcher(model, "sqlite://")
+    with pytest.raises(TypeError, match="model must be a declarative ORM class or a Table"):
+        AsyncSqlalchemyWriteBatcher(object(), engine)
+    with pytest.raises(ValueError, match="on_conflict is supported on PostgreSQL and SQLite, not on 'mysql'"):
+        dialect_insert("mysql")
+
+
+def test_which_errors_are_a_rows_fault() -> None:
+    class Orig(Exception):
+        def __init__(self, sqlstate: str | None) -> None:
+            super().__init__("x")
+            self.sqlstate = sqlstate
+
+    def error(sqlstate: str | None, *, invalidated: bool = False) -> DBAPIError:
+        return DBAPIError("INSERT", {}, Orig(sqlstate), connection_invalidated=invalidated)
+
+    assert is_row_fault(error("23505")) and is_row_fault(error("22001")) and is_row_fault(error("21000"))
+    assert not is_row_fault(error("42P01"))  # undefined table: the statement's fault
+    assert not is_row_fault(error("23505", invalidated=True))
+    assert is_row_fault(error(None))  # a driver refusing a value, no SQLSTATE
+    assert is_row_fault(StatementError("A value is required for bind parameter 'age'", "INSERT", {}, None))
+    assert not is_row_fault(OSError("connection refused"))
