@@ -7,6 +7,9 @@ import threading
 from typing import Any
 
 from async_batcher import AsyncBatcher
+from tests.loops import until
+
+__all__ = ["Recording", "SyncRecording", "until"]
 
 
 class Recording(AsyncBatcher[int, int]):
@@ -70,12 +73,3 @@ class SyncRecording(AsyncBatcher[int, int]):
         if self.block is not None and not self.block.wait(timeout=60):
             raise RuntimeError("the test never released the batch")
         return [x * 2 for x in batch]
-
-
-async def until(predicate: Any, *, max_iterations: int = 10_000) -> None:
-    """Let the loop run until ``predicate()`` holds (bounded in iterations, not in time)."""
-    for _ in range(max_iterations):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached")

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tests.batchers import Recording, until
-from tests.conftest import VirtualClockLoop
+from tests.loops import VirtualClockLoop
 
 pytestmark = pytest.mark.virtual_time
 

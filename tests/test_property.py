@@ -25,7 +25,7 @@ from async_batcher import (
     ProcessBatchCancelledError,
     QueueFullException,
 )
-from tests.conftest import LOOP_FACTORIES
+from tests.loops import LOOP_FACTORIES
 
 EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "1000"))
 
@@ -234,7 +234,6 @@ def test_every_caller_resolves_exactly_once_on_virtual_time(
     run("virtual", cfg, ops, kinds)
 
 
-@pytest.mark.skipif("uvloop" not in LOOP_FACTORIES, reason="uvloop is not installed")
 @settings(max_examples=max(EXAMPLES // 20, 10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=config, ops=schedule, kinds=behaviours)
 def test_every_caller_resolves_exactly_once_on_uvloop(
