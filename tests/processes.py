@@ -13,14 +13,12 @@ def group_members(pgid: int) -> list[int]:
     """The ids of the live (not zombie) processes of process group ``pgid``."""
     members = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            state, group = fields[0], int(fields[2])
-            if group == pgid and state != "Z":
-                members.append(int(entry))
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    members.append(int(entry))
     return members
 
 
@@ -61,3 +59,37 @@ def kill_group(process: subprocess.Popen[bytes], *, grace: float = 30.0) -> list
         process.wait(30)
         wait_group_gone(pgid, 30.0)
     return left
+
+
+def descendants(pid: int) -> set[int]:
+    """``pid``'s children, their children, and so on."""
+    found: set[int] = set()
+    pending = [pid]
+    while pending:
+        for child in children(pending.pop()):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return found
+
+
+def with_environment(name: str, value: str) -> set[int]:
+    """The live processes whose environment has ``name=value`` (inherited by every process they start)."""
+    wanted = f"{name}={value}".encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and alive(int(entry)):
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if wanted in f.read().split(b"\0"):
+                        found.add(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -19,7 +18,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.keras.servers import free_port
-from tests.processes import children, kill_group
+from tests.processes import alive, children, kill_group
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = 400
@@ -135,7 +134,7 @@ def test_a_killed_worker_keeps_its_counts_and_loses_its_live_gauges(
     assert len(workers) == 2
     victim = min(workers)
     os.kill(victim, signal.SIGKILL)  # no lifespan shutdown: it cannot remove its own gauges
-    until(lambda: not os.path.exists(f"/proc/{victim}") or _zombie(victim), "the worker's death")
+    until(lambda: not alive(victim), "the worker's death")
     samples = scrape(url)  # the scrape drops the dead worker's live gauges first
     assert victim not in live_gauge_pids(directory)
     assert value(samples, "async_batcher_batch_size_sum") == before  # its batches happened: they still count
@@ -148,10 +147,3 @@ def test_a_graceful_stop_removes_every_live_gauge(server: tuple[subprocess.Popen
     assert process.returncode == 0
     assert live_gauge_pids(directory) == set()  # each worker marked itself dead on its way out
     assert list(directory.glob("histogram_*.db"))  # the counts stay for the next scrape's aggregation
-
-
-def _zombie(pid: int) -> bool:
-    with contextlib.suppress(OSError):
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    return True
