@@ -268,16 +268,20 @@ class BatcherHistograms:
             _recorder_of(batcher).add_observer(observer)
             self._observed[batcher] = observer
 
-    def unobserve(self, batcher: object) -> None:
-        """Stop observing ``batcher`` and drop its series; a no-op if it is not observed."""
+    def unobserve(self, batcher: object, *, drop_series: bool = True) -> None:
+        """Stop observing ``batcher``; a no-op if it is not observed.
+
+        ``drop_series``: also remove its series from the scrape (multiprocess mode cannot: its files keep them).
+        """
         batcher = _batcher_of(batcher)
         with self._lock:
             observer = self._observed.pop(batcher, None)
             if observer is None:
                 return
             _recorder_of(batcher).remove_observer(observer)
-            for histogram in (self.queue_wait, self.process_time, self.batch_size):
-                histogram.remove(batcher.name)
+            if drop_series:
+                for histogram in (self.queue_wait, self.process_time, self.batch_size):
+                    histogram.remove(batcher.name)
 
     @property
     def batchers(self) -> list[AsyncBatcher[Any, Any]]:

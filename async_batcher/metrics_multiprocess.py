@@ -255,7 +255,7 @@ class MultiprocessExporter:
             self._task = None
         self.sync()
         for batcher in self.batchers:
-            self._histograms.unobserve(batcher)
+            self._histograms.unobserve(batcher, drop_series=False)  # the files keep their counts anyway
         directory = multiprocess_dir()
         if directory is not None:
             _mark_process_dead(os.getpid(), directory)  # this worker's live gauges; its counts stay

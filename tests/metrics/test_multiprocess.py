@@ -44,7 +44,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Poll ``condition`` (bounded): the counters are copied to the files every 50 ms, not at each batch."""
+    """Poll ``condition`` (bounded): the counters are copied to the files every second, not at each batch."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -62,7 +62,9 @@ def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]
     directory.mkdir()
     port = free_port()
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
-    command = [sys.executable, "-m", "uvicorn", "tests.metrics.multiprocess_app:app", "--workers", "2"]
+    # The documentation's snippet (docs/guides/metrics.md) is the app.
+    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT / "docs" / "snippets")]
+    command += ["metrics_multiprocess:app", "--workers", "2"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
@@ -76,7 +78,9 @@ def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]
         yield process, f"http://127.0.0.1:{port}", directory
     finally:
         left = kill_group(process)
-        assert not left, f"processes left after a graceful stop: {left}\n{log.read_text()}"
+        text = log.read_text()
+        assert not left, f"processes left after a graceful stop: {left}\n{text}"
+        assert "Traceback" not in text and "Warning" not in text, text
 
 
 def per_worker_batches(directory: Path) -> dict[int, float]:
