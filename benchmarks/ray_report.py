@@ -1,0 +1,150 @@
+"""Render benchmarks/ray_serve.py's results (reports/ray/results.json) as reports/ray.md, ray.csv and ray.png.
+
+``python -m benchmarks.ray_report`` renders the saved results again without re-running anything. The
+hand-written part (what each batcher guarantees, from Ray Serve's source) is benchmarks/ray_notes.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "write"]
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTES = ROOT / "benchmarks" / "ray_notes.md"
+LABELS = {"package": "async-batcher (AsyncBatcher per replica)", "serve-batch": "Ray Serve @serve.batch"}
+CSV_FIELDS = ["batcher", "users", "rps", "p50_ms", "p95_ms", "p99_ms", "failures", "requests", "mean_batch_size"]
+
+
+def _fmt(value: Any, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _outcomes(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n}: {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "-"
+
+
+def _throughput_lines(batchers: dict[str, Any]) -> list[str]:
+    lines = ["| batcher | users | req/s | p50 ms | p95 ms | p99 ms | failures | items/batch |", "|---" * 8 + "|"]
+    for name, result in batchers.items():
+        for s in result["throughput"]:
+            lines.append(
+                f"| {LABELS[name]} | {s['users']} | {s['rps']:.0f} | {s['p50_ms']:.0f} | {s['p95_ms']:.0f} |"
+                f" {s['p99_ms']:.0f} | {s['failures']} | {_fmt(s['mean_batch_size'], '.1f')} |"
+            )
+    return lines
+
+
+def _probe_lines(batchers: dict[str, Any]) -> list[str]:
+    lines = ["| | " + " | ".join(LABELS[n] for n in batchers) + " |", "|---" * (len(batchers) + 1) + "|"]
+
+    def row(label: str, cell: Any) -> None:
+        lines.append(f"| {label} | " + " | ".join(cell(r) for r in batchers.values()) + " |")
+
+    rounds = next(iter(batchers.values()))["bad_item"]["rounds"]
+    row(f"bad item ({rounds} rounds of 16): the bad item got", lambda r: _outcomes(r["bad_item"]["bad_item"]))
+    row("… the 15 good items of its round got", lambda r: _outcomes(r["bad_item"]["good_items"]))
+    leave = next(iter(batchers.values()))["clients_leave"]
+    row(
+        f"clients leave ({leave['requests']} at once, give up after {leave['client_timeout_s']} s): outcomes",
+        lambda r: _outcomes(r["clients_leave"]["outcomes"]),
+    )
+    row("… rows the model computed", lambda r: _fmt(r["clients_leave"]["model_rows"]))
+    row("… of which for callers already gone", lambda r: _fmt(r["clients_leave"]["rows_for_callers_gone"]))
+    row("… model calls", lambda r: _fmt(r["clients_leave"]["model_calls"]))
+    row(
+        "… rows per model call (at most 8)",
+        lambda r: _fmt(r["clients_leave"]["model_rows"] / max(r["clients_leave"]["model_calls"], 1), ".1f"),
+    )
+    row("… cancellations the batcher counted", lambda r: _fmt(r["clients_leave"]["cancelled_seen_by_batcher"]))
+    stop = next(iter(batchers.values()))["stop"]
+    row(
+        f"stop (serve.delete {stop['stop_after_s']} s into {stop['requests']} requests): outcomes",
+        lambda r: _outcomes(r["stop"]["outcomes"]),
+    )
+    row("… serve.delete took (s)", lambda r: _fmt(r["stop"].get("delete_s"), ".1f"))
+    return lines
+
+
+def _plot(batchers: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, result in batchers.items():
+        steps = result["throughput"]
+        users = [s["users"] for s in steps]
+        left.plot(users, [s["rps"] for s in steps], marker="o", label=LABELS[name])
+        right.plot(users, [s["p95_ms"] for s in steps], marker="o", label=LABELS[name])
+    left.set(xlabel="users (closed loop)", ylabel="requests/s", title="Throughput, 2 replicas")
+    right.set(xlabel="users (closed loop)", ylabel="p95 ms", title="p95 latency")
+    for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        axis.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def write(results: dict[str, Any], out: Path) -> str:
+    """Write ray.md, ray.csv and ray.png into ``out``; return the report's text."""
+    batchers = results["batchers"]
+    env = results["environment"]
+    with open(out / "ray.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for name, result in batchers.items():
+            for step in result["throughput"]:
+                writer.writerow({**step, "batcher": name})
+    plotted = _plot(batchers, out / "ray.png")
+    settings = env["settings"]
+    lines = [
+        "# async-batcher inside Ray Serve, against Ray Serve's own @serve.batch",
+        "",
+        f"Generated by `{env['command']}` on {env['date']} ({env['cpus']} CPUs, load average"
+        f" {env.get('load_average_before', '?')} before it, Python {env['python']},"
+        f" {', '.join(f'{k} {v}' for k, v in env['versions'].items())}). Both deployments: the Keras example"
+        f" model (examples/ray_serve/deployment.py), {settings['replicas']} replicas of 0.5 CPU on one local"
+        f" Ray, max_batch_size {settings['max_batch_size']}, a batch waits {settings['max_queue_time']} s for"
+        " more, one model thread per replica; Ray's HTTP proxy on 127.0.0.1 in front; locust in the same 2 cores.",
+        "",
+        "## Throughput",
+        "",
+        *_throughput_lines(batchers),
+        "",
+        *(["![throughput and p95](ray.png)", ""] if plotted else []),
+        "## Errors, clients that leave, a stop",
+        "",
+        f"Probes on a slower model (each model call sleeps {settings['slow_delay']} s on top, batches of 8 at"
+        " most) so that a backlog forms; the bad-item probe runs on the throughput deployment.",
+        "",
+        *_probe_lines(batchers),
+        "",
+    ]
+    if NOTES.exists():
+        lines += [NOTES.read_text().rstrip(), ""]
+    text = "\n".join(lines)
+    (out / "ray.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ray_report", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "reports")
+    args = parser.parse_args(argv)
+    results = json.loads((args.out / "ray" / "results.json").read_text())
+    print(write(results, args.out))
+
+
+if __name__ == "__main__":
+    main()
