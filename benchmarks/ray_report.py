@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.charts import plot_rps_and_p95
+
 __all__ = ["main", "write"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,29 +73,7 @@ def _probe_lines(batchers: dict[str, Any]) -> list[str]:
 
 
 def _plot(batchers: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, result in batchers.items():
-        steps = result["throughput"]
-        users = [s["users"] for s in steps]
-        left.plot(users, [s["rps"] for s in steps], marker="o", label=LABELS[name])
-        right.plot(users, [s["p95_ms"] for s in steps], marker="o", label=LABELS[name])
-    left.set(xlabel="users (closed loop)", ylabel="requests/s", title="Throughput, 2 replicas")
-    right.set(xlabel="users (closed loop)", ylabel="p95 ms", title="p95 latency")
-    for axis in (left, right):
-        axis.set_xscale("log", base=2)
-        axis.grid(alpha=0.3)
-    left.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return plot_rps_and_p95({LABELS[n]: r["throughput"] for n, r in batchers.items()}, path, "2 replicas")
 
 
 def write(results: dict[str, Any], out: Path) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import run
+from benchmarks.charts import plot_rps_and_p95
 
 __all__ = ["main"]
 
@@ -80,29 +81,10 @@ def _measure(args: argparse.Namespace, workers: int, out: Path) -> list[dict[str
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for key in sorted({(r["workers"], r["endpoint"]) for r in rows}):
-        steps = sorted((r for r in rows if (r["workers"], r["endpoint"]) == key), key=lambda r: r["users"])
-        label = f"{key[0]} worker{'s' if key[0] > 1 else ''} {key[1]}"
-        left.plot([r["users"] for r in steps], [r["rps"] for r in steps], marker="o", label=label)
-        right.plot([r["users"] for r in steps], [r["p95_ms"] for r in steps], marker="o", label=label)
-    left.set(xlabel="users (closed loop)", ylabel="requests/s", title="Throughput")
-    right.set(xlabel="users (closed loop)", ylabel="p95 ms", title="p95 latency")
-    for axis in (left, right):
-        axis.set_xscale("log", base=2)
-        axis.grid(alpha=0.3)
-    left.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        series.setdefault(f"{r['workers']} worker{'s' if r['workers'] > 1 else ''} {r['endpoint']}", []).append(r)
+    return plot_rps_and_p95(series, path, "1 and 2 workers")
 
 
 def write(results: dict[str, Any], out: Path) -> str:
