@@ -27,7 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -37,7 +36,7 @@ import httpx
 
 from benchmarks import ray_report, run
 from examples.ray_serve.deployment import BatchSettings, build_app
-from examples.ray_serve.local import local_ray, wait_ready
+from examples.ray_serve.local import local_ray, replica_stats, wait_ready
 
 __all__ = ["main"]
 
@@ -46,24 +45,8 @@ BATCHERS = ("package", "serve-batch")
 GOOD = [0.0381, 0.0507, 0.0617, 0.0219, -0.0442, -0.0348, -0.0434, -0.0026, 0.0199, -0.0176]
 
 
-def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return json.load(response)
-
-
-def _replica_stats(url: str, replicas: int) -> dict[str, dict[str, Any]]:
-    """``GET /stats`` until ``replicas`` different replicas answered (bounded tries: Ray picks the replica)."""
-    seen: dict[str, dict[str, Any]] = {}
-    for _ in range(200):
-        stats = _get_json(url + "/stats")
-        seen[stats["replica"]] = stats
-        if len(seen) == replicas:
-            break
-    return seen
-
-
 def _totals(url: str, replicas: int) -> dict[str, float]:
-    stats = _replica_stats(url, replicas).values()
+    stats = replica_stats(url, replicas).values()
     keys = ("model_calls", "model_rows", "batches", "processed", "cancelled", "failed", "rejected")
     return {k: float(sum(s.get(k, 0) or 0 for s in stats)) for k in keys}
 

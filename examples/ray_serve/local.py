@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -21,9 +22,11 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RAY_ENV", "local_ray", "main"]
+__all__ = ["RAY_ENV", "local_ray", "main", "replica_stats", "wait_ready"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,6 +82,31 @@ def wait_ready(url: str, timeout: float = READY_TIMEOUT) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"no replica answered {url}/stats in {timeout:.0f} s")
         time.sleep(0.5)
+
+
+def replica_stats(url: str, replicas: int | set[str]) -> dict[str, dict[str, Any]]:
+    """Every replica's ``GET /stats``, by replica id, once ``replicas`` (a count, or the ids) have answered.
+
+    Ray picks the replica: asked one request at a time, it may pick the same one again and again, so the
+    requests go 8 at once (a replica busy with one gets the next), in at most 50 rounds.
+    """
+
+    def get(_: int) -> dict[str, Any]:
+        with urllib.request.urlopen(url + "/stats", timeout=30) as response:
+            stats: dict[str, Any] = json.load(response)
+            return stats
+
+    def enough(seen: dict[str, Any]) -> bool:
+        return len(seen) >= replicas if isinstance(replicas, int) else replicas <= set(seen)
+
+    seen: dict[str, dict[str, Any]] = {}
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(50):
+            for stats in pool.map(get, range(8)):
+                seen[stats["replica"]] = stats
+            if enough(seen):
+                return seen
+    raise RuntimeError(f"/stats reached {sorted(seen)} only, not {replicas}")
 
 
 def main(argv: list[str] | None = None) -> int:

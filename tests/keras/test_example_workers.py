@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.keras.servers import ROOT, STARTUP_TIMEOUT, free_port
 from tests.processes import children, kill_group
+from tests.scaling_targets import SERVER_MODULE, server_module
 
 RTOL = 1e-5  # as in test_example_server.py: float32 sums in another order
 REQUESTS = 160
@@ -59,7 +60,7 @@ def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     port = free_port()
     log = tmp_path_factory.mktemp("workers") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_SERVER_") and k != "PROMETHEUS_MULTIPROC_DIR"}
-    command = [sys.executable, "-m", "examples.keras.server", "--port", str(port), "--workers", "2"]
+    command = [sys.executable, "-m", SERVER_MODULE, "--port", str(port), "--workers", "2"]
     command += ["--max-queue-time", "0.02", "--max-batch-size", "16"]
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -119,9 +120,8 @@ def test_a_stop_ends_every_process_and_removes_the_metrics_dir(
 
 
 async def test_ready_is_503_until_the_batcher_runs() -> None:
-    from examples.keras.server import ServerSettings, create_app
-
-    app = create_app(ServerSettings())  # its lifespan not run: no model, no batcher
+    server = server_module()
+    app = server.create_app(server.ServerSettings())  # its lifespan not run: no model, no batcher
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
         response = await client.get("/ready")
     assert (response.status_code, response.json()) == (503, {"ready": False})

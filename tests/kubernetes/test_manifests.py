@@ -12,6 +12,8 @@ kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="the manifests' check needs kubernetes-validate (mk/scaling.mk installs it)"
 )
 
+from tests.scaling_targets import SERVER_MODULE, server_module  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "examples" / "kubernetes").glob("*.yaml"))
 # The oldest Kubernetes the manifests are for (the preStop sleep action), and the newest the package bundles.
@@ -44,8 +46,6 @@ def test_the_validator_can_fail() -> None:
 
 
 def test_the_pieces_fit_together() -> None:
-    from examples.keras.server import ServerSettings, create_app
-
     docs = documents()
     assert set(docs) == {"Deployment", "Service", "HorizontalPodAutoscaler", "ConfigMap"}
     deployment, service, hpa = docs["Deployment"], docs["Service"], docs["HorizontalPodAutoscaler"]
@@ -54,10 +54,12 @@ def test_the_pieces_fit_together() -> None:
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert service["spec"]["selector"].items() <= labels.items()
     (container,) = pod["spec"]["containers"]
+    assert container["command"] == ["python", "-m", SERVER_MODULE]
     assert {p["name"] for p in container["ports"]} >= {service["spec"]["ports"][0]["targetPort"]}
 
     # The probes ask the example server for paths it has.
-    paths = {getattr(route, "path", None) for route in create_app(ServerSettings()).routes}
+    server = server_module()
+    paths = {getattr(route, "path", None) for route in server.create_app(server.ServerSettings()).routes}
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["path"] in paths, probe
