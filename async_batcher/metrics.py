@@ -19,18 +19,31 @@ batcher and turns it into metric families, all labelled ``batcher="<name>"``:
 - ``async_batcher_queued_items`` and ``async_batcher_in_flight_batches``: gauges of the moment.
 
 Batchers are held weakly: a batcher that is garbage-collected drops out of the metrics.
+
+The summaries' quantiles describe one process and cannot be combined across processes or pods. For a fleet,
+:func:`register_batcher` also adds histograms (:class:`BatcherHistograms`, buckets configurable), fed once per
+batch as it ends, whose buckets add up across processes:
+
+- ``async_batcher_batch_queue_wait_seconds``: per batch, how long its oldest item waited;
+- ``async_batcher_batch_process_seconds``: how long ``process_batch`` took;
+- ``async_batcher_batch_size``: items per batch.
+
+Several worker processes behind one ``/metrics`` (uvicorn ``--workers``, gunicorn): see
+:mod:`async_batcher.metrics_multiprocess`.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 try:
-    from prometheus_client import REGISTRY, CollectorRegistry
+    from prometheus_client import REGISTRY, CollectorRegistry, Histogram
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import Collector
@@ -39,14 +52,28 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("async_batcher.metrics needs prometheus-client: pip install 'async-batcher[metrics]'") from exc
 
 from async_batcher.batcher import AsyncBatcher
-from async_batcher.stats import BatcherStats, LatencySummary
+from async_batcher.stats import BatcherStats, BatchObserver, LatencySummary
 
-__all__ = ["BatcherCollector", "register_batcher", "unregister_batcher"]
+__all__ = [
+    "DEFAULT_SIZE_BUCKETS",
+    "DEFAULT_TIME_BUCKETS",
+    "BatcherCollector",
+    "BatcherHistograms",
+    "register_batcher",
+    "unregister_batcher",
+]
 
 logger = logging.getLogger("async_batcher.metrics")
 
 OUTCOMES = ("submitted", "processed", "failed", "cancelled", "timed_out", "rejected")
 QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
+
+#: Seconds, for the queue wait and the processing time: 0.1 ms to 10 s.
+DEFAULT_TIME_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+#: Items per batch: powers of two up to 4096.
+DEFAULT_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(13))
 
 
 def _batcher_of(obj: object) -> AsyncBatcher[Any, Any]:
@@ -152,15 +179,133 @@ def _add_summary(family: SummaryMetricFamily, name: str, summary: LatencySummary
     family.samples.append(Sample(f"{family.name}_count", {"batcher": name}, count))
 
 
+def _check_buckets(name: str, buckets: Sequence[float]) -> tuple[float, ...]:
+    try:
+        values = tuple(float(b) for b in buckets)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of numbers, got {buckets!r}") from None
+    if not values or any(math.isnan(b) for b in values) or any(a >= b for a, b in itertools.pairwise(values)):
+        raise ValueError(f"{name} must be non-empty, increasing and without NaN, got {buckets!r}")
+    return values
+
+
+def _recorder_of(batcher: AsyncBatcher[Any, Any]) -> Any:
+    # The statistics' recorder: it calls its observers once per batch (async_batcher.stats).
+    return batcher._recorder
+
+
+class BatcherHistograms:
+    """Histograms of the batches of any number of batchers, each labelled ``batcher="<name>"``.
+
+    Unlike the summaries of :class:`BatcherCollector`, histograms add up across processes and pods: a fleet's
+    p95 is ``histogram_quantile(0.95, sum by (le) (rate(async_batcher_batch_queue_wait_seconds_bucket[5m])))``.
+    Each batch is observed once, as it ends (a few microseconds per batch, nothing per item).
+
+    Args:
+        registry: where the three histograms are registered (prometheus_client's default ``REGISTRY`` unless
+            given; ``None``: nowhere, as for multiprocess mode, where the files are the registry).
+        namespace: the prefix of the metric names.
+        wait_buckets, process_buckets: upper bounds in seconds of the queue wait and ``process_batch`` buckets.
+        size_buckets: upper bounds of the batch size buckets, in items.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = REGISTRY,
+        *,
+        namespace: str = "async_batcher",
+        wait_buckets: Sequence[float] = DEFAULT_TIME_BUCKETS,
+        process_buckets: Sequence[float] = DEFAULT_TIME_BUCKETS,
+        size_buckets: Sequence[float] = DEFAULT_SIZE_BUCKETS,
+    ) -> None:
+        labels = ["batcher"]
+        self.queue_wait = Histogram(
+            f"{namespace}_batch_queue_wait_seconds",
+            "Per batch, how long its oldest item waited before the batch went out.",
+            labels,
+            registry=registry,
+            buckets=_check_buckets("wait_buckets", wait_buckets),
+        )
+        self.process_time = Histogram(
+            f"{namespace}_batch_process_seconds",
+            "How long process_batch took, per batch.",
+            labels,
+            registry=registry,
+            buckets=_check_buckets("process_buckets", process_buckets),
+        )
+        self.batch_size = Histogram(
+            f"{namespace}_batch_size",
+            "Items per batch.",
+            labels,
+            registry=registry,
+            buckets=_check_buckets("size_buckets", size_buckets),
+        )
+        self._lock = threading.Lock()
+        self._observed: weakref.WeakKeyDictionary[AsyncBatcher[Any, Any], BatchObserver] = weakref.WeakKeyDictionary()
+
+    def observe(self, batcher: object) -> None:
+        """Observe every batch of ``batcher`` (or a ``@batch`` function's) from now on; idempotent.
+
+        The label is the batcher's name now; another live batcher of that name is refused.
+        """
+        batcher = _batcher_of(batcher)
+        with self._lock:
+            if batcher in self._observed:
+                return
+            if any(b.name == batcher.name for b in self._observed):
+                raise ValueError(
+                    f"another batcher named {batcher.name!r} is already observed: give each batcher its own name="
+                )
+            wait = self.queue_wait.labels(batcher.name)
+            process = self.process_time.labels(batcher.name)
+            size = self.batch_size.labels(batcher.name)
+
+            def observer(n: int, waited: float, elapsed: float) -> None:
+                wait.observe(waited)
+                process.observe(elapsed)
+                size.observe(n)
+
+            _recorder_of(batcher).add_observer(observer)
+            self._observed[batcher] = observer
+
+    def unobserve(self, batcher: object, *, drop_series: bool = True) -> None:
+        """Stop observing ``batcher``; a no-op if it is not observed.
+
+        ``drop_series``: also remove its series from the scrape (multiprocess mode cannot: its files keep them).
+        """
+        batcher = _batcher_of(batcher)
+        with self._lock:
+            observer = self._observed.pop(batcher, None)
+            if observer is None:
+                return
+            _recorder_of(batcher).remove_observer(observer)
+            if drop_series:
+                for histogram in (self.queue_wait, self.process_time, self.batch_size):
+                    histogram.remove(batcher.name)
+
+    @property
+    def batchers(self) -> list[AsyncBatcher[Any, Any]]:
+        """The batchers observed now."""
+        with self._lock:
+            return list(self._observed)
+
+
 _by_registry: weakref.WeakKeyDictionary[CollectorRegistry, BatcherCollector] = weakref.WeakKeyDictionary()
+_histograms_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, BatcherHistograms] = weakref.WeakKeyDictionary()
 _registering = threading.Lock()
 
 
-def register_batcher(batcher: object, registry: CollectorRegistry | None = None) -> BatcherCollector:
+def register_batcher(
+    batcher: object, registry: CollectorRegistry | None = None, *, histograms: BatcherHistograms | bool = True
+) -> BatcherCollector:
     """Export ``batcher`` (an :class:`~async_batcher.AsyncBatcher` or a ``@batch`` function) to ``registry``.
 
     All the batchers of one registry share one :class:`BatcherCollector` (registered at the first call), which
     is returned. ``registry`` is prometheus_client's default ``REGISTRY`` if ``None``.
+
+    ``histograms``: ``True`` also observes its batches in the registry's :class:`BatcherHistograms`, made with
+    the default buckets at the first call unless you passed your own (your buckets, made on the same
+    registry) first: the first one passed becomes the registry's. ``False``: no histograms.
     """
     registry = REGISTRY if registry is None else registry
     with _registering:
@@ -169,14 +314,31 @@ def register_batcher(batcher: object, registry: CollectorRegistry | None = None)
             collector = BatcherCollector()
             registry.register(collector)
             _by_registry[registry] = collector
+        if histograms is True:
+            histograms = _histograms_by_registry.get(registry) or BatcherHistograms(registry)
+        if isinstance(histograms, BatcherHistograms):
+            # The first becomes the registry's: a later call with True, and unregister_batcher, use it.
+            _histograms_by_registry.setdefault(registry, histograms)
     collector.add(batcher)
+    if isinstance(histograms, BatcherHistograms):
+        try:
+            histograms.observe(batcher)
+        except BaseException:
+            collector.remove(batcher)
+            raise
+    elif histograms is not False:
+        raise TypeError(f"histograms must be a bool or a BatcherHistograms, got {histograms!r}")
     return collector
 
 
 def unregister_batcher(batcher: object, registry: CollectorRegistry | None = None) -> None:
-    """Stop exporting ``batcher`` to ``registry``; a no-op if it is not exported there."""
+    """Stop exporting ``batcher`` to ``registry``: its summaries, and its series in the registry's
+    :class:`BatcherHistograms` (any other: call its ``unobserve``); a no-op if it is not exported there."""
     registry = REGISTRY if registry is None else registry
     with _registering:
         collector = _by_registry.get(registry)
+        histograms = _histograms_by_registry.get(registry)
     if collector is not None:
         collector.remove(batcher)
+    if histograms is not None:
+        histograms.unobserve(batcher)

@@ -6,11 +6,21 @@ costs next to nothing on the hot path; percentiles are computed only when someon
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
-__all__ = ["BatcherStats", "LatencySummary"]
+__all__ = ["BatchObserver", "BatcherStats", "LatencySummary"]
+
+logger = logging.getLogger("async_batcher.stats")
+
+#: Called once per batch that went through ``process_batch``, with ``(size, waited, elapsed)``: its items, how
+#: long its oldest item waited (seconds) and how long ``process_batch`` took (seconds). Runs on the batcher's
+#: event loop, inside its bookkeeping: it must be quick and must not block.
+BatchObserver: TypeAlias = Callable[[int, float, float], None]
 
 #: How many recent batches the percentiles are computed over.
 WINDOW = 1024
@@ -91,6 +101,7 @@ class _Recorder:
         "cancelled",
         "exited",
         "failed",
+        "observers",
         "processed",
         "rejected",
         "succeeded",
@@ -112,12 +123,32 @@ class _Recorder:
         self.rejected = 0
         # (queue wait of the oldest item, process_batch duration) per recent batch.
         self.window: deque[tuple[float, float]] = deque(maxlen=WINDOW)
+        # Callables fed every batch (histograms, say); an empty tuple costs one test per batch. A tuple, replaced
+        # whole on change, so that adding or removing one while the loop calls them is safe from any thread.
+        self.observers: tuple[BatchObserver, ...] = ()
 
     def record_batch(self, size: int, waited: float, elapsed: float) -> None:
         """One call of ``process_batch`` ended: ``size`` items, its oldest item ``waited`` seconds for it, and it
-        took ``elapsed`` seconds."""
+        took ``elapsed`` seconds. Feeds the observers; one that raises is logged, never propagated."""
         self.batches += 1
         self.window.append((waited, elapsed))
+        if self.observers:
+            for observer in self.observers:
+                try:
+                    observer(size, waited, elapsed)
+                except Exception:
+                    logger.exception("a batch observer raised; the batcher goes on")
+
+    def add_observer(self, observer: BatchObserver) -> None:
+        """Feed ``observer`` every batch from now on; idempotent."""
+        if not callable(observer):
+            raise TypeError(f"a batch observer must be callable, got {observer!r}")
+        if observer not in self.observers:
+            self.observers = (*self.observers, observer)
+
+    def remove_observer(self, observer: BatchObserver) -> None:
+        """Stop feeding ``observer``; a no-op if it is not there."""
+        self.observers = tuple(o for o in self.observers if o != observer)
 
     def snapshot(self, name: str, *, queued: int, awaiting_room: int, in_flight: int) -> BatcherStats:
         window = list(self.window)

@@ -9,7 +9,10 @@ request through a :class:`KerasAsyncBatcher`. Both take a JSON list of 10 floats
 both run the same compiled model function on float32 input: batching changes no answer beyond float32 round-off.
 ``POST /echo`` validates the same body and answers a constant: the HTTP ceiling of the machine; ``POST /echo_await``
 does the same after awaiting once, the ceiling of an endpoint that awaits its answer. ``GET /healthz`` says whether
-the model is loaded; ``GET /stats`` gives the batcher's counters.
+the model is loaded; ``GET /ready`` answers 200 only while the batcher runs (503 before it starts and once it
+stops: a readiness probe); ``GET /stats`` gives the batcher's counters; ``GET /metrics`` the Prometheus metrics,
+added up over the workers when there are several (``PROMETHEUS_MULTIPROC_DIR``, set up by ``main`` for
+``--workers`` above 1 when it is not set: async_batcher.metrics_multiprocess).
 
 Run it with ``python -m benchmarks.keras.server --port 8000`` or ``python benchmarks/keras/server.py --port 8000``
 (``--help`` for the settings); every setting also reads an environment variable ``KERAS_SERVER_<NAME>``, which is
@@ -26,7 +29,9 @@ import gc
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable, Coroutine, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,6 +51,7 @@ from fastapi.routing import APIRoute
 from pydantic import Field, TypeAdapter, ValidationError
 from starlette.routing import request_response
 
+from async_batcher import metrics_multiprocess
 from async_batcher.fastapi import add_batcher_exception_handlers, run_batchers
 from async_batcher.metrics import register_batcher
 from async_batcher.ml.keras import KerasAsyncBatcher
@@ -211,23 +217,34 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     """The example app; the model loads (training it on first use) when the app starts, not on import."""
     settings = settings or ServerSettings.from_env()
     service: ModelService | None = None
+    ready = False  # the batcher runs: set inside run_batchers, cleared before it stops
+    # Several workers write their metrics to files that /metrics adds up (uvicorn --workers).
+    multiprocess = metrics_multiprocess.multiprocess_dir() is not None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        nonlocal service
+        nonlocal service, ready
         sys.setswitchinterval(settings.switch_interval)
         example_model.configure_threads(settings.tf_intra_op_threads, settings.tf_inter_op_threads)
         service = await asyncio.to_thread(ModelService, settings)
         app.state.service = service
-        register_batcher(service.batcher, registry)
+        if not multiprocess:
+            register_batcher(service.batcher, registry)
+        exporter: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
+        if multiprocess:
+            exporter = metrics_multiprocess.MultiprocessExporter(service.batcher)
         # TensorFlow and Keras leave millions of long-lived objects that every full collection would walk again
         # (a third of the server's time under load, measured): move them out of the collector's sight, as
         # async-batcher 0.2.2's example did. Both endpoints gain alike.
         gc.collect()
         gc.freeze()
         try:
-            async with run_batchers(service.batcher):
-                yield
+            async with exporter, run_batchers(service.batcher):
+                ready = True
+                try:
+                    yield
+                finally:
+                    ready = False
         finally:
             service.close()
 
@@ -243,7 +260,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     # Prometheus metrics of the batcher, read from its statistics at scrape time (a registry per app: tests build
     # several apps in one process).
     registry = prometheus_client.CollectorRegistry()
-    app.mount("/metrics", prometheus_client.make_asgi_app(registry))
+    metrics_app = metrics_multiprocess.make_metrics_app() if multiprocess else prometheus_client.make_asgi_app(registry)
+    app.mount("/metrics", metrics_app)
     add_batcher_exception_handlers(app)
     app.add_exception_handler(RequestValidationError, _invalid_body)
 
@@ -255,6 +273,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok" if service is not None else "loading"}
+
+    @app.get("/ready")
+    async def ready_probe() -> JSONResponse:
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
@@ -353,6 +375,20 @@ def main(argv: list[str] | None = None) -> None:
     # pools first, as TensorFlow fixes them at its first op and the single-worker server runs in this process.
     example_model.configure_threads(settings.tf_intra_op_threads, settings.tf_inter_op_threads)
     example_model.load_or_train(settings.model_spec)
+    # Several workers: their metrics meet in one directory, emptied first (a temporary one unless given).
+    own_dir = None
+    if settings.workers > 1 and metrics_multiprocess.multiprocess_dir() is None:
+        own_dir = os.environ[metrics_multiprocess.ENV] = tempfile.mkdtemp(prefix="keras-server-metrics-")
+    if (directory := metrics_multiprocess.multiprocess_dir()) is not None:
+        metrics_multiprocess.prepare_directory(directory)
+    try:
+        _serve(uvicorn, settings)
+    finally:
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+
+
+def _serve(uvicorn: Any, settings: ServerSettings) -> None:
     uvicorn.run(
         "benchmarks.keras.server:app",
         host=settings.host,

@@ -1,0 +1,284 @@
+"""Prometheus metrics of batchers across the worker processes of one server (extra ``[metrics]``).
+
+uvicorn ``--workers N`` (or gunicorn) runs N processes, each with its own batcher; a scrape of ``/metrics``
+reaches one of them. prometheus_client's multiprocess mode makes every process write its metrics to files in
+one directory, ``PROMETHEUS_MULTIPROC_DIR``, and the process that answers the scrape reads them all:
+
+.. code-block:: python
+
+    from async_batcher.metrics_multiprocess import MultiprocessExporter, make_metrics_app
+
+    app.mount("/metrics", make_metrics_app())      # every worker's metrics, added up
+
+    async with MultiprocessExporter(batcher):      # in each worker's lifespan, around the batcher's life
+        yield
+
+What goes where:
+
+- **Before the workers start** (the command that launches the server, the container's entrypoint), set
+  ``PROMETHEUS_MULTIPROC_DIR`` to a directory of this server alone and empty it
+  (:func:`prepare_directory`): files of an earlier run would be added to this one's. The variable must be set
+  before ``prometheus_client`` is imported, which is why it is the launcher's job.
+- **In each worker**, :class:`MultiprocessExporter` writes the batcher's metrics under the same names as the
+  single-process :func:`~async_batcher.metrics.register_batcher`: the counters
+  ``async_batcher_batches_total`` and ``async_batcher_items_total{outcome}``, copied from ``batcher.stats``
+  every ``interval`` seconds and once more at the end; the gauges ``async_batcher_queued_items`` and
+  ``async_batcher_in_flight_batches`` with ``multiprocess_mode="livesum"`` (the sum over the workers alive);
+  and the histograms of :class:`~async_batcher.metrics.BatcherHistograms`, observed as each batch ends. The
+  summaries are left out: quantiles of different processes cannot be added up; the histograms can.
+- **The scrape**: :func:`make_metrics_app` answers with a ``MultiProcessCollector`` over the directory:
+  counters and histogram buckets summed over every process that ever wrote (a worker that died still
+  counts: its batches happened), live gauges over the workers alive only.
+- **Dead workers**: a worker that stops cleanly removes its live gauges (``mark_process_dead``) when the
+  exporter exits; one that was killed cannot, so every scrape first removes the live gauges of processes that
+  no longer exist (:func:`mark_dead_workers`; a recycled process id can hide a dead worker until that
+  process ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, make_asgi_app
+    from prometheus_client import multiprocess as _multiprocess
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "async_batcher.metrics_multiprocess needs prometheus-client: pip install 'async-batcher[metrics]'"
+    ) from exc
+
+from async_batcher.batcher import AsyncBatcher
+from async_batcher.metrics import OUTCOMES, BatcherHistograms, _batcher_of
+
+__all__ = [
+    "ENV",
+    "MultiprocessExporter",
+    "make_metrics_app",
+    "mark_dead_workers",
+    "multiprocess_dir",
+    "prepare_directory",
+]
+
+logger = logging.getLogger("async_batcher.metrics_multiprocess")
+
+#: The variable prometheus_client reads, once, when it is imported.
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+_LIVE_GAUGE = re.compile(r"gauge_live[a-z]+_(\d+)\.db\Z")
+
+# prometheus_client.multiprocess is untyped: its two functions used here, typed.
+_mark_process_dead: Callable[[int, str], None] = _multiprocess.mark_process_dead
+_merge: Callable[..., Iterable[Metric]] = _multiprocess.MultiProcessCollector.merge
+
+
+def multiprocess_dir() -> str | None:
+    """The directory of multiprocess mode, or ``None`` when it is off."""
+    return os.environ.get(ENV) or None
+
+
+def prepare_directory(path: str | os.PathLike[str]) -> Path:
+    """Create ``path`` if needed and delete the metric files of an earlier run; call it before the workers start."""
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):
+        stale.unlink(missing_ok=True)
+    return directory
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    try:  # a zombie (dead, not yet reaped by its parent) answers the signal too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc here, or it just went away
+        return os.path.exists(f"/proc/{pid}") or not os.path.isdir("/proc")
+
+
+def mark_dead_workers(path: str | os.PathLike[str] | None = None) -> list[int]:
+    """Remove the live gauges of the processes that no longer exist; return their ids.
+
+    ``path``: the multiprocess directory (``PROMETHEUS_MULTIPROC_DIR`` if ``None``).
+    """
+    directory = os.fspath(path) if path is not None else multiprocess_dir()
+    if directory is None:
+        raise ValueError(f"no multiprocess directory: set {ENV} or pass path")
+    dead = set()
+    for name in os.listdir(directory):
+        match = _LIVE_GAUGE.match(name)
+        if match and not _pid_alive(pid := int(match.group(1))):
+            dead.add(pid)
+    for pid in sorted(dead):
+        _mark_process_dead(pid, directory)
+        logger.info("removed the live gauges of dead worker %d", pid)
+    return sorted(dead)
+
+
+class _LiveCollector(Collector):
+    """prometheus_client's ``MultiProcessCollector``, forgetting the live gauges of dead workers first."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def collect(self) -> Iterable[Metric]:
+        mark_dead_workers(self._path)
+        return _merge(glob.glob(os.path.join(self._path, "*.db")), accumulate=True)
+
+
+def make_metrics_app(path: str | os.PathLike[str] | None = None) -> Callable[..., Any]:
+    """An ASGI app (mount it at ``/metrics``) answering with every worker's metrics, added up.
+
+    ``path``: the multiprocess directory (``PROMETHEUS_MULTIPROC_DIR`` if ``None``); it must exist.
+    """
+    directory = os.fspath(path) if path is not None else multiprocess_dir()
+    if directory is None or not os.path.isdir(directory):
+        raise ValueError(f"{ENV} is not set to an existing directory (got {directory!r})")
+    registry = CollectorRegistry()  # this registry only: each process's own registries would count it twice
+    registry.register(_LiveCollector(directory))
+    return make_asgi_app(registry)
+
+
+class _Metrics:
+    """The counters and gauges every exporter of a process writes to (prometheus_client's objects, once each)."""
+
+    def __init__(self, namespace: str) -> None:
+        self.batches = Counter(f"{namespace}_batches", "Batches sent to process_batch.", ["batcher"], registry=None)
+        self.items = Counter(
+            f"{namespace}_items",
+            "Items by outcome (submitted is every accepted item).",
+            ["batcher", "outcome"],
+            registry=None,
+        )
+        self.queued = Gauge(
+            f"{namespace}_queued_items",
+            "Items waiting in the queue.",
+            ["batcher"],
+            registry=None,
+            multiprocess_mode="livesum",
+        )
+        self.in_flight = Gauge(
+            f"{namespace}_in_flight_batches",
+            "Batches being processed.",
+            ["batcher"],
+            registry=None,
+            multiprocess_mode="livesum",
+        )
+        self.histograms = BatcherHistograms(None, namespace=namespace)
+
+
+_metrics: dict[str, _Metrics] = {}
+
+
+def _metrics_for(namespace: str) -> _Metrics:
+    if namespace not in _metrics:
+        _metrics[namespace] = _Metrics(namespace)
+    return _metrics[namespace]
+
+
+class MultiprocessExporter:
+    """Write the metrics of ``batchers`` to the multiprocess directory while it is entered (``async with``).
+
+    Enter it in each worker once its batchers exist (the app's lifespan) and leave it after they stopped:
+    leaving copies the final counts and removes this worker's live gauges. ``interval``: seconds between two
+    copies of the counters and gauges (histograms are written as each batch ends). ``histograms``: your own
+    :class:`~async_batcher.metrics.BatcherHistograms` (made with ``registry=None``, your buckets) instead of the
+    default one. Needs ``PROMETHEUS_MULTIPROC_DIR`` set before ``prometheus_client`` was imported.
+    """
+
+    def __init__(
+        self,
+        *batchers: object,
+        interval: float = 1.0,
+        histograms: BatcherHistograms | None = None,
+        namespace: str = "async_batcher",
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+        self.batchers: list[AsyncBatcher[Any, Any]] = [_batcher_of(b) for b in batchers]
+        names = [b.name for b in self.batchers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"the batchers' names must differ, got {names}: give each batcher its own name=")
+        self.interval = interval
+        self._metrics = _metrics_for(namespace)
+        self._histograms = histograms or self._metrics.histograms
+        # Per batcher, the counts already copied: the counters grow by the difference.
+        self._copied: list[dict[str, int]] = [{} for _ in self.batchers]
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> MultiprocessExporter:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    def start(self) -> None:
+        """What entering does: observe the batches, copy the counts, and keep copying them on the running loop."""
+        if self._task is not None:
+            raise RuntimeError("this exporter is running already")
+        directory = multiprocess_dir()
+        if directory is None or not os.path.isdir(directory):
+            raise RuntimeError(f"multiprocess metrics need {ENV} set to an existing directory, got {directory!r}")
+        from prometheus_client import values
+
+        if not getattr(values.ValueClass, "_multiprocess", False):
+            raise RuntimeError(f"prometheus_client was imported before {ENV} was set: its metrics stay in memory")
+        mark_dead_workers(directory)
+        for batcher in self.batchers:
+            self._histograms.observe(batcher)
+        self.sync()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="async-batcher-metrics-sync")
+
+    async def stop(self) -> None:
+        """What leaving does: stop copying, copy the final counts, remove this worker's live gauges."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.sync()
+        for batcher in self.batchers:
+            self._histograms.unobserve(batcher, drop_series=False)  # the files keep their counts anyway
+        directory = multiprocess_dir()
+        if directory is not None:
+            _mark_process_dead(os.getpid(), directory)  # this worker's live gauges; its counts stay
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                self.sync()
+            except Exception:
+                logger.exception("copying the batchers' metrics failed; trying again in %s s", self.interval)
+
+    def sync(self) -> None:
+        """Copy the batchers' counters and gauges to the files now (also done every ``interval`` seconds)."""
+        m = self._metrics
+        for batcher, copied in zip(self.batchers, self._copied, strict=True):
+            stats = batcher.stats
+            name = stats.name
+            m.batches.labels(name).inc(stats.batches - copied.get("batches", 0))
+            copied["batches"] = stats.batches
+            for outcome in OUTCOMES:
+                now = getattr(stats, outcome)
+                m.items.labels(name, outcome).inc(now - copied.get(outcome, 0))
+                copied[outcome] = now
+            m.queued.labels(name).set(stats.queued)
+            m.in_flight.labels(name).set(stats.in_flight)

@@ -1,0 +1,5 @@
+import sys
+
+from examples.ray_serve.local import main
+
+sys.exit(main())
