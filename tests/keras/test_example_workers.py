@@ -20,9 +20,9 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import ROOT, STARTUP_TIMEOUT, free_port
 from tests.processes import children, kill_group
 from tests.scaling_targets import SERVER_MODULE, server_module
+from tests.servers import ROOT, STARTUP_TIMEOUT, free_port
 
 RTOL = 1e-5  # as in test_example_server.py: float32 sums in another order
 REQUESTS = 160

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import free_port
 from tests.processes import alive, children, kill_group
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = 400
