@@ -27,8 +27,7 @@ __all__: list[str] = []
 
 async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None, priority: float) -> Any:
     """:meth:`AsyncBatcher.process` with a key, a weight, a priority, a timeout or a full queue; or not running."""
-    if priority != 0:
-        priority = _checks.priority(priority)
+    priority = _checks.priority(priority)
     timeout = _checks.timeout(timeout)
     loop = asyncio.get_running_loop()
     run = _lifecycle.admit(b, loop, 1)
@@ -59,8 +58,7 @@ async def submit_many(
     b: AsyncBatcher[Any, Any], items: Iterable[Any], *, timeout: float | None, priority: float, return_exceptions: bool
 ) -> list[Any]:
     """:meth:`AsyncBatcher.process_many`: admitted whole or not at all, one future for the whole call."""
-    if priority != 0:
-        priority = _checks.priority(priority)
+    priority = _checks.priority(priority)
     timeout = _checks.timeout(timeout)
     return_exceptions = _checks.flag("return_exceptions", return_exceptions)
     loop = asyncio.get_running_loop()

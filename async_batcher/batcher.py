@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Coroutine, Hashable, Iterable, Sequence
 from concurrent.futures import Executor
 from functools import partial
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
 from async_batcher import _admission, _checks, _execution, _lifecycle, _threads
 from async_batcher._dispatch import repump, scheduled_pump
@@ -30,6 +30,9 @@ __all__ = ["AsyncBatcher"]
 T = TypeVar("T")
 R = TypeVar("R")
 S = TypeVar("S")
+
+# The default priority, by identity: the common case's test costs no comparison of numbers.
+_ZERO: Final = 0
 
 
 class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
@@ -217,7 +220,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         if (
             loop is None
             or timeout is not None
-            or priority != 0
+            or priority is not _ZERO  # (not == 0: False == 0, and a bool is no priority; any other zero is checked)
             or get_ident() != run.ident
             or not loop.is_running()
             # A full queue (or callers already waiting for room, who go first): refuse or wait, on the long path.

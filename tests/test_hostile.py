@@ -1,0 +1,366 @@
+"""Hostile use through the public API: each defect and trap found by adversarial testing, with its regression test.
+
+Every test bounds its waits (``asyncio.wait_for``, thread timeouts), so that a batcher that hangs fails the test
+instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from async_batcher import (
+    AsyncBatcher,
+    AsyncBatchException,
+    BatcherStoppedError,
+    BatchSizeMismatchError,
+    ReentrantCallError,
+    batch,
+)
+from tests.batchers import Recording, until
+
+WAIT = 10.0
+
+
+class Echo(AsyncBatcher[int, int]):
+    async def process_batch(self, batch: list[int]) -> list[int]:
+        return batch
+
+
+def settled(b: AsyncBatcher[Any, Any]) -> bool:
+    """The counters add up, with no caller left waiting."""
+    s = b.stats
+    return s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out and s.queued == 0 and s.in_flight == 0
+
+
+# ---------------------------------------------------------------------- defects that left callers or the loop stuck
+
+
+async def test_a_bulk_call_cancelled_while_queued_then_a_forced_stop_neither_spins_nor_miscounts() -> None:
+    for pause in (0.01, 0):  # (a pause let the loop spin forever; none left queued == -3)
+        b = Echo(max_queue_time=10)
+        task = asyncio.ensure_future(b.process_many([1, 2, 3]))
+        await asyncio.sleep(pause)
+        task.cancel()
+        await asyncio.wait_for(b.stop(force=True), WAIT)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert b.stats.queued == 0 and settled(b)
+
+
+@pytest.mark.parametrize("trial", range(8))
+def test_stop_sync_racing_the_first_blocking_calls_answers_every_thread(trial: int) -> None:
+    b = Recording(max_queue_time=0.001, name=f"race-{trial}")
+    start = threading.Barrier(31)
+    outcomes: list[object] = []
+
+    def call(i: int) -> None:
+        start.wait()
+        try:
+            outcomes.append(b.process_sync(i, timeout=WAIT))
+        except BatcherStoppedError as exc:
+            outcomes.append(exc)
+        except BaseException as exc:  # anything else is a defect: kept to be reported
+            outcomes.append(("unexpected", exc))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(30)]
+    for t in threads:
+        t.start()
+    start.wait()
+    b.stop_sync()
+    for t in threads:
+        t.join(WAIT)
+    assert not any(t.is_alive() for t in threads), "a thread was left blocked"
+    assert len(outcomes) == 30
+    assert all(isinstance(o, int | BatcherStoppedError) for o in outcomes), outcomes
+    b.stop_sync()
+    assert not [t for t in threading.enumerate() if t.name == f"async-batcher:race-{trial}"]
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize("force", [False, True])
+async def test_a_stop_with_a_timeout_returns_in_time_when_on_stop_hangs(force: bool) -> None:
+    class Hanging(Recording):
+        async def on_stop(self) -> None:
+            await asyncio.Event().wait()
+
+    loop = asyncio.get_running_loop()
+    b = Hanging(max_queue_time=0)
+    assert await b.process(1) == 2
+    await b.stop(force=force, timeout=0.2)
+    assert loop.time() == pytest.approx(0.2)
+    assert not await b.is_running()
+    with pytest.raises(BatcherStoppedError):
+        await b.process(2)
+
+
+def test_a_blocking_call_into_a_loop_that_is_open_but_not_running_is_refused() -> None:
+    b = Recording(max_queue_time=0)
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(b.process(1)) == 2  # bound to this loop, which then stops running
+        with pytest.raises(RuntimeError, match="not running"):
+            b.process_sync(2)  # no timeout: it must not wait forever
+        loop.run_until_complete(b.stop())
+    finally:
+        loop.close()
+
+
+# ---------------------------------------------------------------------- what process_batch may do and return
+
+
+@pytest.mark.parametrize("mutate", ["clear", "pad"])
+async def test_process_batch_may_change_its_batch_list(mutate: str) -> None:
+    class Mutating(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            results = [x * 2 for x in batch]
+            if mutate == "clear":
+                batch.clear()
+            else:
+                batch.extend([0] * (8 - len(batch)))  # padded in place to a bucket size
+            return results
+
+    b = Mutating(max_batch_size=8, max_queue_time=0)
+    assert await asyncio.gather(*(b.process(i) for i in range(5))) == [0, 2, 4, 6, 8]
+    await b.stop()
+
+
+async def test_return_exceptions_puts_a_failed_batchs_error_in_its_items_places() -> None:
+    def answer(batch: list[int]) -> Any:
+        if 4 in batch:
+            raise ValueError("this batch failed")
+        if 7 in batch:
+            return batch[:-1]  # the wrong number of results
+        return [x * 2 for x in batch]
+
+    b = Recording(max_batch_size=3, max_queue_time=0, answer=answer)
+    results = await b.process_many(range(9), return_exceptions=True)
+    assert results[:3] == [0, 2, 4]
+    assert all(isinstance(r, ValueError) for r in results[3:6])
+    assert all(isinstance(r, BatchSizeMismatchError) for r in results[6:9])
+    assert settled(b) and b.stats.failed == 6 and b.stats.succeeded == 3
+    await b.stop()
+
+
+@pytest.mark.parametrize(
+    ("returned", "named"),
+    [
+        (lambda batch: {x: x for x in batch}, "dict"),
+        (lambda batch: set(batch), "set"),
+        (lambda batch: 3, "int"),
+        (lambda batch: "abc", "str"),
+    ],
+    ids=["dict", "set", "int", "str"],
+)
+async def test_results_with_no_order_or_no_items_are_refused_naming_what_was_returned(
+    returned: Any, named: str
+) -> None:
+    b = Recording(max_queue_time=0, answer=returned)
+    calls = await asyncio.gather(*(b.process(i) for i in range(3)), return_exceptions=True)
+    for call in calls:
+        assert isinstance(call, TypeError)
+        assert f"process_batch returned {named}" in str(call) and "sequence of 3 results" in str(call)
+    assert settled(b)
+    await b.stop()
+
+
+async def test_a_forgotten_await_is_named_and_the_coroutine_closed() -> None:
+    async def real(batch: list[int]) -> list[int]:
+        return batch
+
+    class Forgetful(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> Any:
+            return real(batch)  # not awaited
+
+    b = Forgetful(max_queue_time=0)
+    with pytest.raises(TypeError, match=r"process_batch returned coroutine.*must await"):
+        await b.process(1)
+    await b.stop()  # (a coroutine left unclosed would warn, and warnings fail the suite)
+
+
+async def test_ordered_iterables_are_taken_and_an_endless_one_does_not_freeze_the_loop() -> None:
+    def endless(batch: list[int]) -> Iterator[int]:
+        while True:
+            yield 1
+
+    b = Recording(max_queue_time=0, answer=lambda batch: np.array(batch) * 3)
+    assert await asyncio.gather(*(b.process(i) for i in range(3))) == [0, 3, 6]
+    b.answer = lambda batch: (x for x in batch)
+    assert await b.process(5) == 5
+    b.answer = endless
+    calls = await asyncio.wait_for(asyncio.gather(*(b.process(i) for i in range(3)), return_exceptions=True), WAIT)
+    assert all(isinstance(c, BatchSizeMismatchError) and "more than 3" in str(c) for c in calls), calls
+    await b.stop()
+
+
+@pytest.mark.parametrize("kind", [GeneratorExit, type("Custom", (BaseException,), {})])
+async def test_a_base_exception_from_process_batch_reaches_the_callers_and_nothing_else(kind: type) -> None:
+    class Raising(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            raise kind()
+
+    b = Raising(max_queue_time=0)
+    with pytest.raises(AsyncBatchException, match=kind.__name__) as info:
+        await b.process(1)
+    assert isinstance(info.value.__cause__, kind) and not isinstance(info.value, BatcherStoppedError)
+    assert await b.is_running()  # it serves on; the harness fails the test on "exception never retrieved"
+    await b.stop()
+
+
+# ---------------------------------------------------------------------- re-entrant use
+
+
+async def test_process_from_inside_process_batch_with_every_slot_taken_is_refused() -> None:
+    class Reentrant(AsyncBatcher[int, Any]):
+        async def process_batch(self, batch: list[int]) -> list[Any]:
+            try:
+                return [await self.process(x + 100) for x in batch]
+            except ReentrantCallError as exc:
+                return [exc] * len(batch)
+
+    # (An Exception among the results is raised to its caller.)
+    b = Reentrant(max_queue_time=0)
+    with pytest.raises(ReentrantCallError, match="concurrency=1"):
+        await asyncio.wait_for(b.process(1), WAIT)
+    assert settled(b)
+    # With a second slot the inner item is served there; its own batch, one level down, finds every slot taken.
+    b2 = Reentrant(max_queue_time=0, concurrency=2)
+    with pytest.raises(ReentrantCallError, match="concurrency=2"):
+        await asyncio.wait_for(b2.process(1), WAIT)
+    assert b2.stats.batches == 2 and settled(b2)
+    await b.stop()
+    await b2.stop()
+
+
+async def test_stop_awaited_inside_process_batch_is_refused() -> None:
+    class StopsItself(AsyncBatcher[int, Any]):
+        async def process_batch(self, batch: list[int]) -> list[Any]:
+            try:
+                await self.stop()
+            except ReentrantCallError as exc:
+                return [exc] * len(batch)
+            return batch
+
+    b = StopsItself(max_queue_time=0)
+    with pytest.raises(ReentrantCallError, match="stop"):
+        await asyncio.wait_for(b.process(1), WAIT)
+    assert await b.is_running()
+    await b.stop()
+
+
+def test_a_blocking_call_from_inside_a_sync_process_batch_is_refused() -> None:
+    class Blocking(AsyncBatcher[int, Any]):
+        def process_batch(self, batch: list[int]) -> list[Any]:
+            try:
+                return [self.process_sync(x + 100, timeout=WAIT) for x in batch]
+            except ReentrantCallError as exc:
+                return [exc] * len(batch)
+
+    b = Blocking(max_queue_time=0)
+    with pytest.raises(ReentrantCallError, match="blocking call"):
+        b.process_sync(1, timeout=WAIT)
+    b.stop_sync()
+
+
+# ---------------------------------------------------------------------- statistics and validation
+
+
+async def test_the_items_withdrawn_when_a_bulk_call_fails_are_counted() -> None:
+    b = Recording(max_batch_size=1, max_queue_time=0, answer=lambda batch: [ValueError("first")])
+    with pytest.raises(ValueError, match="first"):
+        await b.process_many(range(5))
+    await until(lambda: b.stats.queued == 0)
+    assert b.stats.submitted == 5 and b.stats.failed == 5 and settled(b)
+    await b.stop()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "named"),
+    [
+        ({"wait_when_full": "no"}, TypeError, "'no'"),
+        ({"wait_when_full": float("nan")}, TypeError, "nan"),
+        ({"executor": "3"}, TypeError, "'3'"),
+        ({"executor": object()}, TypeError, "object"),
+        ({"name": 123}, TypeError, "123"),
+        ({"max_batch_size": 2.5}, ValueError, "2.5"),
+        ({"max_queue_time": float("inf")}, ValueError, "inf"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_value(kwargs: dict[str, Any], error: type, named: str) -> None:
+    with pytest.raises(error, match=named):
+        Recording(**kwargs)
+
+
+async def test_numpy_numbers_are_numbers_and_bools_are_not_priorities() -> None:
+    b = Recording(max_batch_size=np.int64(8), max_queue_size=np.int32(100), concurrency=np.int64(2), max_queue_time=0)
+    assert (b.max_batch_size, b.max_queue_size, b.concurrency) == (8, 100, 2)
+    assert await b.process(1, priority=np.int64(-1)) == 2
+    assert await b.process(2, priority=np.float32(0.5)) == 4
+    for flag in (True, False):
+        with pytest.raises(ValueError, match=str(flag)):
+            await b.process(3, priority=flag)
+    await b.stop()
+
+
+# ---------------------------------------------------------------------- traps for users
+
+
+async def test_process_batch_may_name_its_parameter_anything() -> None:
+    class Items(AsyncBatcher[int, int]):
+        async def process_batch(self, items: list[int]) -> list[int]:  # not "batch": passed by position
+            return [x + 1 for x in items]
+
+    class KeywordOnly(AsyncBatcher[int, int]):
+        async def process_batch(self, *, batch: list[int]) -> list[int]:  # type: ignore[override]
+            return [x + 2 for x in batch]
+
+    class SyncItems(AsyncBatcher[int, int]):
+        def process_batch(self, rows: list[int]) -> list[int]:
+            return [x + 3 for x in rows]
+
+    for cls, offset in ((Items, 1), (KeywordOnly, 2), (SyncItems, 3)):
+        b = cls(max_queue_time=0)
+        assert await b.process(1) == 1 + offset
+        await b.stop()
+
+
+def test_batch_on_an_async_generator_function_is_refused_at_decoration() -> None:
+    async def tokens(prompts: list[str]) -> Any:
+        yield list(prompts)
+
+    with pytest.raises(TypeError, match="async generator"):
+        batch(tokens)
+
+
+def test_a_blocking_call_from_a_thread_pool_to_the_apps_loop_gets_its_answer() -> None:
+    # The common deployment: an app's loop in one thread, sync code in a pool calling into it.
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    def serve() -> None:
+        async def main() -> None:
+            holder["loop"] = asyncio.get_running_loop()
+            holder["b"] = b = Recording(max_batch_size=16, max_queue_time=0.01)
+            b.start()
+            holder["stop"] = stop = asyncio.Event()
+            ready.set()
+            await stop.wait()
+            await b.stop()
+
+        asyncio.run(main())
+
+    server = threading.Thread(target=serve)
+    server.start()
+    assert ready.wait(WAIT)
+    b = holder["b"]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(lambda i: b.process_sync(i, timeout=WAIT), range(16))) == [2 * i for i in range(16)]
+    holder["loop"].call_soon_threadsafe(holder["stop"].set)
+    server.join(WAIT)
+    assert not server.is_alive() and settled(b)
