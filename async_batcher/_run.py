@@ -41,7 +41,8 @@ class Run:
 
     Invariants (checked by the property test through :func:`violations`):
 
-    - ``in_flight == len(batches)``, and ``in_flight <= concurrency`` of the batcher;
+    - ``in_flight == len(batches)``: the slots taken (a batch takes one only while a slot is free, so
+      ``in_flight <= concurrency`` as long as concurrency is not lowered under it);
     - ``0 <= reserved <= awaiting_room``: room promised to woken callers is room they still wait to take;
     - the queue's own (:class:`~async_batcher._queue.Queue`).
     """
@@ -130,13 +131,11 @@ class Run:
         self.is_coroutine = is_coroutine  # process_batch is an async def: it runs as a task, else in the executor
 
 
-def violations(run: Run, *, concurrency: int) -> list[str]:
+def violations(run: Run) -> list[str]:
     """The invariants of :class:`Run` (and of its queue) that do not hold now, described (for the tests)."""
     found = queue_violations(run.queue)
     if run.in_flight != len(run.batches):
         found.append(f"in_flight {run.in_flight}, but {len(run.batches)} batches in flight")
-    if concurrency != -1 and run.in_flight > concurrency:
-        found.append(f"{run.in_flight} batches in flight, more than concurrency={concurrency}")
     if not 0 <= run.reserved <= run.awaiting_room:
         found.append(f"reserved {run.reserved} outside 0..awaiting_room={run.awaiting_room}")
     return found

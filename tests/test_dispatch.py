@@ -28,6 +28,28 @@ async def test_a_full_batch_goes_at_once_and_the_rest_waits_for_the_oldest_deadl
     await b.stop()
 
 
+@pytest.mark.parametrize("size", [1, 4])
+async def test_a_batch_of_exactly_max_batch_size_goes_at_once(size: int) -> None:
+    b = Recording(max_batch_size=size, max_queue_time=100)
+    assert await asyncio.gather(*(b.process(i) for i in range(size))) == [2 * i for i in range(size)]
+    assert b.batches == [list(range(size))] and b.started_at == [0]  # not at 100: full is full
+    one_short = [asyncio.ensure_future(b.process(i)) for i in range(size - 1)]
+    await asyncio.gather(*one_short)
+    assert b.started_at[1:] == ([100] if size > 1 else [])  # one item short of full waits for its deadline
+    await b.stop()
+
+
+async def test_a_batch_of_exactly_max_batch_weight_goes_at_once() -> None:
+    class Heavy(Recording):
+        def item_weight(self, item: int) -> float:
+            return 2.5
+
+    b = Heavy(max_batch_weight=5, max_queue_time=100)
+    assert await asyncio.gather(b.process(1), b.process(2)) == [2, 4]
+    assert b.started_at == [0]
+    await b.stop()
+
+
 async def test_the_wait_is_measured_from_the_oldest_items_arrival() -> None:
     b = Recording(max_batch_size=10, max_queue_time=1.0)
     first = asyncio.ensure_future(submit_at(b, 0.0, range(1)))
