@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from async_batcher import AsyncBatcher
 from tests.docs_blocks import blocks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +52,31 @@ def test_every_snippet_file_is_shown_and_tested() -> None:
         assert name in shown, f"{name} is in no page"
         module = name.removesuffix(".py").replace("/", ".")
         assert name in tests or module in tests, f"no test runs {name} with what it needs"
+
+
+def contract_points(docstring: str) -> list[tuple[str, str, str]]:
+    """(number, title, text) of each numbered point of AsyncBatcher's docstring: ``N. **Title.** text``."""
+    contract = docstring.split("Args:")[0]
+    found = re.findall(r"^(\d+)\. \*\*(.+?)\.\*\*(.*?)(?=^\d+\. \*\*|\Z)", contract, re.MULTILINE | re.DOTALL)
+    return [(number, title, " ".join(text.split())) for number, title, text in found]
+
+
+def test_the_guarantees_page_states_the_docstrings_contract() -> None:
+    # docs/guarantees.md has a section "## N. Title" per point of the docstring, in its order, and each section
+    # names, before its example, every setting, method and exception its point names: a point changed in one
+    # place fails here.
+    points = contract_points(inspect.getdoc(AsyncBatcher) or "")
+    assert points, "no numbered points found in the docstring"
+    page = (ROOT / "docs" / "guarantees.md").read_text()
+    sections = re.findall(r"^## (\d+)\. (.+?)\n(.*?)(?=^## |\Z)", page, re.MULTILINE | re.DOTALL)
+    assert [(number, title.replace("`", "")) for number, title, _ in sections] == [(n, t) for n, t, _ in points]
+    for (number, _, text), (_, _, section) in zip(points, sections, strict=True):
+        statement = section.split("```")[0]  # the point's own words, not its example
+        names = {
+            literal or role.rsplit(".", 1)[-1] for literal, role in re.findall(r"``([^`]+)``|:\w+:`~?([^`]+)`", text)
+        }
+        missing = sorted(name for name in names if name not in statement)
+        assert not missing, f"point {number} of the docstring names {missing}, docs/guarantees.md does not"
 
 
 def test_the_readme_quick_start_runs_and_is_short() -> None:

@@ -108,6 +108,7 @@ def test_the_sdist_holds_what_its_tests_need(dist: dict[str, Path | str]) -> Non
         "Makefile",
         "mkdocs.yml",
         "docs/index.md",
+        "docs/stylesheets/extra.css",
         "tests/conftest.py",
         "tests/batchers.py",
         "tests/servers.py",

@@ -1,10 +1,11 @@
 """Screenshot the built documentation site in headless Chromium, to look at it as a reader would.
 
-    make docs && python tools/docs_screenshots.py [--site site] [--out .cache/docs-screenshots]
+    make docs && python tools/docs_screenshots.py [--site site] [--out .cache/docs-screenshots] [--page guides/sql/]
 
-Serves ``site/`` on 127.0.0.1 (a free port, this process only), opens the landing page and an API reference page
-in Debian's ``chromium`` (apt-get install -y chromium) with a fresh profile and no network of its own, writes one
-PNG per page and prints their paths. The screenshots are for looking at; they are not committed.
+Serves ``site/`` on 127.0.0.1 (a free port, this process only), opens the landing page and the API reference
+pages (or the pages named with ``--page``, as paths of the site) in Debian's ``chromium`` (apt-get install -y
+chromium) with a fresh profile and no network of its own, writes one PNG per page and prints their paths. The
+screenshots are for looking at; they are not committed. ``--size 1280,6000`` takes a long page whole.
 """
 
 from __future__ import annotations
@@ -74,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--site", type=Path, default=ROOT / "site", help="the built site (make docs)")
     parser.add_argument("--out", type=Path, default=ROOT / ".cache" / "docs-screenshots")
     parser.add_argument("--size", default="1280,1000", help="window width,height in pixels")
+    parser.add_argument(
+        "--page", action="append", default=[], help="a page of the site to take instead (guides/sql/); repeatable"
+    )
     args = parser.parse_args(argv)
+    pages = {page.strip("/").replace("/", "-") or "landing": page for page in args.page} or PAGES
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         parser.error("no chromium on PATH: apt-get install -y chromium")
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no built site in {args.site}: make docs")
     args.out.mkdir(parents=True, exist_ok=True)
     with serve(args.site) as base:
-        for name, page in PAGES.items():
+        for name, page in pages.items():
             path = args.out / f"{name}.png"
             screenshot(chromium, base + page, path, args.size)
             print(path)

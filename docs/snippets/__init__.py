@@ -1,1 +1,4 @@
-"""Runnable examples the documentation pages include (pymdownx.snippets); each has a test that runs it."""
+"""Runnable examples the documentation pages include (pymdownx.snippets).
+
+Each has a test that runs it.
+"""

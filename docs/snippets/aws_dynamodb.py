@@ -1,14 +1,19 @@
 """Write items to DynamoDB and read them back through the batchers.
 
 Run it against AWS (credentials from the standard chain) or a local server:
-``AWS_ENDPOINT_URL_DYNAMODB=http://127.0.0.1:8000 python docs/snippets/aws_dynamodb.py``.
+``AWS_ENDPOINT_URL_DYNAMODB=http://127.0.0.1:8000 python docs/snippets/aws_dynamodb.py``
 """
 
 import asyncio
 
 import aioboto3
 
-from async_batcher.aws.dynamodb import AsyncDynamoDbGetBatcher, AsyncDynamoDbWriteBatcher, GetItem, WriteOperation
+from async_batcher.aws.dynamodb import (
+    AsyncDynamoDbGetBatcher,
+    AsyncDynamoDbWriteBatcher,
+    GetItem,
+    WriteOperation,
+)
 
 REGION = "eu-west-1"
 TABLE = "async-batcher-orders"
@@ -26,15 +31,21 @@ async def create_table() -> None:
             await client.get_waiter("table_exists").wait(TableName=TABLE)
 
 
+def put(i: int) -> WriteOperation:
+    return WriteOperation(
+        operation="PUT", table_name=TABLE, data={"pk": f"order-{i}", "n": i}
+    )
+
+
 async def main() -> None:
     await create_table()
     async with AsyncDynamoDbWriteBatcher(region_name=REGION) as writer:
         # 100 concurrent writes become 4 BatchWriteItem calls.
-        await asyncio.gather(
-            *(writer.process(WriteOperation(operation="PUT", table_name=TABLE, data={"pk": f"order-{i}", "n": i}))
-              for i in range(100))
-        )  # fmt: skip
-        await writer.process(WriteOperation(operation="DELETE", table_name=TABLE, data={"pk": "order-99"}))
+        await asyncio.gather(*(writer.process(put(i)) for i in range(100)))
+        delete = WriteOperation(
+            operation="DELETE", table_name=TABLE, data={"pk": "order-99"}
+        )
+        await writer.process(delete)
 
     async with AsyncDynamoDbGetBatcher(region_name=REGION) as reader:
         first, deleted = await asyncio.gather(

@@ -1,4 +1,7 @@
-"""Put records into a Kinesis stream through the batcher (``AWS_ENDPOINT_URL_KINESIS`` for a local server)."""
+"""Put records into a Kinesis stream through the batcher.
+
+``AWS_ENDPOINT_URL_KINESIS`` points it at a local server.
+"""
 
 import asyncio
 import json
@@ -18,15 +21,17 @@ async def create_stream() -> None:
             await client.get_waiter("stream_exists").wait(StreamName=STREAM)
 
 
+def click(i: int) -> KinesisRecord:
+    return KinesisRecord(data=json.dumps({"click": i}), partition_key=f"user-{i % 10}")
+
+
 async def main() -> None:
     await create_stream()
     async with AsyncKinesisPutBatcher(stream_name=STREAM, region_name=REGION) as putter:
-        # 1000 concurrent puts become 2 PutRecords calls; each caller learns its shard and sequence number.
-        results = await asyncio.gather(
-            *(putter.process(KinesisRecord(data=json.dumps({"click": i}), partition_key=f"user-{i % 10}"))
-              for i in range(1000))
-        )  # fmt: skip
-    print(results[0])  # KinesisPutResult(shard_id='shardId-000000000000', sequence_number='...')
+        # 1000 concurrent puts become 2 PutRecords calls;
+        # each caller learns its record's shard and sequence number.
+        results = await asyncio.gather(*(putter.process(click(i)) for i in range(1000)))
+    print(results[0])  # KinesisPutResult(shard_id='shardId-000000000000', ...)
     assert len({result.sequence_number for result in results}) == 1000
 
 

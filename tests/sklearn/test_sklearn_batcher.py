@@ -81,4 +81,4 @@ def test_a_missing_numpy_names_the_extra() -> None:
 
 
 def test_the_documentation_snippet_runs(tmp_path: Path) -> None:
-    assert "[0.982 0.018 0.   ]" in run_snippet("sklearn_predict", tmp_path)
+    assert "[0.982 0.018 0.   ]" in run_snippet("docs/snippets/sklearn_predict.py", tmp_path)

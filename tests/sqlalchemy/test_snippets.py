@@ -16,5 +16,5 @@ def test_the_sql_snippet_runs(dialect: str, tmp_path: Path, request: pytest.Fixt
     if dialect == "postgresql":
         server: PostgresServer = request.getfixturevalue("postgres")
         env["DATABASE_URL"] = server.url
-    output = run_snippet("sql_write", tmp_path, env)
+    output = run_snippet("docs/snippets/sql_write.py", tmp_path, env)
     assert "999 rows; row 0 now has amount 1000" in output
