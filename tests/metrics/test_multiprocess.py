@@ -63,8 +63,9 @@ def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]
     port = free_port()
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
     # The documentation's snippet (docs/guides/metrics.md) is the app.
-    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT / "docs" / "snippets")]
-    command += ["metrics_multiprocess:app", "--workers", "2"]
+    snippet = ROOT / "docs/snippets/metrics_multiprocess.py"
+    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(snippet.parent)]
+    command += [f"{snippet.stem}:app", "--workers", "2"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
