@@ -31,6 +31,9 @@ async def test_a_full_queue_refuses_at_once() -> None:
     assert isinstance(info.value, AsyncBatchException)
     assert "max_queue_size=3" in str(info.value)
     assert b.stats.rejected == 1
+    with pytest.raises(QueueFullException):
+        await b.process_many([100, 101])
+    assert b.stats.rejected == 3  # refusals add up, an item each
     gate.set()
     assert await first == -2 and await asyncio.gather(*waiting) == [0, 2, 4]
     assert 99 not in b.sent
@@ -225,4 +228,61 @@ async def test_a_bad_timeout_is_refused_naming_it(bad: object) -> None:
     b = Recording()
     with pytest.raises(ValueError, match="timeout"):
         await b.process(1, timeout=bad)  # type: ignore[arg-type]
+    await b.stop()
+
+
+def settled(b: Recording) -> bool:
+    s = b.stats
+    return s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out
+
+
+async def test_callers_in_line_for_room_are_counted_submitted_and_each_outcome_once() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=1, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    first, waiting = await fill(b, gate, 1)
+    in_line = [asyncio.ensure_future(b.process(i, timeout=t)) for i, t in ((10, None), (11, 5.0), (12, None))]
+    await asyncio.sleep(0)
+    assert b.stats.submitted == 5 and b.stats.queued == 1  # three in line for room count as submitted
+    in_line[2].cancel()
+    with pytest.raises(TimeoutError, match="no room in the queue"):
+        await in_line[1]
+    gate.set()
+    assert await in_line[0] == 20 and await asyncio.gather(first, *waiting) == [-2, 0]
+    s = b.stats
+    assert (s.submitted, s.succeeded, s.cancelled, s.timed_out) == (5, 3, 1, 1) and settled(b)
+    for _ in range(3):  # refusals add up
+        with pytest.raises(QueueFullException):
+            await b.process_many(range(2))
+    assert b.stats.rejected == 6
+    await b.stop()
+
+
+async def test_a_caller_woken_for_room_then_cancelled_passes_the_room_on() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=1, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    first, waiting = await fill(b, gate, 1)
+    a = asyncio.ensure_future(b.process(10))
+    c = asyncio.ensure_future(b.process(11))
+    await asyncio.sleep(0)
+    b.max_queue_size = 2  # room for one more: promised to a, the head of the line
+    a.cancel()  # before a could take it
+    await until(lambda: b.stats.queued == 2)  # the room went to c
+    gate.set()
+    assert await c == 22 and await asyncio.gather(first, *waiting) == [-2, 0]
+    assert 10 not in b.sent and settled(b)
+    await b.stop()
+
+
+async def test_a_cancelled_bulk_call_at_the_head_of_the_line_lets_the_next_one_in_at_once() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=2, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    first, waiting = await fill(b, gate, 1)
+    bulk = asyncio.ensure_future(b.process_many([10, 11]))  # needs two: does not fit beside the one queued
+    single = asyncio.ensure_future(b.process(12))  # would fit, but waits behind the head of the line
+    await asyncio.sleep(0)
+    assert b.stats.queued == 1
+    bulk.cancel()
+    await until(lambda: b.stats.queued == 2)  # in as soon as the head leaves, with no other event
+    gate.set()
+    assert await single == 24 and await asyncio.gather(first, *waiting) == [-2, 0]
     await b.stop()

@@ -62,6 +62,23 @@ def test_a_batcher_left_running_in_a_closed_loop_starts_afresh_in_the_next() -> 
     assert asyncio.run(b.process(2)) == 4
 
 
+def test_the_items_lost_with_a_loop_closed_under_them_count_as_failed(caplog: pytest.LogCaptureFixture) -> None:
+    b = Recording(max_queue_time=100)
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, _context: None)  # ("Task was destroyed but it is pending": expected)
+    callers = [loop.create_task(b.process(i)) for i in range(3)]
+    loop.run_until_complete(asyncio.sleep(0))
+    assert b.stats.queued == 3
+    loop.close()  # with the callers still waiting: they are gone with it
+    del callers
+    b.max_queue_time = 0
+    with caplog.at_level(logging.WARNING, logger="async_batcher"):
+        assert asyncio.run(b.process(5)) == 10
+    assert "closed without stop" in caplog.text
+    s = b.stats
+    assert (s.submitted, s.succeeded, s.failed, s.queued) == (4, 1, 3, 0)
+
+
 async def test_start_is_optional_and_idempotent() -> None:
     b = Recording(max_queue_time=0)
     assert not await b.is_running()

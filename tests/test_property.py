@@ -227,7 +227,9 @@ op = st.one_of(
     st.tuples(st.just("start"), st.just(None), st.just(None), st.just(None)),
     st.tuples(
         st.just("set"),
-        st.sampled_from(["max_batch_size", "max_queue_time", "concurrency", "max_queue_size", "max_latency"]),
+        st.sampled_from(
+            ["max_batch_size", "max_queue_time", "concurrency", "max_queue_size", "max_latency", "max_batch_weight"]
+        ),
         st.integers(0, 2),
         st.just(None),
     ),
@@ -256,6 +258,7 @@ LIVE = {
     "concurrency": [1, 2, -1],
     "max_queue_size": [-1, 3, 10],
     "max_latency": [None, 0.02, 0.1],
+    "max_batch_weight": [None, 4, 8],
 }
 EXPECTED_ERRORS = (
     Injected,
