@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import concurrent.futures
-import threading
 import warnings
-from collections.abc import Awaitable, Coroutine, Hashable, Iterable, Sequence
+from collections.abc import Awaitable, Hashable, Iterable, Sequence
 from concurrent.futures import Executor
 from functools import partial
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Final, Generic, TypeVar, cast
 
-from async_batcher import _admission, _checks, _execution, _lifecycle, _threads
+from async_batcher import _admission, _checks, _execution, _lifecycle, _sync
 from async_batcher._dispatch import repump, scheduled_pump
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
 from async_batcher._settings import Settings
-from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
 from async_batcher.stats import BatcherStats, _Recorder
 
 if TYPE_CHECKING:
@@ -29,7 +26,6 @@ __all__ = ["AsyncBatcher"]
 
 T = TypeVar("T")
 R = TypeVar("R")
-S = TypeVar("S")
 
 # The default priority, by identity: the common case's test costs no comparison of numbers.
 _ZERO: Final = 0
@@ -139,9 +135,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         self._recorder = _Recorder()
         self._run = Run(None, self._recorder, state=State.NEW, default_key=DEFAULT_KEY)
         self._adaptive = None
-        self._loop_thread = _threads.LoopThread(f"async-batcher:{self.name}")  # started by a blocking call
-        self._sync_lock = threading.Lock()  # blocking calls choose their loop and hand their call over under it
-        self._sync_stopping = False  # a stop_sync() is under way: blocking calls are refused
+        self._sync = _sync.Gate(self.name)  # what blocking calls from threads share
         # The settings go through their property setters, which validate them.
         self.executor = executor
         self.wait_when_full = wait_when_full
@@ -301,7 +295,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         """
         force = _checks.flag("force", force)
         timeout = _checks.timeout(timeout)
-        thread = self._loop_thread
+        thread = self._sync.thread
         if thread.loop is not None and not thread.is_current():
             # Blocking calls started a loop thread for this batcher: the stop runs there, then the thread ends.
             await asyncio.get_running_loop().run_in_executor(None, partial(self.stop_sync, force, timeout))
@@ -345,11 +339,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         an item not yet sent is withdrawn and ``TimeoutError`` raised. Called from a thread that runs an event
         loop it raises ``RuntimeError`` (it would block that loop): await :meth:`process` there.
         """
-        _threads.refuse_on_loop_thread(f"{self.name}: process_sync()")
-        timeout = _checks.timeout(timeout)
-        self._refuse_from_own_thread_batch()
-        call = self.process(item, priority=priority)
-        return _threads.wait_for(self._hand_over(call, 1), timeout)
+        return _sync.call(self, self.process(item, priority=priority), n=1, timeout=timeout, what="process_sync()")
 
     def process_many_sync(
         self,
@@ -360,67 +350,13 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         return_exceptions: bool = False,
     ) -> list[R]:
         """:meth:`process_many` for sync code, as :meth:`process_sync`."""
-        _threads.refuse_on_loop_thread(f"{self.name}: process_many_sync()")
-        timeout = _checks.timeout(timeout)
-        self._refuse_from_own_thread_batch()
         batch = list(items)
         call = self.process_many(batch, priority=priority, return_exceptions=return_exceptions)
-        return _threads.wait_for(self._hand_over(call, len(batch)), timeout)
+        return _sync.call(self, call, n=len(batch), timeout=timeout, what="process_many_sync()")
 
     def stop_sync(self, force: bool = False, timeout: float | None = None) -> None:
         """:meth:`stop` for sync code: blocks until the batcher is stopped; ends the loop thread it started."""
-        _threads.refuse_on_loop_thread(f"{self.name}: stop_sync()")
-        with self._sync_lock:
-            self._sync_stopping = True  # blocking calls from now on are refused at once
-        try:
-            with self._sync_lock:
-                future = self._hand_over_stop(force=force, timeout=timeout)
-            if future is not None:
-                _threads.wait_for(future, None)
-            self._loop_thread.stop()
-        finally:
-            with self._sync_lock:
-                self._sync_stopping = False
-
-    def _hand_over_stop(self, *, force: bool, timeout: float | None) -> concurrent.futures.Future[None] | None:
-        run, thread_loop = self._run, self._loop_thread.loop
-        call = _lifecycle.stop(self, force=force, timeout=timeout)
-        if thread_loop is not None and (run.loop is thread_loop or run.state is State.NEW):
-            # After the calls handed over before it: those on their way are served (or refused), not lost.
-            return self._loop_thread.submit(call)
-        if run.state in (State.RUNNING, State.STOPPING) and not run.loop.is_closed():
-            return _threads.submit_to(run.loop, call, f"{self.name}: stop_sync()")
-        call.close()
-        return None
-
-    def _hand_over(self, call: Coroutine[Any, Any, S], n: int) -> concurrent.futures.Future[S]:
-        """Hand a blocking call's coroutine to the loop it must run on: the batcher's, or else its own loop
-        thread's. The future it returns always resolves."""
-        with self._sync_lock:
-            try:
-                run = self._run
-                loop = run.loop
-                live = loop is not None and not loop.is_closed()
-                if self._sync_stopping or run.state is State.STOPPED:
-                    self._recorder.rejected += n
-                    raise BatcherStoppedError(f"{self.name} is {'stopping' if self._sync_stopping else 'stopped'}")
-                if live and (run.state is not State.NEW or loop.is_running()) and loop is not self._loop_thread.loop:
-                    # Bound to a live loop (an app's), or marked to start again on one that still runs.
-                    return _threads.submit_to(loop, call, self.name)
-                return self._loop_thread.submit(call, owner=self)
-            except BaseException:
-                call.close()
-                raise
-
-    def _refuse_from_own_thread_batch(self) -> None:
-        # A blocking call from inside this batcher's sync process_batch, with every slot taken, would wait for
-        # the very batch its thread is running.
-        inside = getattr(_execution.thread_batch, "batch", None)
-        if inside is not None and inside.run is self._run and self._run.in_flight >= self._slot_limit:
-            raise ReentrantCallError(
-                f"{self.name}: a blocking call from inside its own process_batch while every slot (concurrency="
-                f"{self._concurrency}) is taken would wait for that batch forever"
-            )
+        _sync.stop(self, force=_checks.flag("force", force), timeout=_checks.timeout(timeout))
 
     # ------------------------------------------------------------------ statistics
 
