@@ -28,7 +28,7 @@ __all__: list[str] = []
 async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None, priority: float) -> Any:
     """:meth:`AsyncBatcher.process` with a key, a weight, a priority, a timeout or a full queue; or not running."""
     priority = _checks.priority(priority)
-    timeout = _checks.timeout(timeout)
+    timeout = b._default_timeout if timeout is None else _checks.timeout(timeout)
     loop = asyncio.get_running_loop()
     run = _lifecycle.admit(b, loop, 1)
     deadline = None if timeout is None else loop.time() + timeout
@@ -59,7 +59,7 @@ async def submit_many(
 ) -> list[Any]:
     """:meth:`AsyncBatcher.process_many`: admitted whole or not at all, one future for the whole call."""
     priority = _checks.priority(priority)
-    timeout = _checks.timeout(timeout)
+    timeout = b._default_timeout if timeout is None else _checks.timeout(timeout)
     return_exceptions = _checks.flag("return_exceptions", return_exceptions)
     loop = asyncio.get_running_loop()
     batch = list(items)

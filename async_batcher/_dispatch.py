@@ -29,7 +29,8 @@ def due(b: AsyncBatcher[Any, Any], run: Run, lane: Lane, now: float) -> float:
     """Contract point 1, for one lane whose items wait and a free slot: when its next batch goes out.
 
     - at once (``now``) while the batcher stops (a drain waits for no deadline), or when the lane holds a full
-      batch: ``max_batch_size`` items (or the adaptive wait's target size), or ``max_batch_weight``;
+      batch: ``max_batch_size`` items (the smallest of ``preferred_batch_sizes``, or the adaptive wait's target
+      size, when set), or ``max_batch_weight``;
     - else when its oldest waiting item has waited ``max_queue_time`` since it arrived (with ``max_latency``, the
       adaptive wait's deadline for it);
     - ``inf`` if nothing of it waits (its callers may all have left).
@@ -81,7 +82,8 @@ def pump(b: AsyncBatcher[Any, Any], run: Run) -> None:
             break
         run.dispatches += 1
         lane.served = run.dispatches
-        taken = queue.take(lane, b._batch_limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
+        limit = cut(b, lane.count)
+        taken = queue.take(lane, limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
         if taken is not None:
             _execution.launch(b, run, taken, now)
     queue.drop_empty_lanes()
@@ -94,6 +96,15 @@ def pump(b: AsyncBatcher[Any, Any], run: Run) -> None:
         arm_timer(b, run, next_at)
 
 
+def cut(b: AsyncBatcher[Any, Any], waiting: int) -> int:
+    """How many items a batch due now takes: ``max_batch_size``, or with preferred sizes the largest one
+    available (a batch sent before any is reached, by its deadline or a stop, takes what there is)."""
+    preferred = b._preferred
+    if not preferred or waiting < preferred[0]:
+        return b._batch_limit
+    return max(size for size in preferred if size <= waiting)
+
+
 def adapt(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
     """The adaptive wait: learn the arrival rate, and set the size at which a batch goes at once."""
     adaptive = b._adaptive
@@ -101,7 +112,10 @@ def adapt(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
         return
     adaptive.note_arrivals(b._recorder.exited + run.queue.waiting, now)
     target = adaptive.target_size(b._concurrency)
-    b._size_trigger = max(1, min(b._batch_limit, math.ceil(target) if target < math.inf else UNLIMITED))
+    trigger = max(1, min(b._batch_limit, math.ceil(target) if target < math.inf else UNLIMITED))
+    if b._preferred:  # the smallest preferred size that reaches the target
+        trigger = next((size for size in b._preferred if size >= trigger), b._preferred[-1])
+    b._size_trigger = trigger
 
 
 # ---------------------------------------------------------------------- waking the pump

@@ -70,12 +70,19 @@ def bind(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop) -> Run:
         by_keyword=_by_keyword(b.process_batch),
         is_coroutine=inspect.iscoroutinefunction(b.process_batch),
     )
-    run.fast_loop = loop if not (run.keyed or run.queue.weighted) else None
+    choose_fast_path(b, run)
     b._run = run
     if cls.on_start is not _base(b).on_start:
         run.startup = loop.create_task(b.on_start())
         run.startup.add_done_callback(partial(_startup_done, b))
     return run
+
+
+def choose_fast_path(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    """Whether :meth:`AsyncBatcher.process` may take its short path: running, no key, no weight, no default
+    timeout (each of those needs the long path)."""
+    plain = not run.keyed and not run.queue.weighted and b._default_timeout is None
+    run.fast_loop = run.loop if plain and run.state is State.RUNNING else None
 
 
 def _base(b: AsyncBatcher[Any, Any]) -> type[AsyncBatcher[Any, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import sys
+from collections.abc import Iterable
 from typing import Final
 
 from async_batcher._checks import count, executor, flag, is_real, seconds
@@ -33,6 +34,7 @@ class Settings:
     _room_limit: int  # max_queue_size, or UNLIMITED
     _weight_limit: float  # max_batch_weight, or inf
     _adaptive: AdaptiveWait | None  # the adaptive wait, when max_latency is set
+    _preferred: tuple[int, ...]  # preferred_batch_sizes, smallest first; () when none
 
     def _settings_changed(self, *, weights: bool = False, room: bool = False) -> None:
         """Overridden by the batcher: a setting changed; ``weights``: weights came into play; ``room``: the queue
@@ -45,9 +47,38 @@ class Settings:
 
     @max_batch_size.setter
     def max_batch_size(self, value: int) -> None:
-        self._max_batch_size = count("max_batch_size", value)
-        self._batch_limit = UNLIMITED if self._max_batch_size == -1 else self._max_batch_size
-        self._size_trigger = self._batch_limit  # the adaptive wait lowers it to the size it aims for
+        limit = count("max_batch_size", value)
+        if limit != -1 and self._preferred and self._preferred[-1] > limit:
+            raise ValueError(
+                f"max_batch_size={value!r} is smaller than the preferred batch size {self._preferred[-1]}: lower "
+                "preferred_batch_sizes first"
+            )
+        self._max_batch_size = limit
+        self._batch_limit = UNLIMITED if limit == -1 else limit
+        self._size_trigger = self._preferred[0] if self._preferred else self._batch_limit
+        self._settings_changed()
+
+    @property
+    def preferred_batch_sizes(self) -> tuple[int, ...]:
+        """The batch sizes the model runs best at (a compiled engine's profiles, padding buckets), smallest first.
+
+        When a slot is free and items wait, the batch goes out at the largest preferred size available; while
+        none is reached it waits for the next one, at most until the oldest item's ``max_queue_time``, then sends
+        what it has. Empty: any size up to ``max_batch_size``.
+        """
+        return self._preferred
+
+    @preferred_batch_sizes.setter
+    def preferred_batch_sizes(self, value: Iterable[int]) -> None:
+        if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+            raise TypeError(f"preferred_batch_sizes must be an iterable of ints, got {value!r}")
+        sizes = tuple(sorted({count("preferred_batch_sizes", size) for size in value}))
+        if -1 in sizes:
+            raise ValueError(f"preferred_batch_sizes are sizes >= 1, got {value!r}")
+        if sizes and self._max_batch_size != -1 and sizes[-1] > self._max_batch_size:
+            raise ValueError(f"preferred_batch_sizes={value!r} has a size above max_batch_size={self._max_batch_size}")
+        self._preferred = sizes
+        self._size_trigger = sizes[0] if sizes else self._batch_limit
         self._settings_changed()
 
     @property
@@ -117,7 +148,7 @@ class Settings:
     def max_latency(self, value: float | None) -> None:
         if value is None:
             self._adaptive = None
-            self._size_trigger = self._batch_limit
+            self._size_trigger = self._preferred[0] if self._preferred else self._batch_limit
         else:
             budget = seconds("max_latency", value, positive=True)
             if self._adaptive is None:
@@ -130,6 +161,17 @@ class Settings:
     def adaptive_state(self) -> AdaptiveWaitState | None:
         """What the adaptive wait believes now (cost model, arrival rate, target size), or ``None`` when off."""
         return None if self._adaptive is None else self._adaptive.state(self._concurrency)
+
+    @property
+    def default_timeout(self) -> float | None:
+        """Seconds an item may take at most (from its call, waiting for room included) when its call gives no
+        ``timeout=`` of its own; ``None``: no limit. A call's own ``timeout=`` overrides it."""
+        return self._default_timeout
+
+    @default_timeout.setter
+    def default_timeout(self, value: float | None) -> None:
+        self._default_timeout = None if value is None else seconds("default_timeout", value)
+        self._settings_changed()
 
     @property
     def executor(self) -> concurrent.futures.Executor | None:

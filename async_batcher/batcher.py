@@ -95,6 +95,9 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         max_priority_wait: The most seconds an item is passed over for items of a better priority.
         max_latency: A latency budget in seconds: the batcher then chooses how long batches wait from what it
             measures (the adaptive wait, :mod:`async_batcher.adaptive`) instead of ``max_queue_time``.
+        preferred_batch_sizes: Batch sizes the model runs best at (Triton's ``preferred_batch_size``): a batch
+            goes out at the largest one available, else waits for the next one at most ``max_queue_time``.
+        default_timeout: Seconds every item may take at most when its call gives no ``timeout=``.
         name: A name for logs and statistics; the class name by default.
         batch_size: Deprecated synonym of ``max_batch_size`` (async-batcher 0.2.2); warns.
         sleep_time: Deprecated, ignored (async-batcher 0.2.2); warns.
@@ -113,6 +116,8 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         max_batch_weight: float | None = None,
         max_priority_wait: float = 1.0,
         max_latency: float | None = None,
+        preferred_batch_sizes: Iterable[int] = (),
+        default_timeout: float | None = None,
         name: str | None = None,
         batch_size: int | None = None,
         sleep_time: float | None = None,
@@ -135,6 +140,8 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         self._recorder = _Recorder()
         self._run = Run(None, self._recorder, state=State.NEW, default_key=DEFAULT_KEY)
         self._adaptive = None
+        self._preferred = ()
+        self._default_timeout = None
         self._sync = _sync.Gate(self.name)  # what blocking calls from threads share
         # The settings go through their property setters, which validate them.
         self.executor = executor
@@ -146,6 +153,8 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         self.max_batch_weight = max_batch_weight
         self.max_priority_wait = max_priority_wait
         self.max_latency = max_latency
+        self.preferred_batch_sizes = preferred_batch_sizes
+        self.default_timeout = default_timeout
 
     # ------------------------------------------------------------------ the part users write
 
@@ -324,7 +333,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
             return
         if weights and not run.queue.weighted:
             run.queue.keep_weights()
-            run.fast_loop = None
+        _lifecycle.choose_fast_path(self, run)
         if room and run.putters:
             _admission.wake_putters(self, run)
         repump(self, run)

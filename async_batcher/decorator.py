@@ -284,6 +284,8 @@ class BatchDecorator:
         max_batch_weight: float | None = ...,
         max_priority_wait: float = ...,
         max_latency: float | None = ...,
+        preferred_batch_sizes: Iterable[int] = ...,
+        default_timeout: float | None = ...,
         name: str | None = ...,
         key: Callable[[Any], Hashable] | None = ...,
         weight: Callable[[Any], float] | None = ...,
@@ -297,9 +299,10 @@ class BatchDecorator:
                 (a plain ``def`` runs in ``executor``); or a method taking ``self`` and the list.
             **options: The keyword arguments of :class:`~async_batcher.AsyncBatcher` (``max_batch_size``,
                 ``max_queue_time``, ``concurrency``, ``max_queue_size``, ``executor``, ``wait_when_full``,
-                ``max_batch_weight``, ``max_priority_wait``, ``max_latency``, ``name``: the function's qualified
-                name by default), and ``key`` / ``weight``: callables of one item that become the batcher's
-                ``batch_key`` (items with different keys never share a batch) and ``item_weight`` hooks.
+                ``max_batch_weight``, ``max_priority_wait``, ``max_latency``, ``preferred_batch_sizes``,
+                ``default_timeout``, ``name``: the function's qualified name by default), and ``key`` /
+                ``weight``: callables of one item that become the batcher's ``batch_key`` (items with different
+                keys never share a batch) and ``item_weight`` hooks.
         """
         if len(args) > 1:
             raise TypeError(f"batch() takes the function to decorate and keyword settings; got {args!r}")

@@ -286,3 +286,39 @@ async def test_a_cancelled_bulk_call_at_the_head_of_the_line_lets_the_next_one_i
     gate.set()
     assert await single == 24 and await asyncio.gather(first, *waiting) == [-2, 0]
     await b.stop()
+
+
+async def test_a_default_timeout_applies_to_calls_without_their_own() -> None:
+    loop = asyncio.get_running_loop()
+    b = Recording(max_batch_size=10, max_queue_time=100, default_timeout=2.0)
+    plain = asyncio.ensure_future(b.process(1))
+    own = asyncio.ensure_future(b.process(2, timeout=5.0))  # overrides the default
+    many = asyncio.ensure_future(b.process_many([3, 4]))
+    with pytest.raises(TimeoutError):
+        await plain
+    assert loop.time() == 2.0
+    with pytest.raises(TimeoutError):
+        await many
+    with pytest.raises(TimeoutError):
+        await own
+    assert loop.time() == 5.0 and b.sent == []  # each was withdrawn before its batch went
+    s = b.stats
+    assert s.timed_out == 4 and settled(b)
+    b.default_timeout = None
+    b.max_queue_time = 0
+    assert await b.process(5) == 10  # (and the short path of process() is back)
+    with pytest.raises(ValueError, match="default_timeout"):
+        b.default_timeout = -1
+    await b.stop()
+
+
+async def test_a_default_timeout_does_not_recall_a_batch_already_sent() -> None:
+    loop = asyncio.get_running_loop()
+    b = Recording(max_queue_time=0, default_timeout=1.0, delay=3.0)
+    with pytest.raises(TimeoutError):
+        await b.process(1)
+    assert loop.time() == 1.0
+    await asyncio.sleep(5)
+    assert b.batches == [[1]]  # it ran to its end; its result went to no one
+    assert b.stats.timed_out == 1 and settled(b)
+    await b.stop()

@@ -193,3 +193,41 @@ async def test_settings_changed_on_a_running_batcher_apply_to_the_next_batch() -
     await calls
     assert b.batches[-1] == [8]
     await b.stop()
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "batches", "starts"),
+    [
+        ([(0, 10)], [8, 2], [0, 1.0]),  # 8 at once; the 2 left wait for 4 until their deadline
+        ([(0, 5)], [4, 1], [0, 1.0]),  # the largest preferred size available goes, not all 5
+        ([(0, 3), (0.5, 1)], [4], [0.5]),  # 3 wait for a preferred size; the 4th makes one
+        ([(0, 3)], [3], [1.0]),  # none reached before the deadline: what there is goes
+    ],
+)
+async def test_batches_go_at_the_preferred_sizes(
+    arrivals: list[tuple[float, int]], batches: list[int], starts: list[float]
+) -> None:
+    b = Recording(max_batch_size=8, preferred_batch_sizes=(4, 8), max_queue_time=1.0)
+    first = 0
+    calls = []
+    for at, n in arrivals:
+        calls.append(asyncio.ensure_future(submit_at(b, at, range(first, first + n))))
+        first += n
+    await asyncio.gather(*calls)
+    assert [len(x) for x in b.batches] == batches
+    assert b.started_at == pytest.approx(starts)
+    assert b.sent == list(range(first))
+    await b.stop()
+
+
+def test_preferred_sizes_are_checked_against_max_batch_size() -> None:
+    with pytest.raises(ValueError, match="above max_batch_size=8"):
+        Recording(max_batch_size=8, preferred_batch_sizes=(4, 16))
+    b = Recording(max_batch_size=16, preferred_batch_sizes=[16, 4, 4])
+    assert b.preferred_batch_sizes == (4, 16)
+    with pytest.raises(ValueError, match="smaller than the preferred batch size 16"):
+        b.max_batch_size = 8
+    for bad in ([0], [-1], ["8"], 8):
+        with pytest.raises((ValueError, TypeError)):
+            b.preferred_batch_sizes = bad  # type: ignore[assignment]
+    assert b.preferred_batch_sizes == (4, 16) and b.max_batch_size == 16

@@ -249,11 +249,13 @@ config = st.fixed_dictionaries(
         "max_batch_weight": st.sampled_from([None, None, 4, 6]),
         "max_priority_wait": st.sampled_from([0.0, 0.05, 1.0]),
         "max_latency": st.sampled_from([None, None, None, 0.05]),
+        "preferred_batch_sizes": st.sampled_from([(), (), (), (1, 3), (2,)]),
+        "default_timeout": st.sampled_from([None, None, None, 0.05, 0.3]),
     }
-)
+).filter(lambda c: c["max_batch_size"] == -1 or max(c["preferred_batch_sizes"], default=0) <= c["max_batch_size"])
 # The values a live change draws from, by index.
 LIVE = {
-    "max_batch_size": [1, 4, -1],
+    "max_batch_size": [3, 4, -1],
     "max_queue_time": [0.0, 0.01, 0.1],
     "concurrency": [1, 2, -1],
     "max_queue_size": [-1, 3, 10],
@@ -334,13 +336,15 @@ async def drive(cfg: dict[str, Any], ops: list[Any], kinds: list[tuple[str, floa
         if pause:
             await asyncio.sleep(pause)
         if kind == "one":
-            call = Call([next(ids)], None if a is None else loop.time() + a, False, priority=d)
+            timeout = a if a is not None else cfg["default_timeout"]
+            call = Call([next(ids)], None if timeout is None else loop.time() + timeout, False, priority=d)
             call.task = asyncio.ensure_future(b.process(call.items[0], timeout=a, priority=d))
             if c is not None:
                 background.append(asyncio.ensure_future(cancel_later(call.task, call.items, c)))
         elif kind == "many":
             cancel_after, return_exceptions = d
-            call = Call([next(ids) for _ in range(a)], None if c is None else loop.time() + c, True)
+            timeout = c if c is not None else cfg["default_timeout"]
+            call = Call([next(ids) for _ in range(a)], None if timeout is None else loop.time() + timeout, True)
             many = b.process_many(call.items, timeout=c, return_exceptions=return_exceptions)
             call.task = asyncio.ensure_future(many)
             if cancel_after is not None:
