@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from async_batcher._sinks import END
 from async_batcher._version import __version__
 from async_batcher.adaptive import AdaptiveWaitState
 from async_batcher.batcher import AsyncBatcher
@@ -27,6 +28,7 @@ __all__ = [
     "LatencySummary",
     "BatchSizeMismatchError",
     "BatcherStoppedError",
+    "END",
     "ProcessBatchCancelledError",
     "QueueFullException",
     "ReentrantCallError",

@@ -31,6 +31,8 @@ async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None,
     timeout = b._default_timeout if timeout is None else _checks.timeout(timeout)
     loop = asyncio.get_running_loop()
     run = _lifecycle.admit(b, loop, 1)
+    if run.is_stream:
+        raise TypeError(f"{b.name} streams its results (process_batch is an async generator): iterate stream(item)")
     deadline = None if timeout is None else loop.time() + timeout
     key, weight = key_and_weight(b, run, item, 1)
     if no_room(b, run, 1):
@@ -65,6 +67,8 @@ async def submit_many(
     batch = list(items)
     n = len(batch)
     run = _lifecycle.admit(b, loop, n)
+    if run.is_stream:
+        raise TypeError(f"{b.name} streams its results (process_batch is an async generator): iterate stream(item)")
     if n == 0:
         return []
     deadline = None if timeout is None else loop.time() + timeout

@@ -85,7 +85,7 @@ def pump(b: AsyncBatcher[Any, Any], run: Run) -> None:
         limit = cut(b, lane.count)
         taken = queue.take(lane, limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
         if taken is not None:
-            _execution.launch(b, run, taken, now)
+            _execution.launch(b, run, taken, now, lane)
     queue.drop_empty_lanes()
     if run.putters:
         _admission.wake_putters(b, run)  # the batches just taken made room

@@ -23,12 +23,12 @@ import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from async_batcher import _dispatch
+from async_batcher import _dispatch, _streaming
 from async_batcher._sinks import as_results, deliver, fail_sinks, without_departed
 from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ProcessBatchCancelledError
 
 if TYPE_CHECKING:
-    from async_batcher._queue import Taken
+    from async_batcher._queue import Lane, Taken
     from async_batcher._run import Run
     from async_batcher.batcher import AsyncBatcher
 
@@ -48,10 +48,23 @@ _ABANDONED: Final = object()
 class Batch:
     """A batch on its way: its items, one sink per caller, and what its statistics and its end need."""
 
-    __slots__ = ("abandoned", "futures_only", "handle", "items", "run", "sinks", "size", "started", "waited")
+    __slots__ = (
+        "abandoned",
+        "futures_only",
+        "handle",
+        "items",
+        "joined",
+        "lane",
+        "run",
+        "sinks",
+        "size",
+        "started",
+        "waited",
+    )
 
-    def __init__(self, run: Run, taken: Taken, started: float) -> None:
+    def __init__(self, run: Run, taken: Taken, started: float, lane: Lane) -> None:
         self.run = run
+        self.lane = lane  # the lane it was taken from (a streaming batch takes more from it as it runs)
         self.items = taken.items
         self.sinks = taken.sinks
         self.futures_only = taken.futures_only  # every sink is a single caller's future (no bulk call)
@@ -59,6 +72,7 @@ class Batch:
         self.started = started  # on the loop's clock, when the batch was formed
         self.waited = started - taken.oldest  # how long its oldest item waited for it
         self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
+        self.joined = 0  # items that joined a streaming batch while it ran (continuous batching)
         # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
         # now, and if it has not started in its thread, it will not.
         self.abandoned = False
@@ -68,13 +82,15 @@ class Batch:
         return not self.abandoned and self in self.run.batches
 
 
-def launch(b: AsyncBatcher[Any, Any], run: Run, taken: Taken, now: float) -> None:
+def launch(b: AsyncBatcher[Any, Any], run: Run, taken: Taken, now: float, lane: Lane) -> None:
     """Send a batch just taken from the queue on its way; it takes a slot until it ends."""
-    batch = Batch(run, taken, now)
+    batch = Batch(run, taken, now, lane)
     run.batches[batch] = None
     run.in_flight += 1
     startup = run.startup
-    if run.is_coroutine or (startup is not None and not _succeeded(startup)):
+    if run.is_stream:
+        batch.handle = run.loop.create_task(_streaming.run_stream_batch(b, batch))
+    elif run.is_coroutine or (startup is not None and not _succeeded(startup)):
         batch.handle = run.loop.create_task(run_batch(b, batch))
     else:
         to_executor(b, batch)
@@ -217,7 +233,7 @@ def end(
     batch.handle = None
     try:
         if ran:
-            _record(b, batch)
+            record(b, batch)
         if batch.abandoned:
             _discard(results)
             return
@@ -243,11 +259,12 @@ def answer(b: AsyncBatcher[Any, Any], batch: Batch, results: Any) -> None:
     deliver(batch.sinks, checked, b._recorder, futures_only=batch.futures_only)
 
 
-def fail(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException) -> None:
+def fail(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException, *, sinks: list[Any] | None = None) -> None:
     """Give every caller of the batch the error (a ``KeyboardInterrupt`` or ``SystemExit`` is raised on after).
 
     A ``CancelledError`` becomes :class:`ProcessBatchCancelledError`, so that a caller is never mistaken for
-    cancelled; a ``BaseException`` that is not an ``Exception`` reaches the callers wrapped.
+    cancelled; a ``BaseException`` that is not an ``Exception`` reaches the callers wrapped. ``sinks``: the callers
+    to fail, when not all of the batch's (a streaming batch's open streams).
     """
     n = batch.size
     reported: BaseException = error
@@ -264,7 +281,7 @@ def fail(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException) -> None:
         logger.warning("%s: process_batch raised %s on a batch of %d items", b.name, type(error).__name__, n)
     else:
         logger.warning("%s", reported)  # its message names the batcher
-    fail_sinks(batch.sinks, reported, b._recorder)
+    fail_sinks(batch.sinks if sinks is None else sinks, reported, b._recorder)
     if isinstance(error, KeyboardInterrupt | SystemExit):
         raise error
 
@@ -280,7 +297,8 @@ def release(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
     _dispatch.pump_safely(b, run)
 
 
-def _record(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
+def record(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
+    """The statistics of a call of ``process_batch`` that has ended."""
     loop = batch.run.loop
     elapsed = loop.time() - batch.started
     b._recorder.record_batch(batch.size, batch.waited, elapsed)

@@ -69,6 +69,7 @@ def bind(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop) -> Run:
         weighted=cls.item_weight is not _base(b).item_weight or b._max_batch_weight is not None,
         by_keyword=_by_keyword(b.process_batch),
         is_coroutine=inspect.iscoroutinefunction(b.process_batch),
+        is_stream=inspect.isasyncgenfunction(b.process_batch),
     )
     choose_fast_path(b, run)
     b._run = run
@@ -81,7 +82,7 @@ def bind(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop) -> Run:
 def choose_fast_path(b: AsyncBatcher[Any, Any], run: Run) -> None:
     """Whether :meth:`AsyncBatcher.process` may take its short path: running, no key, no weight, no default
     timeout (each of those needs the long path)."""
-    plain = not run.keyed and not run.queue.weighted and b._default_timeout is None
+    plain = not run.keyed and not run.queue.weighted and b._default_timeout is None and not run.is_stream
     run.fast_loop = run.loop if plain and run.state is State.RUNNING else None
 
 

@@ -59,6 +59,7 @@ class Run:
         "ident",
         "in_flight",
         "is_coroutine",
+        "is_stream",
         "keyed",
         "loop",
         "new_future",
@@ -85,6 +86,7 @@ class Run:
         weighted: bool = False,
         by_keyword: bool = False,
         is_coroutine: bool = False,
+        is_stream: bool = False,
     ) -> None:
         # -- The loop: its thread, its clock and its futures. For the standard loop the clock is time.monotonic and
         #    a future is made by the C class directly, to spare a Python frame per item; a loop with a clock of its
@@ -129,6 +131,7 @@ class Run:
         self.in_flight = 0
         self.by_keyword = by_keyword  # process_batch is called as process_batch(batch=...): its parameter's name
         self.is_coroutine = is_coroutine  # process_batch is an async def: it runs as a task, else in the executor
+        self.is_stream = is_stream  # process_batch is an async generator: its items are streamed (stream())
 
 
 def violations(run: Run) -> list[str]:

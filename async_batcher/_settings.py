@@ -174,6 +174,18 @@ class Settings:
         self._settings_changed()
 
     @property
+    def stream_buffer(self) -> int:
+        """The most parts a stream buffers for its consumer before its batch waits for it (streaming only)."""
+        return self._stream_buffer
+
+    @stream_buffer.setter
+    def stream_buffer(self, value: int) -> None:
+        limit = count("stream_buffer", value)
+        if limit == -1:
+            raise ValueError(f"stream_buffer must be an int >= 1 (a bound), got {value!r}")
+        self._stream_buffer = limit
+
+    @property
     def executor(self) -> concurrent.futures.Executor | None:
         """Where a plain ``def process_batch`` runs; the loop's default executor if ``None``."""
         return self._executor

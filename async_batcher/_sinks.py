@@ -12,7 +12,7 @@ import inspect
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from itertools import islice, repeat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from async_batcher.exceptions import BatchSizeMismatchError
 
@@ -28,6 +28,19 @@ _set_result = asyncio.Future.set_result
 consume: Callable[[Iterable[Any]], None] = deque[Any](maxlen=0).extend
 # A bulk call's result slot that has no result yet.
 PENDING: Any = object()
+
+
+class _End:
+    """The marker a streaming ``process_batch`` yields for an item whose stream is complete."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "async_batcher.END"
+
+
+#: Yielded by a streaming ``process_batch`` in an item's place: that item's stream is complete.
+END: Final[Any] = _End()
 
 
 class Bulk:

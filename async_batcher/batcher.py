@@ -5,13 +5,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import warnings
-from collections.abc import Awaitable, Hashable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Sequence
 from concurrent.futures import Executor
 from functools import partial
 from threading import get_ident
-from typing import TYPE_CHECKING, Final, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
-from async_batcher import _admission, _checks, _execution, _lifecycle, _sync
+from async_batcher import _admission, _checks, _execution, _lifecycle, _streaming, _sync
 from async_batcher._dispatch import repump, scheduled_pump
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
@@ -98,6 +98,8 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         preferred_batch_sizes: Batch sizes the model runs best at (Triton's ``preferred_batch_size``): a batch
             goes out at the largest one available, else waits for the next one at most ``max_queue_time``.
         default_timeout: Seconds every item may take at most when its call gives no ``timeout=``.
+        stream_buffer: With a streaming ``process_batch``, the most parts a stream buffers for a consumer that
+            has not taken them yet; beyond, the batch waits for it.
         name: A name for logs and statistics; the class name by default.
         batch_size: Deprecated synonym of ``max_batch_size`` (async-batcher 0.2.2); warns.
         sleep_time: Deprecated, ignored (async-batcher 0.2.2); warns.
@@ -118,6 +120,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         max_latency: float | None = None,
         preferred_batch_sizes: Iterable[int] = (),
         default_timeout: float | None = None,
+        stream_buffer: int = 16,
         name: str | None = None,
         batch_size: int | None = None,
         sleep_time: float | None = None,
@@ -155,18 +158,32 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         self.max_latency = max_latency
         self.preferred_batch_sizes = preferred_batch_sizes
         self.default_timeout = default_timeout
+        self.stream_buffer = stream_buffer
 
     # ------------------------------------------------------------------ the part users write
+
+    #: Streaming only: items waiting in the queue join a running batch between two steps of its generator
+    #: (continuous batching, up to ``max_batch_size`` items at once). Set it on the subclass.
+    continuous_batching: ClassVar[bool] = False
 
     @abc.abstractmethod
     def process_batch(
         self, batch: list[T]
-    ) -> Awaitable[Sequence[R | Exception] | None] | Sequence[R | Exception] | None:
-        """Process a batch; return one result per item, in order (an ``Exception`` element fails that item).
+    ) -> (
+        Awaitable[Sequence[R | Exception] | None]
+        | Sequence[R | Exception]
+        | AsyncIterator[Sequence[R | Exception]]
+        | None
+    ):
+        r"""Process a batch; return one result per item, in order (an ``Exception`` element fails that item).
 
         Override with ``async def`` (awaited on the event loop) or with a plain ``def`` (run in ``executor``). A
-        parameter named ``batch`` is passed by keyword, as async-batcher 0.2.2 did; any other name, by position.
-        The list is the batcher's no more: keep it or change it at will.
+        parameter named ``batch`` (or ``**kwargs`` alone) is passed by keyword, as async-batcher 0.2.2 did; any
+        other name, by position. The list is the batcher's no more: keep it or change it at will.
+
+        Or stream: an ``async def`` that ``yield``\ s, each step a sequence with one element per item of the
+        batch as it is at that step (a part of that item's results, :data:`~async_batcher.END`, or an
+        ``Exception``). Callers then iterate :meth:`stream`; see :mod:`async_batcher` streaming in the guide.
         """
 
     def batch_key(self, item: T) -> Hashable:
@@ -269,6 +286,17 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         return await _admission.submit_many(
             self, items, timeout=timeout, priority=priority, return_exceptions=return_exceptions
         )
+
+    def stream(self, item: T, *, timeout: float | None = None, priority: float = 0) -> AsyncIterator[R]:
+        """Submit one item and iterate its results as a streaming ``process_batch`` yields them.
+
+        ``async for part in batcher.stream(item)``: the parts of this item, in order, until its stream is
+        complete; an ``Exception`` the generator gave for this item, or raised, is raised here after the parts
+        delivered before it. Leaving the loop early (``break``, cancellation) drops the item from the batch's
+        later steps; the other streams go on. ``timeout`` bounds the whole stream. The item is submitted at the
+        first iteration. On a batcher whose ``process_batch`` returns one result per item, the stream has one part.
+        """
+        return _streaming.stream(self, item, timeout=timeout, priority=priority)
 
     # ------------------------------------------------------------------ lifecycle
 

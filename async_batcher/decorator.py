@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Iterable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar, cast, overload
 
@@ -59,6 +59,13 @@ class _AsyncFunctionBatcher(_FunctionBatcher):
         return await self._call(batch)
 
 
+class _StreamFunctionBatcher(_FunctionBatcher):
+    # An async generator function: its steps are the batch's, and callers iterate stream().
+    async def process_batch(self, batch: list[Any]) -> AsyncIterator[Any]:
+        async for step in self._call(batch):
+            yield step
+
+
 class _SyncFunctionBatcher(_FunctionBatcher):
     # A plain def: the core runs it in the batcher's executor, off the event loop.
     def process_batch(self, batch: list[Any]) -> Any:
@@ -66,14 +73,28 @@ class _SyncFunctionBatcher(_FunctionBatcher):
 
 
 def _batcher_class(
-    func: Callable[..., Any], key: Callable[[Any], Hashable] | None, weight: Callable[[Any], float] | None
+    func: Callable[..., Any],
+    key: Callable[[Any], Hashable] | None,
+    weight: Callable[[Any], float] | None,
+    *,
+    continuous: bool,
 ) -> type[_FunctionBatcher]:
-    """The batcher class for ``func``: async or sync ``process_batch``, with the ``key`` / ``weight`` hooks."""
-    is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
-    base: type[_FunctionBatcher] = _AsyncFunctionBatcher if is_async else _SyncFunctionBatcher
-    if key is None and weight is None:
+    """The batcher class for ``func``: async, streaming or sync ``process_batch``, with the ``key`` / ``weight``
+    hooks and continuous batching."""
+    base: type[_FunctionBatcher]
+    if inspect.isasyncgenfunction(func) or inspect.isasyncgenfunction(type(func).__call__):
+        base = _StreamFunctionBatcher
+    elif inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
+        base = _AsyncFunctionBatcher
+    else:
+        base = _SyncFunctionBatcher
+    if continuous and base is not _StreamFunctionBatcher:
+        raise TypeError(f"@batch(continuous=True) needs an async generator function; {_qualname(func)!r} is not one")
+    if key is None and weight is None and not continuous:
         return base  # the core can tell that the hooks are not overridden, and skip them
     namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": base.__qualname__}
+    if continuous:
+        namespace["continuous_batching"] = True
     if key is not None:
         _check_callable("key", key)
 
@@ -89,6 +110,12 @@ def _batcher_class(
 
         namespace["item_weight"] = item_weight
     return type(base.__name__, (base,), namespace)
+
+
+def _check_flag(what: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{what} must be True or False, got {value!r}")
+    return value
 
 
 def _check_callable(what: str, value: object) -> None:
@@ -114,6 +141,15 @@ def _names(func: Callable[..., Any]) -> dict[str, Any]:
     names = {a: getattr(func, a) for a in ("__module__", "__name__", "__qualname__", "__doc__") if hasattr(func, a)}
     names["__wrapped__"] = func
     return names
+
+
+async def _holding_stream(instance: object, parts: AsyncIterator[R]) -> AsyncIterator[R]:
+    """Iterate ``parts`` with ``instance`` alive until the stream ends (see :func:`_holding`)."""
+    try:
+        async for part in parts:
+            yield part
+    finally:
+        await parts.aclose()  # type: ignore[attr-defined]
 
 
 async def _holding(instance: object, call: Awaitable[R]) -> R:
@@ -151,6 +187,12 @@ class BatchedFunction(Generic[T, R]):
         """Submit ``item`` and wait for its result (see :meth:`AsyncBatcher.process`)."""
         call = self.batcher.process(item, timeout=timeout, priority=priority)
         return call if self.__self__ is None else _holding(self.__self__, call)
+
+    def stream(self, item: T, *, timeout: float | None = None, priority: float = 0) -> AsyncIterator[R]:
+        """Submit ``item`` and iterate its results as the (async generator) function yields them (see
+        :meth:`AsyncBatcher.stream`)."""
+        parts = self.batcher.stream(item, timeout=timeout, priority=priority)
+        return parts if self.__self__ is None else _holding_stream(self.__self__, parts)
 
     def process_many(
         self,
@@ -260,10 +302,16 @@ class BatchDecorator:
         self._options: dict[str, Any] = options or {}
 
     @overload
+    def __call__(self, func: Callable[[list[T]], AsyncIterator[Sequence[R]]], /) -> BatchedFunction[T, R]: ...
+
+    @overload
     def __call__(self, func: Callable[[list[T]], Awaitable[Sequence[R]]], /) -> BatchedFunction[T, R]: ...
 
     @overload
     def __call__(self, func: Callable[[list[T]], Sequence[R]], /) -> BatchedFunction[T, R]: ...
+
+    @overload
+    def __call__(self, func: Callable[[S, list[T]], AsyncIterator[Sequence[R]]], /) -> BatchedMethod[S, T, R]: ...
 
     @overload
     def __call__(self, func: Callable[[S, list[T]], Awaitable[Sequence[R]]], /) -> BatchedMethod[S, T, R]: ...
@@ -286,9 +334,11 @@ class BatchDecorator:
         max_latency: float | None = ...,
         preferred_batch_sizes: Iterable[int] = ...,
         default_timeout: float | None = ...,
+        stream_buffer: int = ...,
         name: str | None = ...,
         key: Callable[[Any], Hashable] | None = ...,
         weight: Callable[[Any], float] | None = ...,
+        continuous: bool = ...,
     ) -> BatchDecorator: ...
 
     def __call__(self, *args: Any, **options: Any) -> Any:
@@ -296,13 +346,15 @@ class BatchDecorator:
 
         Args:
             func: An ``async def`` or plain ``def`` taking a list of items and returning one result per item
-                (a plain ``def`` runs in ``executor``); or a method taking ``self`` and the list.
+                (a plain ``def`` runs in ``executor``), or an async generator function yielding one part per item
+                at each step (called with ``f.stream(item)``); or a method taking ``self`` and the list.
             **options: The keyword arguments of :class:`~async_batcher.AsyncBatcher` (``max_batch_size``,
                 ``max_queue_time``, ``concurrency``, ``max_queue_size``, ``executor``, ``wait_when_full``,
                 ``max_batch_weight``, ``max_priority_wait``, ``max_latency``, ``preferred_batch_sizes``,
-                ``default_timeout``, ``name``: the function's qualified name by default), and ``key`` /
-                ``weight``: callables of one item that become the batcher's ``batch_key`` (items with different
-                keys never share a batch) and ``item_weight`` hooks.
+                ``default_timeout``, ``stream_buffer``, ``name``: the function's qualified name by default),
+                ``key`` / ``weight``: callables of one item that become the batcher's ``batch_key`` (items with
+                different keys never share a batch) and ``item_weight`` hooks, and ``continuous``: for an async
+                generator function, let waiting items join a running batch between its steps.
         """
         if len(args) > 1:
             raise TypeError(f"batch() takes the function to decorate and keyword settings; got {args!r}")
@@ -315,15 +367,11 @@ class BatchDecorator:
                 f"batch() takes the function to decorate, or keyword settings only; got {func!r}"
                 " (write @batch(max_batch_size=...))"
             )
-        if inspect.isasyncgenfunction(func):
-            raise TypeError(
-                f"@batch cannot take {_qualname(func)!r}: it is an async generator function, and a batched function"
-                " returns one result per item (return a list instead of yielding)"
-            )
         key = merged.pop("key", None)
         weight = merged.pop("weight", None)
+        continuous = _check_flag("continuous", merged.pop("continuous", False))
         merged.setdefault("name", _qualname(func))
-        cls = _batcher_class(func, key, weight)
+        cls = _batcher_class(func, key, weight, continuous=continuous)
         # Build a batcher now even for a method, so that bad settings fail at the decorator, not at first call.
         probe = cls(func, None, **merged)
         required = _required_positionals(func)

@@ -21,7 +21,6 @@ from async_batcher import (
     BatcherStoppedError,
     BatchSizeMismatchError,
     ReentrantCallError,
-    batch,
 )
 from tests.batchers import Recording, until
 
@@ -328,14 +327,6 @@ async def test_process_batch_may_name_its_parameter_anything() -> None:
         b = cls(max_queue_time=0)
         assert await b.process(1) == 1 + offset
         await b.stop()
-
-
-def test_batch_on_an_async_generator_function_is_refused_at_decoration() -> None:
-    async def tokens(prompts: list[str]) -> Any:
-        yield list(prompts)
-
-    with pytest.raises(TypeError, match="async generator"):
-        batch(tokens)
 
 
 def test_a_blocking_call_from_a_thread_pool_to_the_apps_loop_gets_its_answer() -> None:

@@ -1,0 +1,261 @@
+"""Streaming results: a ``process_batch`` that is an async generator, and ``stream(item)`` for each caller (private).
+
+Each step of the generator yields a sequence with one element per item of the batch, as the batch is at that
+step: a part of that item's stream, :data:`~async_batcher.END` (that item's stream is complete), or an
+``Exception`` (raised to that item's consumer, whose stream ends). When the generator returns, every stream still
+open ends; when it raises, every stream still open ends with that error.
+
+Between two steps the batcher edits the batch list in place: the items whose streams have ended, failed, or
+whose consumers left are removed, and, with ``continuous_batching``, items waiting in the queue join it (up to
+``max_batch_size``). A generator that keeps state per item keys it by the item, not by its position.
+
+Backpressure: each stream buffers at most ``stream_buffer`` parts its consumer has not taken yet; the generator is
+not advanced while a stream's buffer is full, so a batch moves at the pace of its slowest consumer, and memory stays
+bounded. A consumer that stops reading without leaving holds its batch: leave the stream (``break``, cancel, a
+``timeout=``) to release it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from async_batcher import _admission, _checks, _dispatch, _execution, _lifecycle
+from async_batcher._queue import DEFAULT_KEY
+from async_batcher._sinks import END, as_results
+from async_batcher.exceptions import BatcherStoppedError
+
+if TYPE_CHECKING:
+    from async_batcher._execution import Batch
+    from async_batcher._run import Run
+    from async_batcher.batcher import AsyncBatcher
+    from async_batcher.stats import _Recorder
+
+__all__: list[str] = []
+
+
+class StreamSink(asyncio.Future[None]):
+    """One caller's stream: the parts delivered and not yet taken, in order, then its end.
+
+    As a future it is done once the stream is over: complete (result ``None``), failed (its exception), or left by
+    its consumer (cancelled). The parts delivered before that are still handed out, then the end or the error.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, recorder: _Recorder) -> None:
+        super().__init__(loop=loop)
+        self._parts: deque[Any] = deque()
+        self._limit = limit  # the most parts buffered: the producer waits for room beyond
+        self._recorder = recorder
+        self._signal: asyncio.Future[None] | None = None  # what the consumer awaits while nothing is buffered
+        self._room: asyncio.Future[None] | None = None  # what the producer awaits while the buffer is full
+
+    # -- the producer's side (the batch)
+
+    def put(self, part: Any) -> None:
+        if not self.done():
+            self._parts.append(part)
+            self._wake_consumer()
+
+    def end(self) -> None:
+        """The stream is complete: its consumer gets the parts delivered, then the end."""
+        if not self.done():
+            self.set_result(None)
+            self._recorder.succeeded += 1
+
+    def set_result(self, result: None) -> None:
+        super().set_result(result)
+        self._wake_consumer()
+        self._wake_producer()
+
+    def set_exception(self, exception: type | BaseException) -> None:
+        super().set_exception(exception)
+        self.exception()  # handed to the consumer by next(), not left to "exception was never retrieved"
+        self._wake_consumer()
+        self._wake_producer()
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        cancelled = super().cancel(msg)
+        self._parts.clear()
+        self._wake_producer()
+        return cancelled
+
+    def full(self) -> bool:
+        return len(self._parts) >= self._limit and not self.done()
+
+    async def room(self) -> None:
+        """Wait until the consumer has taken a part, or the stream is over."""
+        while self.full():
+            self._room = self.get_loop().create_future()
+            await self._room
+
+    # -- the consumer's side (stream())
+
+    async def next(self) -> Any:
+        """The next part; :data:`END` once the stream is complete; its error once it failed."""
+        while not self._parts:
+            if self.done():
+                if self.cancelled():
+                    raise asyncio.CancelledError
+                error = self.exception()
+                if error is not None:
+                    raise error
+                return END
+            self._signal = self.get_loop().create_future()
+            await self._signal
+        part = self._parts.popleft()
+        self._wake_producer()
+        return part
+
+    def _wake_consumer(self) -> None:
+        if self._signal is not None and not self._signal.done():
+            self._signal.set_result(None)
+
+    def _wake_producer(self) -> None:
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+
+
+# ---------------------------------------------------------------------- the consumer's side
+
+
+async def stream(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None, priority: float) -> AsyncIterator[Any]:
+    """The body of :meth:`AsyncBatcher.stream`: queue the item, then hand out its parts as they come."""
+    priority = _checks.priority(priority)
+    timeout = b._default_timeout if timeout is None else _checks.timeout(timeout)
+    loop = asyncio.get_running_loop()
+    run = _lifecycle.admit(b, loop, 1)
+    if not run.is_stream:  # one result per item: a stream of one part
+        yield await b.process(item, timeout=timeout, priority=priority)
+        return
+    deadline = None if timeout is None else loop.time() + timeout
+    key, weight = _admission.key_and_weight(b, run, item, 1)
+    if _admission.no_room(b, run, 1):
+        await _admission.wait_for_room(b, run, 1, deadline)
+    queue = run.queue
+    lane = queue.lane0 if key is DEFAULT_KEY else queue.lane(key)
+    sink = StreamSink(loop, b._stream_buffer, b._recorder)
+    entry = [item, sink, loop.time(), True, weight, lane, 0]
+    queue.push(entry, priority)
+    _dispatch.arrived(b, run, lane)
+    expiry = None if deadline is None else loop.call_at(deadline, _expire, b, run, entry)
+    try:
+        while (part := await sink.next()) is not END:
+            yield part
+    except (asyncio.CancelledError, GeneratorExit):  # the consumer left: cancelled, or it stopped iterating
+        if not sink.done():
+            b._recorder.cancelled += 1
+            sink.cancel()
+        _admission.withdraw(b, run, entry)
+        raise
+    finally:
+        if expiry is not None:
+            expiry.cancel()
+
+
+def _expire(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
+    sink = entry[1]
+    if sink.done():
+        return
+    b._recorder.timed_out += 1
+    _admission.withdraw(b, run, entry)
+    sink.set_exception(TimeoutError(f"{b.name}: the stream did not end within the timeout"))
+
+
+# ---------------------------------------------------------------------- the producer's side
+
+
+async def run_stream_batch(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
+    """A streaming batch as a task: step the generator, hand out the parts, edit the batch between steps."""
+    run = batch.run
+    ran = False
+    steps: Any = None
+    try:
+        if run.startup is not None:
+            await asyncio.shield(run.startup)
+        _compact(batch)
+        if not batch.items:
+            return
+        _execution.current_batch.set(batch)
+        ran = True
+        steps = _execution.call_process_batch(b, run, batch.items)
+        async for parts in steps:
+            _deliver(batch, as_results(parts, len(batch.items)))
+            for sink in batch.sinks:
+                await sink.room()  # backpressure: the slowest consumer sets the pace
+            _compact(batch)
+            if b.continuous_batching:
+                _join(b, run, batch)
+            if not batch.items:
+                break
+        for sink in batch.sinks:
+            sink.end()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # a forced stop, or the loop shutting down
+            _fail(b, batch, BatcherStoppedError(f"{b.name}: stream batch cancelled"))
+            raise
+        _fail(b, batch, asyncio.CancelledError())
+    except BaseException as exc:  # process_batch raised, or its results did not fit (a KeyboardInterrupt goes on)
+        _fail(b, batch, exc)
+    finally:
+        if steps is not None:
+            await steps.aclose()
+        _end(b, batch, ran=ran)
+
+
+def _deliver(batch: Batch, parts: Any) -> None:
+    for sink, part in zip(batch.sinks, parts, strict=True):
+        if sink.done():
+            continue  # its consumer left, or it already ended: the part is dropped
+        if part is END:
+            sink.end()
+        elif isinstance(part, Exception):
+            batch.run.queue.recorder.failed += 1
+            sink.set_exception(part)
+        else:
+            sink.put(part)
+
+
+def _compact(batch: Batch) -> None:
+    """Keep, in place, only the items whose streams are still open."""
+    if any(sink.done() for sink in batch.sinks):
+        kept = [(item, sink) for item, sink in zip(batch.items, batch.sinks, strict=True) if not sink.done()]
+        batch.items[:] = [item for item, _ in kept]
+        batch.sinks[:] = [sink for _, sink in kept]
+
+
+def _join(b: AsyncBatcher[Any, Any], run: Run, batch: Batch) -> None:
+    """Continuous batching: items waiting in the batch's lane join it, up to ``max_batch_size``."""
+    room = b._batch_limit - len(batch.items)
+    lane = batch.lane
+    if room <= 0 or lane is None or not lane.count:
+        return
+    now = run.loop.time()
+    taken = run.queue.take(lane, room, math.inf, now=now, max_priority_wait=b._max_priority_wait)
+    if taken is None:
+        return
+    batch.items.extend(taken.items)
+    batch.sinks.extend(taken.sinks)
+    batch.joined += len(taken.items)
+    if run.putters:
+        _admission.wake_putters(b, run)
+
+
+def _fail(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException) -> None:
+    if batch.abandoned:
+        return
+    open_sinks = [sink for sink in batch.sinks if not sink.done()]
+    if open_sinks:
+        _execution.fail(b, batch, error, sinks=open_sinks)
+
+
+def _end(b: AsyncBatcher[Any, Any], batch: Batch, *, ran: bool) -> None:
+    batch.handle = None
+    if ran:
+        _execution.record(b, batch)
+        if not batch.abandoned:
+            b._recorder.processed += batch.size + batch.joined
+    _execution.release(b, batch)
