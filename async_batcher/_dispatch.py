@@ -31,6 +31,8 @@ def due(b: AsyncBatcher[Any, Any], run: Run, lane: Lane, now: float) -> float:
     - at once (``now``) while the batcher stops (a drain waits for no deadline), or when the lane holds a full
       batch: ``max_batch_size`` items (the smallest of ``preferred_batch_sizes``, or the adaptive wait's target
       size, when set), or ``max_batch_weight``;
+    - during a hold (``max_hold_time``: the callers the last batch answered may come back with their next items),
+      at once when they are all back, else when the hold ends;
     - else when its oldest waiting item has waited ``max_queue_time`` since it arrived (with ``max_latency``, the
       adaptive wait's deadline for it);
     - ``inf`` if nothing of it waits (its callers may all have left).
@@ -39,6 +41,8 @@ def due(b: AsyncBatcher[Any, Any], run: Run, lane: Lane, now: float) -> float:
         return math.inf
     if run.state is State.STOPPING or lane.count >= b._size_trigger or lane.weight >= b._weight_limit:
         return now
+    if run.hold_until > now:
+        return now if owed(b, run) <= 0 else run.hold_until
     oldest = run.queue.oldest(lane)  # (it drops the entries of callers who left: the count may fall to 0)
     if oldest == math.inf:
         return math.inf
@@ -75,6 +79,8 @@ def pump(b: AsyncBatcher[Any, Any], run: Run) -> None:
     now = max(run.loop.time(), run.timer_when)
     if b._adaptive is not None:
         adapt(b, run, now)
+    if b._max_hold_time and run.hold_mark != run.owed_mark and run.in_flight < b._slot_limit:
+        hold(b, run, now)
     next_at = math.inf
     while queue.waiting and run.in_flight < b._slot_limit:
         lane, next_at = choose(b, run, now)
@@ -86,6 +92,11 @@ def pump(b: AsyncBatcher[Any, Any], run: Run) -> None:
         taken = queue.take(lane, limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
         if taken is not None:
             _execution.launch(b, run, taken, now, lane)
+            run.hold_until = -math.inf  # a batch that goes ends the hold: the callers it takes are served
+            run.owed_mark = run.hold_mark = submitted(b, run)
+    run.trigger = (
+        b._size_trigger if run.hold_until <= now else min(b._size_trigger, run.queue.lane0.count + owed(b, run))
+    )
     queue.drop_empty_lanes()
     if run.putters:
         _admission.wake_putters(b, run)  # the batches just taken made room
@@ -94,6 +105,33 @@ def pump(b: AsyncBatcher[Any, Any], run: Run) -> None:
         _lifecycle.check_drained(b, run)
     elif run.in_flight < b._slot_limit and next_at < math.inf:
         arm_timer(b, run, next_at)
+
+
+# ---------------------------------------------------------------------- the hold
+
+
+def submitted(b: AsyncBatcher[Any, Any], run: Run) -> int:
+    """Items submitted so far (what the statistics call ``submitted``), counted without a step per item."""
+    return b._recorder.exited + run.queue.waiting + run.awaiting_room
+
+
+def owed(b: AsyncBatcher[Any, Any], run: Run) -> int:
+    """How many of the callers the last batch answered have not come back with an item yet."""
+    return run.owed_mark - submitted(b, run)
+
+
+def answered(b: AsyncBatcher[Any, Any], run: Run, callers: int) -> None:
+    """A batch has answered ``callers``: from now, a free slot may wait (a hold) for them to come back."""
+    if b._max_hold_time:
+        run.owed_mark = submitted(b, run) + callers
+
+
+def hold(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
+    """A slot is free, items wait, and callers the last batch answered are still to come back: hold the slot for
+    them, at most ``max_hold_time`` (once per batch that answered them; never while stopping)."""
+    if run.queue.waiting and owed(b, run) > 0 and run.state is State.RUNNING:
+        run.hold_mark = run.owed_mark
+        run.hold_until = now + b._max_hold_time
 
 
 def cut(b: AsyncBatcher[Any, Any], waiting: int) -> int:
@@ -123,11 +161,12 @@ def adapt(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
 
 def arrived(b: AsyncBatcher[Any, Any], run: Run, lane: Lane) -> None:
     """Items joined ``lane``: schedule the pump if a batch may now be due (a slot is free, and no timer is armed
-    yet or the lane is full). :meth:`AsyncBatcher.process` inlines this test for the default lane."""
+    yet, the lane is full, or all the callers a hold waits for are back). :meth:`AsyncBatcher.process` inlines this
+    test for the default lane, where the last condition is ``lane.count >= run.trigger``."""
     if (
         run.pump_handle is None
         and run.in_flight < b._slot_limit
-        and (run.timer is None or lane.count >= b._size_trigger or lane.weight >= b._weight_limit)
+        and (run.timer is None or lane.count >= run.trigger or lane.weight >= b._weight_limit or owed(b, run) == 0)
     ):
         run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
 

@@ -294,6 +294,7 @@ def release(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
     run = batch.run
     del run.batches[batch]
     run.in_flight -= 1
+    _dispatch.answered(b, run, len(batch.sinks))
     _dispatch.pump_safely(b, run)
 
 

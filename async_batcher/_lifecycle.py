@@ -72,6 +72,7 @@ def bind(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop) -> Run:
         is_stream=inspect.isasyncgenfunction(b.process_batch),
     )
     choose_fast_path(b, run)
+    run.trigger = b._size_trigger
     b._run = run
     if cls.on_start is not _base(b).on_start:
         run.startup = loop.create_task(b.on_start())

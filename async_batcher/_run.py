@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -56,6 +58,8 @@ class Run:
         "dispatches",
         "drained",
         "fast_loop",
+        "hold_mark",
+        "hold_until",
         "ident",
         "in_flight",
         "is_coroutine",
@@ -63,6 +67,7 @@ class Run:
         "keyed",
         "loop",
         "new_future",
+        "owed_mark",
         "pump_handle",
         "putters",
         "queue",
@@ -73,6 +78,7 @@ class Run:
         "timer",
         "timer_at",
         "timer_when",
+        "trigger",
     )
 
     def __init__(
@@ -126,6 +132,15 @@ class Run:
         self.timer_at = 0.0
         self.timer_when = 0.0  # the deadline of the last timer that fired
         self.dispatches = 0  # batches formed so far: the clock of Lane.served
+        # The hold (max_hold_time): when a batch ends, the callers it answered may come back with their next items
+        # (closed-loop clients); a free slot then waits for them. owed_mark is the count of submitted items at
+        # which they are all back; hold_until, when the hold of that mark (hold_mark) ends at the latest.
+        self.owed_mark = 0
+        self.hold_mark = -1
+        self.hold_until = -math.inf
+        # The lane size at which an arrival wakes the dispatcher: the batcher's size trigger, or during a hold the
+        # size at which everyone is back.
+        self.trigger = sys.maxsize
         # -- Execution: the batches in flight, and how process_batch is called.
         self.batches: dict[Batch, None] = {}
         self.in_flight = 0

@@ -127,6 +127,17 @@ class Settings:
         self._settings_changed(weights=value is not None)
 
     @property
+    def max_hold_time(self) -> float:
+        """The most seconds a free slot waits for the callers the last batch answered to come back with their
+        next items; ``0``: a free slot never waits for them."""
+        return self._max_hold_time
+
+    @max_hold_time.setter
+    def max_hold_time(self, value: float) -> None:
+        self._max_hold_time = seconds("max_hold_time", value)
+        self._settings_changed()
+
+    @property
     def max_priority_wait(self) -> float:
         """The most seconds an item is passed over for items of a better priority."""
         return self._max_priority_wait

@@ -95,6 +95,9 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         max_priority_wait: The most seconds an item is passed over for items of a better priority.
         max_latency: A latency budget in seconds: the batcher then chooses how long batches wait from what it
             measures (the adaptive wait, :mod:`async_batcher.adaptive`) instead of ``max_queue_time``.
+        max_hold_time: The most seconds a free slot waits for the callers the last batch answered to come back
+            with their next items (clients that send their next request once they have their answer), so that
+            they share a batch; ``0``: never.
         preferred_batch_sizes: Batch sizes the model runs best at (Triton's ``preferred_batch_size``): a batch
             goes out at the largest one available, else waits for the next one at most ``max_queue_time``.
         default_timeout: Seconds every item may take at most when its call gives no ``timeout=``.
@@ -118,6 +121,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         max_batch_weight: float | None = None,
         max_priority_wait: float = 1.0,
         max_latency: float | None = None,
+        max_hold_time: float = 0.0,
         preferred_batch_sizes: Iterable[int] = (),
         default_timeout: float | None = None,
         stream_buffer: int = 16,
@@ -156,6 +160,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         self.max_batch_weight = max_batch_weight
         self.max_priority_wait = max_priority_wait
         self.max_latency = max_latency
+        self.max_hold_time = max_hold_time
         self.preferred_batch_sizes = preferred_batch_sizes
         self.default_timeout = default_timeout
         self.stream_buffer = stream_buffer
@@ -257,7 +262,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         # The wake-up test of _dispatch.arrived, inline (no weight in play here).
         if run.pump_handle is None:
             if run.in_flight < self._slot_limit:
-                if run.timer is None or lane.count >= self._size_trigger:
+                if run.timer is None or lane.count >= run.trigger:
                     run.pump_handle = loop.call_soon(scheduled_pump, self, run)
             elif _execution.current_batch.get() is not None:
                 _admission.refuse_if_reentrant(self, run, entry)

@@ -231,3 +231,63 @@ def test_preferred_sizes_are_checked_against_max_batch_size() -> None:
         with pytest.raises((ValueError, TypeError)):
             b.preferred_batch_sizes = bad  # type: ignore[assignment]
     assert b.preferred_batch_sizes == (4, 16) and b.max_batch_size == 16
+
+
+async def clients(b: Recording, n: int, requests: int, think: float, spread: float = 0.0) -> list[float]:
+    """``n`` closed-loop clients: client ``c`` sends its next item ``think + c * spread`` seconds after it got its
+    answer; returns each request's latency."""
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+
+    async def client(c: int) -> None:
+        for r in range(requests):
+            sent = loop.time()
+            await b.process(c * 1000 + r)
+            latencies.append(loop.time() - sent)
+            await asyncio.sleep(think + c * spread)
+
+    await asyncio.gather(*(client(c) for c in range(n)))
+    return latencies
+
+
+async def test_a_hold_merges_the_clients_that_come_back_into_full_batches() -> None:
+    # Without a hold, the first client back goes alone and the others gather behind it: the clients split into
+    # cohorts that alternate. A free slot that waits for the callers it just answered gathers them all.
+    sizes = {}
+    for hold in (0.0, 0.05):
+        b = Recording(max_queue_time=0, max_hold_time=hold, delay=0.1)
+        await clients(b, 8, 8, think=0.01, spread=0.004)
+        sizes[hold] = [len(x) for x in b.batches]
+        await b.stop()
+    assert sizes[0.05] == [8] * 8  # every round one batch of all eight
+    assert len(sizes[0.0]) > 12 and min(sizes[0.0][1:]) < 8
+
+
+async def test_a_hold_adds_no_wait_for_a_lone_client() -> None:
+    b = Recording(max_queue_time=0, max_hold_time=1.0, delay=0.1)
+    latencies = await clients(b, 1, 5, think=0.3)
+    assert latencies == [pytest.approx(0.1)] * 5  # each request goes as it comes: the one caller owed is back
+    await b.stop()
+
+
+async def test_a_hold_ends_after_max_hold_time_when_the_callers_do_not_come_back() -> None:
+    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=1.0)
+    first = asyncio.ensure_future(b.process(0))
+    await asyncio.sleep(0.5)
+    waiting = asyncio.ensure_future(b.process(1))  # arrives while the first batch runs; its caller never returns
+    assert await asyncio.gather(first, waiting) == [0, 2]
+    assert b.started_at == pytest.approx([0, 1.05])  # the slot freed at 1.0, held 0.05 for the caller answered
+    await b.stop()
+
+
+async def test_a_stop_does_not_wait_for_a_hold() -> None:
+    loop = asyncio.get_running_loop()
+    b = Recording(max_queue_time=0, max_hold_time=10.0, delay=1.0)
+    calls = [asyncio.ensure_future(b.process(0))]
+    await asyncio.sleep(0.5)
+    calls.append(asyncio.ensure_future(b.process(1)))
+    await asyncio.sleep(0.6)  # the first batch has ended: the slot is held for its caller
+    assert len(b.batches) == 1
+    await b.stop()
+    assert loop.time() == pytest.approx(2.1) and b.started_at == pytest.approx([0, 1.1])
+    assert [c.result() for c in calls] == [0, 2]

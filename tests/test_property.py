@@ -228,7 +228,15 @@ op = st.one_of(
     st.tuples(
         st.just("set"),
         st.sampled_from(
-            ["max_batch_size", "max_queue_time", "concurrency", "max_queue_size", "max_latency", "max_batch_weight"]
+            [
+                "max_batch_size",
+                "max_queue_time",
+                "concurrency",
+                "max_queue_size",
+                "max_latency",
+                "max_batch_weight",
+                "max_hold_time",
+            ]
         ),
         st.integers(0, 2),
         st.just(None),
@@ -251,6 +259,7 @@ config = st.fixed_dictionaries(
         "max_latency": st.sampled_from([None, None, None, 0.05]),
         "preferred_batch_sizes": st.sampled_from([(), (), (), (1, 3), (2,)]),
         "default_timeout": st.sampled_from([None, None, None, 0.05, 0.3]),
+        "max_hold_time": st.sampled_from([0.0, 0.0, 0.01, 0.1]),
     }
 ).filter(lambda c: c["max_batch_size"] == -1 or max(c["preferred_batch_sizes"], default=0) <= c["max_batch_size"])
 # The values a live change draws from, by index.
@@ -261,6 +270,7 @@ LIVE = {
     "max_queue_size": [-1, 3, 10],
     "max_latency": [None, 0.02, 0.1],
     "max_batch_weight": [None, 4, 8],
+    "max_hold_time": [0.0, 0.01, 0.1],
 }
 EXPECTED_ERRORS = (
     Injected,
