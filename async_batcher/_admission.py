@@ -38,7 +38,7 @@ async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None,
     if no_room(b, run, 1):
         await wait_for_room(b, run, 1, deadline)
     queue = run.queue
-    lane = queue.lane0 if key is DEFAULT_KEY else queue.lane(key)
+    lane = queue.lane(key)
     fut: asyncio.Future[Any] = loop.create_future()
     entry = [item, fut, loop.time(), True, weight, lane, 0]
     queue.push(entry, priority)
@@ -121,8 +121,7 @@ def _enqueue_bulk(
     bulk = Bulk(items, fut, now, return_exceptions=return_exceptions, lane=None, recorder=b._recorder)
     bulk.entries = []
     for index, (x, (key, weight)) in enumerate(zip(items, keys_weights, strict=True)):
-        lane = queue.lane0 if key is DEFAULT_KEY else queue.lane(key)
-        entry = [x, bulk, now, True, weight, lane, index]
+        entry = [x, bulk, now, True, weight, queue.lane(key), index]
         queue.push(entry, priority)
         bulk.entries.append(entry)
     return bulk

@@ -57,16 +57,15 @@ def bind(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop) -> Run:
         # Its loop was closed without a stop: whatever it held went with it, its callers too.
         logger.warning("%s: its event loop was closed without stop(); starting afresh", b.name)
         _account_abandoned(b, old)
-    cls = type(b)
-    keyed = cls.batch_key is not _base(b).batch_key
+    cls, base = type(b), batcher_module.AsyncBatcher
     run = Run(
         loop,
         b._recorder,
         state=State.RUNNING,
         default_key=DEFAULT_KEY,
-        keyed=keyed,
         # The hooks cost a call per item: they are only called when overridden (or weights are limited).
-        weighted=cls.item_weight is not _base(b).item_weight or b._max_batch_weight is not None,
+        keyed=cls.batch_key is not base.batch_key,
+        weighted=cls.item_weight is not base.item_weight or b._max_batch_weight is not None,
         by_keyword=_by_keyword(b.process_batch),
         is_coroutine=inspect.iscoroutinefunction(b.process_batch),
         is_stream=inspect.isasyncgenfunction(b.process_batch),
@@ -74,7 +73,7 @@ def bind(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop) -> Run:
     choose_fast_path(b, run)
     run.trigger = b._size_trigger
     b._run = run
-    if cls.on_start is not _base(b).on_start:
+    if cls.on_start is not base.on_start:
         run.startup = loop.create_task(b.on_start())
         run.startup.add_done_callback(partial(_startup_done, b))
     return run
@@ -85,10 +84,6 @@ def choose_fast_path(b: AsyncBatcher[Any, Any], run: Run) -> None:
     timeout (each of those needs the long path)."""
     plain = not run.keyed and not run.queue.weighted and b._default_timeout is None and not run.is_stream
     run.fast_loop = run.loop if plain and run.state is State.RUNNING else None
-
-
-def _base(b: AsyncBatcher[Any, Any]) -> type[AsyncBatcher[Any, Any]]:
-    return batcher_module.AsyncBatcher
 
 
 def _by_keyword(process_batch: Any) -> bool:

@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from async_batcher import _admission, _checks, _dispatch, _execution, _lifecycle
-from async_batcher._queue import DEFAULT_KEY
 from async_batcher._sinks import END, as_results
 from async_batcher.exceptions import BatcherStoppedError
 
@@ -135,7 +134,7 @@ async def stream(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None,
     if _admission.no_room(b, run, 1):
         await _admission.wait_for_room(b, run, 1, deadline)
     queue = run.queue
-    lane = queue.lane0 if key is DEFAULT_KEY else queue.lane(key)
+    lane = queue.lane(key)
     sink = StreamSink(loop, b._stream_buffer, b._recorder)
     entry = [item, sink, loop.time(), True, weight, lane, 0]
     queue.push(entry, priority)

@@ -11,7 +11,7 @@ import pytest
 
 from async_batcher import AsyncBatcher
 from async_batcher.adaptive import AdaptiveWait
-from tests.batchers import Recording, until
+from tests.batchers import Recording
 
 
 def test_the_cost_model_is_fitted_from_observed_batches() -> None:
@@ -136,18 +136,31 @@ async def test_under_load_batches_grow_and_the_budget_holds() -> None:
 @pytest.mark.virtual_time
 async def test_a_batch_that_does_not_fill_goes_after_its_fixed_cost() -> None:
     loop = asyncio.get_running_loop()
-    b = Recording(max_latency=0.05, max_batch_size=100)
-    assert b._adaptive is not None
-    for n in (1, 50, 100):
-        b._adaptive.observe(n, 0.004 + 0.0001 * n)
-    b._adaptive.rate = 20_000.0  # it believes more is coming than even full batches carry: it waits for 100
-    b._adaptive._last_time = loop.time()
-    b._adaptive._last_submitted = 0
-    start = loop.time()
-    assert await b.process(1) == 2  # ...but only one comes
-    # Sent once it has waited a batch's fixed cost (4 ms): waiting longer would not pay.
-    assert b.started_at[0] - start == pytest.approx(0.004, abs=1e-9)
-    await until(lambda: b.stats.in_flight == 0)
+
+    class Costed(Recording):
+        async def process_batch(self, batch: list[int]) -> Any:
+            self.started_at.append(loop.time())
+            await asyncio.sleep(0.004 + 0.0001 * len(batch))  # a batch of n costs 4 ms + 0.1 ms per item
+            return [x * 2 for x in batch]
+
+    b = Costed(max_latency=0.05, max_batch_size=100, max_queue_time=0)
+    for n in (1, 50, 100):  # it learns the cost from batches of three sizes
+        await b.process_many(range(n))
+    for budget in (0.05, 0.006):
+        b.max_latency = budget
+        await b.process_many(range(100))  # a burst: it believes more items arrive than a lone one
+        state = b.adaptive_state
+        assert state is not None
+        assert (state.per_batch, state.per_item) == (pytest.approx(0.004), pytest.approx(0.0001))
+        size = min(100, math.ceil(state.target_size))
+        assert size > 1  # it waits for more than one
+        arrival = loop.time()
+        assert await b.process(1) == 2  # ...but only one comes
+        # Sent once it has waited a batch's fixed cost (waiting longer would not pay), or sooner if the batch it
+        # waits for could not end within the budget.
+        expected = min(state.per_batch, budget - (state.per_item * size + state.per_batch))
+        assert b.started_at[-1] - arrival == pytest.approx(expected, abs=1e-9)
+    assert expected < 0.004  # the tight budget was the bound
     await b.stop()
 
 

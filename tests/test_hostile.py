@@ -355,3 +355,103 @@ def test_a_blocking_call_from_a_thread_pool_to_the_apps_loop_gets_its_answer() -
     holder["loop"].call_soon_threadsafe(holder["stop"].set)
     server.join(WAIT)
     assert not server.is_alive() and settled(b)
+
+
+@pytest.mark.parametrize("how", ["timeout", "priority", "many", "keyed"])
+async def test_reentrant_calls_on_the_long_paths_are_refused_too(how: str) -> None:
+    class Reentrant(AsyncBatcher[int, Any]):
+        def batch_key(self, item: int) -> int:
+            return 0  # one key: the keyed paths, on one lane
+
+        async def process_batch(self, batch: list[int]) -> list[Any]:
+            if batch[0] >= 100:
+                return batch
+            try:
+                if how == "timeout":
+                    await self.process(100, timeout=WAIT)
+                elif how == "priority":
+                    await self.process(100, priority=-1)
+                else:
+                    await self.process_many([100, 101])
+            except ReentrantCallError as exc:
+                return [exc] * len(batch)
+            return batch
+
+    cls = Reentrant if how == "keyed" else type("Plain", (Reentrant,), {"batch_key": AsyncBatcher.batch_key})
+    b = cls(max_queue_time=0)
+    with pytest.raises(ReentrantCallError, match="do the work directly"):
+        await asyncio.wait_for(b.process(1), WAIT)
+    assert settled(b) and b.stats.failed == (3 if how in ("many", "keyed") else 2)
+    await b.stop()
+
+
+async def test_a_nested_batcher_busy_with_its_own_batch_is_waited_for_not_refused() -> None:
+    gate = asyncio.Event()
+    inner = Recording(max_queue_time=0, gate=gate)
+
+    class Outer(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            return [await inner.process(x) for x in batch]  # another batcher: no deadlock, it waits its turn
+
+    outer = Outer(max_queue_time=0)
+    busy = asyncio.ensure_future(inner.process(-1))  # the inner's only slot is taken
+    await until(lambda: inner.batches)
+    call = asyncio.ensure_future(outer.process(5))
+    await asyncio.sleep(0.01)
+    gate.set()
+    assert await asyncio.wait_for(call, WAIT) == 10 and await busy == -2
+    await outer.stop()
+    await inner.stop()
+
+
+async def test_return_exceptions_must_be_a_flag() -> None:
+    b = Recording(max_queue_time=0)
+    with pytest.raises(TypeError, match="return_exceptions must be True or False, got 'yes'"):
+        await b.process_many([1], return_exceptions="yes")  # type: ignore[arg-type]
+    await b.stop()
+
+
+async def test_the_errors_a_caller_gets_say_what_happened_and_name_the_batcher() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_time=0, max_queue_size=2, wait_when_full=True, gate=gate, name="namer")
+    first = asyncio.ensure_future(b.process(0))
+    await until(lambda: b.batches)
+    queued = asyncio.ensure_future(b.process_many([1, 11]))
+    await until(lambda: b.stats.queued == 2)
+    with pytest.raises(TimeoutError, match="no room in the queue within the timeout"):
+        await b.process(2, timeout=0.01)
+    with pytest.raises(TimeoutError, match="no room in the queue within the timeout"):
+        await b.process_many([3, 4], timeout=0.01)  # the timeout covers process_many's wait for room too
+    b.max_queue_size = 10
+    with pytest.raises(TimeoutError, match="namer: no result within the timeout"):
+        await b.process(5, timeout=0.01)
+    with pytest.raises(TimeoutError, match="namer: no results within the timeout"):
+        await b.process_many([6, 7], timeout=0.01)
+    assert b.stats.timed_out == 6
+    stopping = asyncio.ensure_future(b.stop(force=True))
+    with pytest.raises(BatcherStoppedError, match="namer was stopped with force=True"):
+        await first
+    with pytest.raises(BatcherStoppedError, match="namer was stopped with force=True"):
+        await queued
+    await stopping
+    with pytest.raises(BatcherStoppedError, match="namer is stopped; start"):
+        await b.process(8)
+    for _ in range(2):
+        with pytest.raises(BatcherStoppedError):
+            await b.process_many([9, 10])
+    assert b.stats.rejected == 5  # every refused item, counted once
+
+
+async def test_a_caller_leaving_during_a_stop_lets_the_stop_finish() -> None:
+    b = Recording(max_queue_time=100, max_batch_size=10, delay=0.05)
+    held = asyncio.ensure_future(b.process_many(range(10)))  # in flight
+    await until(lambda: b.batches)
+    queued = asyncio.ensure_future(b.process(50, timeout=0.01))  # leaves while the stop drains
+    many = asyncio.ensure_future(b.process_many([60, 61]))
+    await asyncio.sleep(0)
+    stopping = asyncio.ensure_future(b.stop())
+    many.cancel()
+    with pytest.raises(TimeoutError):
+        await queued
+    await asyncio.wait_for(stopping, WAIT)
+    assert await held == [2 * i for i in range(10)] and settled(b)

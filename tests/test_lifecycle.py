@@ -378,3 +378,169 @@ async def test_a_batcher_bound_to_a_running_loop_refuses_another() -> None:
 
     await asyncio.get_running_loop().run_in_executor(None, use_elsewhere)
     await b.stop()
+
+
+@pytest.mark.virtual_time
+async def test_a_stop_refuses_the_callers_waiting_for_room_each_counted_once() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=1, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    first = asyncio.ensure_future(b.process(0))
+    await until(lambda: b.batches)
+    queued = asyncio.ensure_future(b.process(1))
+    in_line = [asyncio.ensure_future(b.process(i)) for i in (2, 3)]
+    await asyncio.sleep(0)
+    stopping = asyncio.ensure_future(b.stop())
+    for call in in_line:
+        with pytest.raises(BatcherStoppedError, match="is stopping"):
+            await call
+    gate.set()
+    await stopping
+    assert await first == 0 and await queued == 2
+    s = b.stats
+    assert (s.submitted, s.succeeded, s.failed) == (4, 2, 2)
+
+
+@pytest.mark.virtual_time
+async def test_a_stop_cancels_an_on_start_still_running() -> None:
+    started = asyncio.Event()
+    cancelled = []
+
+    class SlowStart(Recording):
+        async def on_start(self) -> None:
+            started.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+
+    b = SlowStart(max_queue_time=0)
+    b.start()
+    await started.wait()
+    await b.stop()
+    assert cancelled == [True] and not await b.is_running()
+
+
+async def test_concurrent_stops_all_get_a_failing_on_stop_and_the_loop_reports_nothing() -> None:
+    class Broken(Recording):
+        async def on_stop(self) -> None:
+            await asyncio.sleep(0)
+            raise OSError("close failed")
+
+    b = Broken(max_queue_time=0)
+    await b.process(1)
+    results = await asyncio.gather(b.stop(), b.stop(), b.stop(), return_exceptions=True)
+    assert all(isinstance(r, OSError) for r in results)  # (the harness fails the test on a loop report)
+
+
+async def test_the_loops_report_of_an_unawaited_on_stop_failure_names_the_batcher(
+    loop_errors: list[dict[str, Any]],
+) -> None:
+    class Broken(Recording):
+        async def on_stop(self) -> None:
+            raise OSError("close failed")
+
+    b = Broken(max_queue_time=0, name="closer")
+    await b.process(1)
+    stopping = asyncio.ensure_future(b.stop())
+    await asyncio.sleep(0)
+    stopping.cancel()
+    await until(lambda: loop_errors)
+    assert loop_errors[0]["message"] == "closer: on_stop() failed" and "task" in loop_errors[0]
+
+
+def test_a_stop_of_a_batcher_whose_loop_closed_marks_it_stopped_and_it_starts_again() -> None:
+    b = Recording(max_queue_time=0)
+    loop = asyncio.new_event_loop()
+    assert loop.run_until_complete(b.process(1)) == 2
+    loop.close()
+
+    async def stop_then_use() -> int:
+        await b.stop()
+        assert not await b.is_running()
+        b.start()
+        return await b.process(2)
+
+    assert asyncio.run(stop_then_use()) == 4
+
+
+async def test_process_from_another_loop_while_running_is_refused_and_changes_nothing() -> None:
+    b = Recording(max_queue_time=0)
+    await b.process(1)
+
+    def from_elsewhere() -> None:
+        with pytest.raises(RuntimeError, match="running on another event loop"):
+            asyncio.run(b.process(2))
+        with pytest.raises(RuntimeError, match="running on another event loop"):
+            asyncio.run(b.process(2, timeout=1.0))
+
+    await asyncio.get_running_loop().run_in_executor(None, from_elsewhere)
+    assert await b.process(3) == 6 and b.sent == [1, 3]
+    await b.stop()
+
+
+async def test_a_failing_on_start_is_logged_with_the_batchers_name(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(Recording):
+        async def on_start(self) -> None:
+            raise ConnectionRefusedError("no backend")
+
+    b = Broken(name="starter")
+    with caplog.at_level(logging.WARNING, logger="async_batcher"):
+        b.start()
+        await b.stop()
+    assert "starter: on_start() failed: ConnectionRefusedError" in caplog.text
+
+
+class ByName(AsyncBatcher[int, str]):
+    async def process_batch(self, items: list[int]) -> list[str]:
+        return ["position"] * len(items)
+
+
+class Batch_(AsyncBatcher[int, str]):
+    async def process_batch(self, batch: list[int]) -> list[str]:
+        return ["keyword?"] * len(batch)
+
+
+class KeywordOnly(AsyncBatcher[int, str]):
+    async def process_batch(self, *, batch: list[int]) -> list[str]:  # type: ignore[override]
+        return ["keyword"] * len(batch)
+
+
+class Star(AsyncBatcher[int, str]):
+    async def process_batch(self, *args: Any) -> list[str]:
+        return ["position"] * len(args[0])
+
+
+class Kwargs(AsyncBatcher[int, str]):
+    async def process_batch(self, **kwargs: Any) -> list[str]:  # type: ignore[override]
+        return ["keyword"] * len(kwargs["batch"])
+
+
+class NamedAndKwargs(AsyncBatcher[int, str]):
+    async def process_batch(self, items: list[int], **kwargs: Any) -> list[str]:
+        return ["position" if not kwargs else "keyword"] * len(items)
+
+
+class StarAndKwargs(AsyncBatcher[int, str]):
+    async def process_batch(self, *args: Any, **kwargs: Any) -> list[str]:
+        return ["keyword" if "batch" in kwargs else "position"] * len((args or (kwargs["batch"],))[0])
+
+
+@pytest.mark.parametrize(
+    ("cls", "how"),
+    [
+        (ByName, "position"),
+        (Batch_, "keyword?"),  # named batch: by keyword (a positional call would work too)
+        (KeywordOnly, "keyword"),
+        (Star, "position"),
+        (Kwargs, "keyword"),
+        (NamedAndKwargs, "position"),
+        (StarAndKwargs, "keyword"),
+    ],
+)
+async def test_process_batch_gets_its_argument_by_keyword_only_where_it_takes_it_so(
+    cls: type[AsyncBatcher[int, str]], how: str
+) -> None:
+    b = cls(max_queue_time=0)
+    assert await b.process(1) == how
+    await b.stop()

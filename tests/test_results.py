@@ -171,5 +171,6 @@ async def test_a_bug_in_the_dispatcher_fails_the_callers_instead_of_hanging_them
     results = await asyncio.gather(*(b.process(i) for i in range(3)), return_exceptions=True)
     assert all(isinstance(r, AsyncBatchException) and "a bug" in str(r) for r in results)
     assert [type(e["exception"]) for e in loop_errors] == [RuntimeError]
+    assert loop_errors[0]["message"] == "Recording: internal error while dispatching batches"
     assert await b.process(4) == 8  # and it serves again
     await b.stop()

@@ -252,3 +252,82 @@ async def test_a_weight_limit_set_on_a_running_batcher_counts_the_items_already_
     assert await asyncio.gather(first, *queued[1:], bulk) == [0, 4, 6, 8, 10, 12, 14, [16, 18, 20]]
     assert b.batches[1:] == [[2, 3, 4], [5, 6, 7], [8, 9, 10]]
     await b.stop()
+
+
+async def test_keys_are_served_in_turn_the_one_served_longest_ago_first() -> None:
+    gate = asyncio.Event()
+    b = ByKey(max_batch_size=1, max_queue_time=0, gate=gate)
+    held = asyncio.ensure_future(b.process(900))  # key 9 holds the only slot
+    await until(lambda: b.batches)
+    # Three keys wait, queued in the order 2, 0, 1 (two batches' worth each).
+    calls = [asyncio.ensure_future(b.process(k * 100 + i)) for i in range(2) for k in (2, 0, 1)]
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.gather(held, *calls)
+    # Never-served keys first, in the order they were looked at; then each key in turn, longest ago first.
+    assert [x // 100 for x in b.sent[1:]] == [2, 0, 1, 2, 0, 1]
+    await b.stop()
+
+
+async def test_a_lane_reaching_max_batch_weight_while_a_timer_waits_goes_at_once() -> None:
+    class Heavy(Recording):
+        def item_weight(self, item: int) -> float:
+            return 2.5
+
+    loop = asyncio.get_running_loop()
+    b = Heavy(max_batch_weight=5, max_queue_time=100)
+    first = asyncio.ensure_future(b.process(1))
+    await asyncio.sleep(1)  # the first waits for its deadline (a timer is armed)
+    assert await asyncio.gather(first, b.process(2)) == [2, 4]  # the second makes the weight exactly full
+    assert b.started_at == [1] and loop.time() == 1
+    await b.stop()
+
+
+async def test_a_keyed_bulk_call_that_fills_a_lane_while_a_timer_waits_goes_at_once() -> None:
+    b = ByKey(max_batch_size=3, max_queue_time=100)
+    first = asyncio.ensure_future(b.process(1))
+    await asyncio.sleep(1)
+    assert await b.process_many([2, 3]) == [4, 6]
+    assert await first == 2 and b.started_at == [1]  # full at 1, not at the deadline 100
+    await b.stop()
+
+
+async def test_weights_of_zero_and_of_exactly_the_limit_are_accepted_and_refusals_add_up() -> None:
+    class Weighed(Recording):
+        def item_weight(self, item: int) -> float:
+            return float(item)
+
+    b = Weighed(max_batch_weight=5, max_queue_time=0)
+    assert await asyncio.gather(b.process(0), b.process(5)) == [0, 10]
+    for _ in range(2):
+        with pytest.raises(ValueError, match="weight 6"):
+            await b.process_many([1, 6, 2])
+    assert b.stats.rejected == 6  # every item of a refused call
+    await b.stop()
+
+
+async def test_a_keyed_bulk_call_can_return_exceptions_in_place() -> None:
+    b = ByKey(max_batch_size=2, max_queue_time=0, answer=lambda xs: [ValueError(x) if x == 101 else x for x in xs])
+    results = await b.process_many([1, 101, 2, 102], return_exceptions=True)
+    assert results[0] == 1 and isinstance(results[1], ValueError) and results[2:] == [2, 102]
+    await b.stop()
+
+
+async def test_the_key_served_longest_ago_goes_first_whatever_order_the_keys_came_in() -> None:
+    b = ByKey(max_batch_size=2, max_queue_time=100, delay=1.0)
+
+    async def at(t: float, items: list[int]) -> list[int]:
+        await asyncio.sleep(t)
+        return list(await asyncio.gather(*(b.process(i) for i in items)))
+
+    # (Each key keeps an item waiting after each of its batches, so that its lane, and its turn, live on.)
+    await asyncio.gather(
+        at(0, [900, 901]),  # key 9 holds the only slot from 0 to 1
+        at(0, [100]),  # key 1 came first, but is not full
+        at(0, [200, 201, 202]),  # key 2 is full: served at 1
+        at(1.5, [101, 102, 203]),  # key 1 full, never served yet: served at 2
+        at(2.5, [103, 204, 205]),
+    )
+    # At 3 both are full: key 2, served at 1, goes before key 1, served at 2 (and came first).
+    assert b.batches[:4] == [[900, 901], [200, 201], [100, 101], [202, 203]]
+    await b.stop()
