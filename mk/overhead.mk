@@ -1,5 +1,6 @@
-# The overhead benchmark of issue 3: python -m benchmarks.overhead (README.md, "Overhead: what the batcher itself costs").
-# It builds one virtual environment per published peer under .cache/peers/ (pip, needs PyPI) on first use.
+# The overhead benchmark (issues 3, 13) on pyperf: python -m benchmarks.overhead (README.md, "Overhead: what the batcher
+# itself costs").
+# It builds one virtual environment per published peer, with pyperf, under .cache/peers/ (pip, needs PyPI) on first use.
 # OVERHEAD_ARGS passes options through, e.g. `make bench-overhead OVERHEAD_ARGS=--quick`.
 .PHONY: bench-overhead bench-overhead-quick
 
