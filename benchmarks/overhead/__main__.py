@@ -14,7 +14,6 @@ import os
 import platform
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from benchmarks.overhead import profiling, report
 from benchmarks.overhead.peers import LOCAL_IMPLS, PEERS, interpreters
 from benchmarks.overhead.runner import FULL, NOT_APPLICABLE, QUICK, Plan, Sizes, run_all
 from benchmarks.overhead.worker import IMPLS, SHAPES, VARIANTS
+from benchmarks.provenance import cpu_model, revision
 
 __all__ = ["main", "parse_args"]
 
@@ -118,45 +118,18 @@ def _workload(plan: Plan) -> str:
     )
 
 
-def _revision() -> str:
-    """The commit of this checkout, with ``+changes`` when the working tree differs from it (reports aside)."""
-    try:
-        git = ["git", "-C", str(ROOT)]
-        rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!reports"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return rev.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
-
-
 def _header(command: str, seconds: float, load: tuple[float, float], cells: dict[report.Key, report.Cell]) -> list[str]:
     versions = sorted({f"{impl} {c.version}" for (impl, _, _), c in cells.items() if c.version})
     return [
         f"Command: `{command}`",
         f"Date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}; the run took {seconds:.0f} s",
-        f"Machine: {report_cpu()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+        f"Machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
         f"Python {platform.python_version()} for all, each peer in a venv of its own; pyperf "
         f"{metadata.version('pyperf')}; uvloop {metadata.version('uvloop')}",
         "Versions: " + ", ".join(versions),
-        f"Revision of this repository: {_revision()}",
+        f"Revision of this repository: {revision()}",
         f"Load average (1 min) before / after: {load[0]:.1f} / {load[1]:.1f} (the run keeps about one core busy)",
     ]
-
-
-def report_cpu() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
