@@ -304,6 +304,11 @@ def _own_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--wait", type=float, default=0.001, help="seconds an item may wait for its batch")
     parser.add_argument("--record", help="append one line of JSON per value to this file")
+    parser.add_argument(
+        "--count-runs",
+        type=int,
+        help="no pyperf: build, warm up (2 runs), then this many runs, for an instruction counter (instructions.py)",
+    )
 
 
 def _forward(cmd: list[str], args: argparse.Namespace) -> None:
@@ -334,6 +339,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.shape == "steady" and args.items % args.callers:
         parser.error(f"steady: --items {args.items} is not a multiple of --callers {args.callers}")
+    if args.count_runs is not None:
+        versions(args.impl, args.event_loop)  # the right package, or no count
+        bench = Bench(args)
+        bench.time(2)
+        if args.count_runs > 0:
+            bench.time(args.count_runs)
+        bench.close()
+        return
     runner.metadata.update(versions(args.impl, args.event_loop))
     runner.metadata.update(items=args.items, batch_size=args.batch_size, wait=args.wait)
     if args.shape == "steady":

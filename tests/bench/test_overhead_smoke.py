@@ -144,3 +144,14 @@ def test_targets_verdicts() -> None:
     }
     verdicts = [t.verdict for t in report.evaluate_targets(cells, ["asyncio"])]
     assert verdicts == ["PASS", "FAIL", "FAIL", "FAIL", "not measured"]
+
+
+def test_instruction_counts_are_per_item_and_repeatable() -> None:
+    """The valgrind cross-check: the count of one run, twice, is the same to a fraction of a percent."""
+    from benchmarks.overhead import instructions
+
+    python = Path(sys.executable)
+    first = instructions.per_item(python, "floor", "burst", 1000, 2, "asyncio", 0.0)
+    again = instructions.per_item(python, "floor", "burst", 1000, 2, "asyncio", 0.0)
+    assert 1_000 < first < 1_000_000
+    assert again == pytest.approx(first, rel=0.02)
