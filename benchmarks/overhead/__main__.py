@@ -61,11 +61,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--event-loops", type=_csv(("asyncio", "uvloop")), default=["asyncio", "uvloop"])
     p.add_argument("--rounds", type=_positive(int), help="rounds over the implementations (default 3; quick: 2)")
     p.add_argument("--processes", type=_positive(int), help="pyperf processes per benchmark and round (default 2)")
-    p.add_argument("--values", type=_positive(int), help="pyperf values per process (default 3; quick: 1)")
+    p.add_argument("--values", type=_positive(int), help="pyperf values per process (default 2; quick: 1)")
     p.add_argument("--min-time", type=_positive(float), help="pyperf's seconds per value to calibrate for (0.1)")
     p.add_argument("--items", type=_positive(int), help="steady and burst: items per run (default 20 000)")
     p.add_argument("--callers", type=_positive(int), help="steady: callers (default 1000)")
-    p.add_argument("--bulk", type=_positive(int), help="bulk: items in the process_many list (default 100 000)")
+    p.add_argument("--bulk", type=_positive(int), help="bulk: items in the process_many list (default 20 000)")
     p.add_argument("--latency", type=_positive(int), help="latency: items awaited one at a time (default 5000)")
     p.add_argument("--no-peers", action="store_true", help="skip the published peers (no pip, no network)")
     p.add_argument("--peers-dir", type=Path, default=ROOT / ".cache" / "peers")
@@ -90,7 +90,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         sizes=sizes,
         rounds=args.rounds or (2 if args.quick else 3),
         processes=args.processes or (1 if args.quick else 2),
-        values=args.values or (1 if args.quick else 3),
+        values=args.values or (1 if args.quick else 2),
         min_time=args.min_time or (0.005 if args.quick else 0.1),
     )
     return args

@@ -20,6 +20,7 @@ from pathlib import Path
 __all__ = [
     "Cell",
     "Target",
+    "earlier_goals",
     "evaluate_targets",
     "load",
     "load_batches",
@@ -146,6 +147,22 @@ def evaluate_targets(cells: dict[Key, Cell], loops: Iterable[str]) -> list[Targe
             _vs(cells, "burst: ahead of aiodataloader", "aiodataloader", "burst", lp, 1.0, strict=True),
         ]
     return out
+
+
+def earlier_goals(cells: dict[Key, Cell], loops: Iterable[str]) -> list[str]:
+    """Issue 3's goals, kept: process_many at 1 000 000 items/s or more; a lone caller (wait 0) adds 50 µs at most."""
+    lines = []
+    for lp in loops:
+        bulk, lat = cells.get(("ours", "bulk", lp)), cells.get(("ours", "latency", lp))
+        direct = cells.get(("direct", "latency", lp))
+        if bulk is not None:
+            verdict = "PASS" if bulk.rate >= 1e6 else "FAIL"
+            lines.append(f"- {lp}: `process_many` at {_rate(bulk.rate)} items/s (≥ 1 000 000): {verdict}")
+        if lat is not None and direct is not None:
+            added = (lat.mean - direct.mean) * 1e6
+            verdict = "PASS" if added <= 50 else "FAIL"
+            lines.append(f"- {lp}: a lone caller, wait 0: {added:.1f} µs added per item (≤ 50): {verdict}")
+    return lines
 
 
 def _rate(v: float) -> str:
@@ -335,6 +352,9 @@ def markdown(
         "the values: a bound inside it is within this run's noise).",
         "",
     ]
+    goals = earlier_goals(cells, loops)
+    if goals:
+        lines += ["Issue 3's goals, kept:", "", *goals, ""]
     lines += ["## Results", "", *tables(cells, batches, impls, loops), ""]
     lines += [*compare_to(out_dir, impls), ""]
     if failures:

@@ -44,14 +44,14 @@ class Plan:
     sizes: Sizes
     rounds: int = 3
     processes: int = 2  # pyperf -p, per round
-    values: int = 3  # pyperf -n, per process
+    values: int = 2  # pyperf -n, per process
     warmups: int = 1  # pyperf -w, per process
     min_time: float = 0.1  # pyperf --min-time: the calibration's target seconds per value
     batch_size: int = 256
     wait: float = 0.001  # max_queue_time and its equivalents; the latency shape uses 0
 
 
-FULL = Sizes(items=20_000, callers=1000, bulk=100_000, latency=5000)
+FULL = Sizes(items=20_000, callers=1000, bulk=20_000, latency=5000)
 QUICK = Sizes(items=1000, callers=100, bulk=2000, latency=100)
 
 
