@@ -153,9 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         infos = {v.name: load.get_json(f"{servers[v.name].url}/info") for v in variants}
         agree, body = agreement(servers, [v.name for v in variants])
         steps: list[load.Step] = []
+        for server in servers.values():
+            server.pause()  # each resumes for its own steps only
         for rnd in range(args.rounds):
             order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
             for v in order:
+                servers[v.name].resume()
                 for conns in args.connections:
                     step = load.run_step(
                         variant=v.name,
@@ -178,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
+                servers[v.name].pause()
     names = [v.name for v in variants]
     text = report.markdown(
         steps=steps,

@@ -46,7 +46,7 @@ class Step:
     server_cpu: float | None  # % of one core: the server and its child processes
     wrk_cpu: float  # % of one core
     machine_busy: float | None  # % of all cores, the whole machine (other processes included)
-    others_cpu: float | None  # % of one core: the other variants' servers, idle meanwhile
+    others_cpu: float | None  # % of one core: the other variants' servers, paused meanwhile
 
 
 def wrk_path() -> str:

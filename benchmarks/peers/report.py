@@ -176,12 +176,12 @@ def markdown(
     lines += [f"## Every figure, per connection count (median of {rounds} rounds; req/s range: min-max)", ""]
     lines += [
         "CPU over the step: the server's (its child processes included) and wrk's in % of one core; the whole "
-        "machine's busy share of all its cores (other processes included); the other variants' idle servers' "
-        "in % of one core.",
+        "machine's busy share of all its cores (other processes included); the other variants' servers' in % of "
+        "one core (they are paused, SIGSTOP, while another is measured: this shows it).",
         "",
     ]
     head = ["variant", "req/s", "range", "p50 ms", "p95 ms", "p99 ms", "errors", "timeouts", "items/call"]
-    head += ["server CPU %", "wrk CPU %", "machine busy %", "idle servers CPU %"]
+    head += ["server CPU %", "wrk CPU %", "machine busy %", "paused servers CPU %"]
     for c in connections:
         lines += [f"### {c} connections", ""]
         rows = []

@@ -45,6 +45,7 @@ def test_every_variant_answers_every_step(run: dict[str, Any]) -> None:
         assert int(r["errors"]) == 0 and int(r["timeouts"]) == 0, r
         assert 0 < float(r["p50_ms"]) <= float(r["p95_ms"]) <= float(r["p99_ms"]), r
         assert float(r["server_cpu"]) > 0 and float(r["wrk_cpu"]) > 0, r
+        assert float(r["others_cpu"]) < 5, r  # the servers not under load are paused
 
 
 def test_each_app_counts_its_model_calls(run: dict[str, Any]) -> None:
