@@ -115,7 +115,9 @@ def _header(args: argparse.Namespace, infos: dict[str, dict[str, Any]], seconds:
     ours = next((i for n, i in infos.items() if n == "ours" or n.startswith("ours-")), None)
     shared = ours or next(iter(infos.values()))
     stack = ", ".join(f"{k} {v}" for k, v in shared["versions"].items() if k != "async-batcher")
-    peers = ", ".join(f"{n} {i['versions'].get(n, '')}".strip() for n, i in infos.items() if n in report.PEER_NAMES)
+    dist = {"async-batcher-0.2.2": "async-batcher"}
+    peers = ", ".join(f"{n} {i['versions'][dist.get(n, n)]}" for n, i in infos.items() if n in report.PEER_NAMES)
+    mine = f"; ours: async-batcher {ours['versions'].get('async-batcher', '?')}" if ours else ""
     command = shlex.join(["python", "-m", "benchmarks.peers", *sys.argv[1:]])
     return [
         f"Command: `{command}`; the run took {seconds / 60:.1f} min",
@@ -128,7 +130,7 @@ def _header(args: argparse.Namespace, infos: dict[str, dict[str, Any]], seconds:
             else " (no pinning)"
         ),
         f"Load average (1 min) before / after: {load_avg}",
-        f"Every server: Python {shared['python']}, {stack}; one uvicorn worker, uvloop, httptools",
+        f"Every server: Python {shared['python']}, {stack}; one uvicorn worker, uvloop, httptools{mine}",
         f"Peers (each in its own venv, same stack, versions checked): {peers or 'none in this run'}",
         f"Load: `{load.wrk_version()}`, {args.wrk_threads} thread(s), `--timeout 2s`, POST of one row; "
         f"{args.warmup:g} s warm-up, then {args.seconds:g} s per step; {args.rounds} round(s), variants rotating",
