@@ -1,5 +1,6 @@
-# The overhead benchmark: python -m benchmarks.overhead (docs/guides/benchmarks.md, "Overhead: what the batcher itself costs").
-# It builds one virtual environment per published peer under .cache/peers/ (pip, needs PyPI) on first use.
+# The overhead benchmark on pyperf: python -m benchmarks.overhead (docs/guides/benchmarks.md, "Overhead: what the
+# batcher itself costs"). It builds one virtual environment per published peer, with pyperf, under .cache/peers/
+# (pip, needs PyPI) on first use.
 # OVERHEAD_ARGS passes options through, e.g. `make bench-overhead OVERHEAD_ARGS=--quick`.
 .PHONY: bench-overhead bench-overhead-quick
 
@@ -12,3 +13,10 @@ bench-overhead: $(VENV)/.bench-overhead-installed
 
 bench-overhead-quick: $(VENV)/.bench-overhead-installed
 	$(BIN)/python -m benchmarks.overhead --quick $(OVERHEAD_ARGS)
+
+# valgrind, Debian's package, for the instruction counts (python -m benchmarks.overhead.instructions) and its test.
+$(VENV)/.valgrind-installed: | $(BIN)/python
+	@command -v valgrind >/dev/null || apt-get install -y valgrind || { echo "valgrind is needed: apt-get install -y valgrind"; exit 1; }
+	touch $@
+
+TEST_PREREQS += $(VENV)/.valgrind-installed

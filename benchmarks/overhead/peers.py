@@ -3,8 +3,8 @@ peer in a virtual environment of its own under ``.cache/peers/<name>/``, install
 version.
 
 A peer's environment is built once and reused; a stamp file records what was installed, so changing a pin
-rebuilds it. uvloop goes into every environment at the version this interpreter has, so that every
-implementation runs on the same event loop build.
+rebuilds it. uvloop and pyperf go into every environment at the versions this interpreter has, so that every
+implementation runs on the same event loop build and is measured by the same pyperf.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ __all__ = ["LOCAL_IMPLS", "PEERS", "Peer", "interpreters"]
 
 logger = logging.getLogger("async_batcher.bench.overhead")
 
-LOCAL_IMPLS = ("direct", "floor", "ours")
+# What runs in this interpreter: ours, the direct call and the floors (benchmarks/overhead/floors.py).
+LOCAL_IMPLS = ("direct", "floor", "ours", "floor-async", "floor-task")
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ PEERS = (
     Peer(
         "async-batcher-0.2.2",
         "async-batcher==0.2.2",
-        "`AsyncBatcher` subclass, max_batch_size=256, max_queue_time=0.001; no bulk path",
+        "`AsyncBatcher` subclass (its README), max_batch_size=256, max_queue_time=0.001, started by its first "
+        "`process()`; no bulk path",
     ),
     Peer(
         "batched",
@@ -46,7 +48,8 @@ PEERS = (
     Peer(
         "aiodataloader",
         "aiodataloader==0.4.3",
-        "`DataLoader(fn, max_batch_size=256, cache=False)`, batches per loop iteration; bulk: `load_many`",
+        "`DataLoader` subclass with `batch_load_fn` (its README), max_batch_size=256, cache=False; it batches "
+        "what arrives in one loop iteration (no timer); bulk: `load_many`",
     ),
 )
 
@@ -58,7 +61,7 @@ def _python(env: Path) -> Path:
 def _ensure_env(root: Path, peer: Peer) -> Path:
     """Create or reuse the peer's environment; raises CalledProcessError when pip fails (no network)."""
     env = root / peer.name
-    wanted = [peer.requirement]
+    wanted = [peer.requirement, f"pyperf=={metadata.version('pyperf')}"]
     try:
         wanted.append(f"uvloop=={metadata.version('uvloop')}")
     except metadata.PackageNotFoundError:

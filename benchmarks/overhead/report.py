@@ -1,358 +1,273 @@
-"""Medians, ratios and targets from the raw runs; the Markdown report, the CSV and the bar chart."""
+"""pyperf's results as the report: ratios to the floor and to each peer, the targets, the tables, CSV and chart.
+
+A benchmark's value is pyperf's: seconds per item (the time of ``loops`` runs divided by loops x items). Ratios are
+of the means, as ``pyperf compare_to`` takes them; the report also carries ``compare_to``'s own table, with its
+significance test, and each target's ratio with a bootstrap 95 % interval over the values.
+"""
 
 from __future__ import annotations
 
 import csv
-import os
-import platform
+import json
+import random
 import statistics
-from collections.abc import Iterable, Sequence
+import subprocess
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 __all__ = [
-    "CSV_FIELDS",
     "Cell",
     "Target",
-    "aggregate",
+    "earlier_goals",
     "evaluate_targets",
+    "load",
+    "load_batches",
     "markdown",
+    "ratio",
+    "tables",
     "write_csv",
     "write_png",
 ]
 
-THROUGHPUT_SHAPES = ("burst", "steady", "bulk")
-# How the implementations that live in the benchmark's own interpreter are driven (peers: peers.PEERS).
-LOCAL_WIRING = {
-    "direct": "each caller awaits the batch function on its own one-item list (no batching): the cost of "
-    "the callers themselves. Bulk: the list cut into 256-item calls.",
-    "floor": "the least an asyncio batcher can do, written in the benchmark (`worker.Floor`): a list of "
-    "(item, future) pairs, a flush scheduled for the next loop iteration by the first item or started at "
-    "once by the 256th, one call per batch, results set on the futures; no timer, no statistics, no limits. "
-    "Bulk: every item through the same path, then each future awaited.",
-    "ours": "`async_batcher.AsyncBatcher` from this repository; bulk: `process_many`.",
-}
-CSV_FIELDS = (
-    "repeat",
-    "impl",
-    "version",
-    "shape",
-    "loop",
-    "items",
-    "inner",
-    "seconds",
-    "items_per_s",
-    "cpu_seconds",
-    "batches",
-    "mean_batch",
-    "direct_us",
-    "through_us",
-    "added_us",
-    "python",
-    "uvloop",
-    "skipped",
-    "error",
-)
+THROUGHPUT_SHAPES = ("steady", "burst", "bulk")
+PEERS = ("async-batcher-0.2.2", "batched", "aiodataloader")
+Key = tuple[str, str, str]  # (implementation, shape, event loop)
 
 
 @dataclass(frozen=True)
 class Cell:
-    """The median of the successful repeats of one (implementation, shape, loop), and their spread."""
+    """One benchmark of one implementation: pyperf's values, in seconds per item."""
 
-    median: float
-    low: float
-    high: float
-    n: int
+    values: tuple[float, ...]
+    runs: int  # worker processes that gave values
+    loops: int  # runs of the shape per value
+    version: str
 
     @property
-    def spread(self) -> float:
-        return (self.high - self.low) / self.median if self.median else 0.0
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def rate(self) -> float:
+        """Items per second."""
+        return 1.0 / self.mean
+
+    @property
+    def rsd(self) -> float:
+        """Relative standard deviation of the values."""
+        return statistics.stdev(self.values) / self.mean if len(self.values) > 1 else 0.0
 
 
-Key = tuple[str, str, str]  # (impl, shape, loop)
+def load(out_dir: Path, impls: Iterable[str]) -> dict[Key, Cell]:
+    """The cells in ``out_dir/<impl>.json`` (pyperf's files), for every benchmark that has values."""
+    import pyperf  # type: ignore[import-untyped,unused-ignore]
 
-
-def aggregate(rows: Iterable[dict[str, Any]], *, per_cpu: bool = False) -> dict[Key, Cell]:
-    """items/s for the throughput shapes, added µs per item for latency.
-
-    ``per_cpu``: items per second of the worker's own CPU time instead (throughput shapes only). On a shared
-    machine the wall clock also counts the time other processes held the CPU; the CPU clock does not (but it
-    does not count a batcher's deliberate waits on its timer either).
-    """
-    values: dict[Key, list[float]] = {}
-    for row in rows:
-        if "error" in row or "skipped" in row or (per_cpu and row["shape"] == "latency"):
+    cells: dict[Key, Cell] = {}
+    for impl in impls:
+        path = out_dir / f"{impl}.json"
+        if not path.exists():
             continue
-        if row["shape"] == "latency":
-            value = float(row["added_us"])
-        elif per_cpu:
-            value = float(row["items"]) / float(row["cpu_seconds"])
-        else:
-            value = float(row["items_per_s"])
-        values.setdefault((row["impl"], row["shape"], row["loop"]), []).append(value)
-    return {k: Cell(statistics.median(v), min(v), max(v), len(v)) for k, v in values.items()}
+        for bench in pyperf.BenchmarkSuite.load(str(path)).get_benchmarks():
+            runs = [run for run in bench.get_runs() if run.values]
+            if not runs:
+                continue
+            meta = bench.get_metadata()
+            key = (impl, str(meta["name"]).rsplit("-", 1)[0], str(meta["event_loop"]))
+            version = str(meta.get("impl_version", ""))
+            cells[key] = Cell(tuple(bench.get_values()), len(runs), runs[0].get_loops(), version)
+    return cells
+
+
+def load_batches(record: Path) -> dict[Key, float]:
+    """Mean items per call of the batch function, from the workers' ``--record`` lines."""
+    sums: dict[Key, list[int]] = {}
+    if record.exists():
+        for line in record.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            acc = sums.setdefault((r["impl"], r["shape"], r["event_loop"]), [0, 0])
+            acc[0] += r["items"]
+            acc[1] += r["batches"]
+    return {k: items / batches for k, (items, batches) in sums.items() if batches}
+
+
+def ratio(cells: dict[Key, Cell], a: str, b: str, shape: str, loop: str) -> float | None:
+    """How many times faster ``a`` is than ``b`` (ratio of the mean times per item); None if either is missing."""
+    ca, cb = cells.get((a, shape, loop)), cells.get((b, shape, loop))
+    return cb.mean / ca.mean if ca and cb else None
+
+
+def ratio_interval(a: Cell, b: Cell, rounds: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A bootstrap 95 % interval of ``b.mean / a.mean``, resampling each cell's values."""
+    rng = random.Random(seed)
+
+    def resampled_mean(c: Cell) -> float:
+        return statistics.fmean(rng.choices(c.values, k=len(c.values)))
+
+    got = sorted(resampled_mean(b) / resampled_mean(a) for _ in range(rounds))
+    return got[int(0.025 * rounds)], got[int(0.975 * rounds) - 1]
 
 
 @dataclass(frozen=True)
 class Target:
     what: str
     loop: str
-    measured: float | None  # None: could not be measured in this run
+    measured: float | None  # None: not measured in this run
     bound: float
-    higher_is_better: bool
-    unit: str
+    interval: tuple[float, float] | None = None
+    strict: bool = False  # "ahead of": above the bound, not at it
 
     @property
     def verdict(self) -> str:
         if self.measured is None:
             return "not measured"
-        ok = self.measured >= self.bound if self.higher_is_better else self.measured <= self.bound
+        ok = self.measured > self.bound if self.strict else self.measured >= self.bound
         return "PASS" if ok else "FAIL"
 
 
-def _ratio(cells: dict[Key, Cell], a: str, b: str, shape: str, loop: str) -> float | None:
-    ca, cb = cells.get((a, shape, loop)), cells.get((b, shape, loop))
-    return ca.median / cb.median if ca and cb and cb.median else None
+def _vs(
+    cells: dict[Key, Cell], what: str, other: str, shape: str, loop: str, bound: float, *, strict: bool = False
+) -> Target:
+    ours, peer = cells.get(("ours", shape, loop)), cells.get((other, shape, loop))
+    if ours is None or peer is None:
+        return Target(what, loop, None, bound, strict=strict)
+    return Target(what, loop, peer.mean / ours.mean, bound, ratio_interval(ours, peer), strict)
 
 
-def evaluate_targets(cells: dict[Key, Cell], loops: list[str]) -> list[Target]:
-    """The targets the overhead benchmark checks our batcher against."""
+def evaluate_targets(cells: dict[Key, Cell], loops: Iterable[str]) -> list[Target]:
+    """Issue 13's targets, on each event loop."""
     out: list[Target] = []
-    for loop in loops:
-        out.append(Target("steady ≥ 0.8 x floor", loop, _ratio(cells, "ours", "floor", "steady", loop), 0.8, True, "x"))
-        old = _ratio(cells, "ours", "async-batcher-0.2.2", "steady", loop)
-        out.append(Target("steady ≥ 2.5 x async-batcher 0.2.2", loop, old, 2.5, True, "x"))
-        out.append(Target("burst ≥ 0.9 x floor", loop, _ratio(cells, "ours", "floor", "burst", loop), 0.9, True, "x"))
-    bulk = cells.get(("ours", "bulk", "asyncio"))
-    out.append(
-        Target("process_many ≥ 1 000 000 items/s", "asyncio", bulk.median if bulk else None, 1e6, True, "items/s")
-    )
-    for loop in loops:
-        lat = cells.get(("ours", "latency", loop))
-        out.append(
-            Target(
-                "single caller, max_queue_time=0: added latency ≤ 50 µs",
-                loop,
-                lat.median if lat else None,
-                50.0,
-                False,
-                "µs",
-            )
-        )
+    for lp in loops:
+        out += [
+            _vs(cells, "steady ≥ 0.85x floor", "floor", "steady", lp, 0.85),
+            _vs(cells, "burst ≥ 0.92x floor", "floor", "burst", lp, 0.92),
+            _vs(cells, "steady ≥ 2.5x async-batcher 0.2.2", "async-batcher-0.2.2", "steady", lp, 2.5),
+            _vs(cells, "steady: ahead of aiodataloader", "aiodataloader", "steady", lp, 1.0, strict=True),
+            _vs(cells, "burst: ahead of aiodataloader", "aiodataloader", "burst", lp, 1.0, strict=True),
+        ]
     return out
 
 
-def _fmt_rate(v: float) -> str:
+def earlier_goals(cells: dict[Key, Cell], loops: Iterable[str]) -> list[str]:
+    """Issue 3's goals, kept: process_many at 1 000 000 items/s or more; a lone caller (wait 0) adds 50 µs at most."""
+    lines = []
+    for lp in loops:
+        bulk, lat = cells.get(("ours", "bulk", lp)), cells.get(("ours", "latency", lp))
+        direct = cells.get(("direct", "latency", lp))
+        if bulk is not None:
+            verdict = "PASS" if bulk.rate >= 1e6 else "FAIL"
+            lines.append(f"- {lp}: `process_many` at {_rate(bulk.rate)} items/s (≥ 1 000 000): {verdict}")
+        if lat is not None and direct is not None:
+            added = (lat.mean - direct.mean) * 1e6
+            verdict = "PASS" if added <= 50 else "FAIL"
+            lines.append(f"- {lp}: a lone caller, wait 0: {added:.1f} µs added per item (≤ 50): {verdict}")
+    return lines
+
+
+def _rate(v: float) -> str:
     return f"{v:,.0f}".replace(",", " ")
-
-
-def _fmt_target(t: Target) -> str:
-    if t.measured is None:
-        return "—"
-    if t.unit == "x":
-        return f"{t.measured:.2f} x"
-    if t.unit == "µs":
-        return f"{t.measured:.1f} µs"
-    return f"{_fmt_rate(t.measured)} {t.unit}"
 
 
 def _table(header: list[str], body: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in body]
-    return lines
+    return lines + ["| " + " | ".join(row) + " |" for row in body]
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def target_table(targets: list[Target]) -> list[str]:
+    def measured(t: Target) -> str:
+        if t.measured is None:
+            return "—"
+        ci = f" ({t.interval[0]:.2f}-{t.interval[1]:.2f})" if t.interval else ""
+        return f"{t.measured:.2f}x{ci}"
+
+    def note(t: Target) -> str:
+        if t.interval is None or t.measured is None:
+            return ""
+        low, high = t.interval
+        inside = low < t.bound < high or (low == t.bound or high == t.bound)
+        return "within the noise" if inside else ""
+
+    header = ["target", "loop", "ours ÷ other (95 % interval)", "verdict", ""]
+    return _table(header, [[t.what, t.loop, measured(t), t.verdict, note(t)] for t in targets])
 
 
-def tables(
-    cells: dict[Key, Cell], cpu_cells: dict[Key, Cell], impls: list[str], loops: list[str], repeats: int
-) -> list[str]:
-    """The tables the report and the console share."""
-    cols = [(s, lp) for s in THROUGHPUT_SHAPES for lp in loops]
-    head = ["implementation", *[f"{s} · {lp}" for s, lp in cols]]
-    out = [f"### Throughput, items/s (median of {repeats} runs, each in a fresh process)", ""]
+def tables(cells: dict[Key, Cell], batches: dict[Key, float], impls: list[str], loops: list[str]) -> list[str]:
+    """The result tables: throughput, ratios, latency, batch sizes, spread."""
+    cols = [(s, lp) for s in THROUGHPUT_SHAPES for lp in loops if any((i, s, lp) in cells for i in impls)]
+    head = [f"{s} · {lp}" for s, lp in cols]
 
-    def cell(impl: str, s: str, lp: str) -> str:
+    def cell_text(impl: str, s: str, lp: str, fmt: str) -> str:
         c = cells.get((impl, s, lp))
-        return _fmt_rate(c.median) if c else "n/a"
-
-    out += _table(head, [[impl, *[cell(impl, s, lp) for s, lp in cols]] for impl in impls])
-    out += [
-        "",
-        "### Throughput per CPU second, items/s (cross-check: the worker's own CPU time, which other processes",
-        "on a shared machine do not inflate, but which leaves out waiting on a timer)",
-        "",
-    ]
-    out += _table(
-        head,
-        [
-            [impl, *[_fmt_rate(c.median) if (c := cpu_cells.get((impl, s, lp))) else "n/a" for s, lp in cols]]
-            for impl in impls
-        ],
-    )
-    out += ["", "### Relative to the floor (implementation ÷ floor; above 1 is faster than the floor)", ""]
+        if c is None:
+            return "n/a"
+        if fmt == "rate":
+            return _rate(c.rate)
+        if fmt == "rsd":
+            return f"{c.rsd:.0%}"
+        value = batches.get((impl, s, lp))
+        return f"{value:.1f}" if value is not None else "n/a"
 
     def rel(a: str, b: str, s: str, lp: str) -> str:
-        r = _ratio(cells, a, b, s, lp)
+        r = ratio(cells, a, b, s, lp)
         return f"{r:.2f}" if r is not None else "n/a"
 
-    out += _table(head, [[impl, *[rel(impl, "floor", s, lp) for s, lp in cols]] for impl in impls])
-    peers = [i for i in impls if i not in ("direct", "floor", "ours")]
+    out = ["### Throughput, items/s (1 ÷ pyperf's mean time per item)", ""]
+    out += _table(["implementation", *head], [[i, *[cell_text(i, s, lp, "rate") for s, lp in cols]] for i in impls])
+    out += ["", "### Relative to the floor (implementation ÷ floor; above 1 is faster than the floor)", ""]
+    out += _table(["implementation", *head], [[i, *[rel(i, "floor", s, lp) for s, lp in cols]] for i in impls])
+    peers = [p for p in impls if p in PEERS]
     if "ours" in impls and peers:
         out += ["", "### Ours relative to each peer (ours ÷ peer; above 1: ours is faster)", ""]
-        out += _table(["peer", *head[1:]], [[p, *[rel("ours", p, s, lp) for s, lp in cols]] for p in peers])
-    lat_impls = [i for i in impls if i != "direct"]
-    if any((i, "latency", lp) in cells for i in lat_impls for lp in loops):
-        out += [
-            "",
-            "### Added latency, one caller awaiting one item at a time, max_queue_time=0",
-            "",
-            "Median per item of (time through the batcher - time of a direct `await process_batch([x])`),",
-            "in µs.",
-            "",
-        ]
+        out += _table(["peer", *head], [[p, *[rel("ours", p, s, lp) for s, lp in cols]] for p in peers])
+    lat = [i for i in impls if any((i, "latency", lp) in cells for lp in loops)]
+    if lat:
+        out += ["", "### Latency: one caller awaiting one item at a time, max_queue_time=0 (µs per item)", ""]
+        out += ["Added: the implementation's time per item less the direct call's (`direct`).", ""]
         body = []
-        for impl in lat_impls:
+        for impl in lat:
             row = [impl]
             for lp in loops:
-                c = cells.get((impl, "latency", lp))
-                row.append(f"{c.median:.1f}" if c else "n/a")
+                c, d = cells.get((impl, "latency", lp)), cells.get(("direct", "latency", lp))
+                row.append(f"{c.mean * 1e6:.1f}" if c else "n/a")
+                row.append(f"{(c.mean - d.mean) * 1e6:.1f}" if c and d and impl != "direct" else "—")
             body.append(row)
-        out += _table(["implementation", *[f"added µs · {lp}" for lp in loops]], body)
-    out += ["", "### Spread ((max - min) ÷ median over the repeats)", ""]
-    shapes_all = [*THROUGHPUT_SHAPES, "latency"]
-    scols = [(s, lp) for s in shapes_all for lp in loops]
-
-    def spread(impl: str, s: str, lp: str) -> str:
-        c = cells.get((impl, s, lp))
-        return f"{c.spread:.0%}" if c and s != "latency" else (f"{c.low:.1f}-{c.high:.1f}" if c else "n/a")
-
-    out += _table(
-        ["implementation", *[f"{s} · {lp}" for s, lp in scols]],
-        [[impl, *[spread(impl, s, lp) for s, lp in scols]] for impl in impls],
-    )
-    out += ["", "(latency columns give the min-max of the per-run medians, µs)"]
+        out += _table(["implementation", *[f"{k} · {lp}" for lp in loops for k in ("µs", "added µs")]], body)
+    out += ["", "### Items per call of the batch function (mean)", ""]
+    out += _table(["implementation", *head], [[i, *[cell_text(i, s, lp, "batch") for s, lp in cols]] for i in impls])
+    out += ["", "### Spread: standard deviation of the values ÷ their mean", ""]
+    out += _table(["implementation", *head], [[i, *[cell_text(i, s, lp, "rsd") for s, lp in cols]] for i in impls])
     return out
 
 
-def target_table(targets: list[Target], by_cpu: list[Target]) -> list[str]:
-    """The verdict goes by the wall clock; ``by_cpu`` (the same targets on CPU-time medians) is a cross-check."""
-    cpu = {(t.what, t.loop): t for t in by_cpu}
-
-    def cross(t: Target) -> str:
-        c = cpu.get((t.what, t.loop))
-        return f"{_fmt_target(c)} ({c.verdict})" if c is not None and c.measured is not None else "—"
-
-    return _table(
-        ["target", "loop", "measured (wall clock)", "verdict", "cross-check: by CPU time"],
-        [[t.what, t.loop, _fmt_target(t), t.verdict, cross(t)] for t in targets],
-    )
-
-
-def _floor_reference(cells: dict[Key, Cell], loops: list[str]) -> list[str]:
-    """How far the floor itself is from async-batcher 0.2.2: the most any batcher can reach on that target."""
-    parts = [
-        f"{r:.2f} x ({lp})"
-        for lp in loops
-        if (r := _ratio(cells, "floor", "async-batcher-0.2.2", "steady", lp)) is not None
-    ]
-    if not parts:
+def compare_to(out_dir: Path, impls: list[str]) -> list[str]:
+    """``pyperf compare_to`` with ours as the reference: its Markdown table (significance by its t-test)."""
+    files = [f"{i}.json" for i in ["ours", *[i for i in impls if i != "ours"]] if (out_dir / f"{i}.json").exists()]
+    if len(files) < 2 or files[0] != "ours.json":
         return []
-    return [f"For scale: in steady, the floor itself is {', '.join(parts)} async-batcher 0.2.2.", ""]
-
-
-def summary(rows: list[dict[str, Any]], impls: list[str], loops: list[str], repeats: int) -> list[str]:
-    """The targets and every table: what the console shows and the heart of the report."""
-    cells = aggregate(rows)
-    targets = evaluate_targets(cells, loops)
-    met = sum(t.verdict == "PASS" for t in targets)
+    cmd = [sys.executable, "-m", "pyperf", "compare_to", *files, "--table", "--table-format", "md"]
+    proc = subprocess.run(cmd, cwd=out_dir, capture_output=True, text=True, check=False)
+    text = proc.stdout.strip() if proc.returncode == 0 else f"compare_to failed: {proc.stderr.strip()}"
     return [
-        "## Targets",
+        '### `pyperf compare_to` (reference: ours; time per item; "faster" means faster than ours)',
         "",
-        *target_table(targets, evaluate_targets(aggregate(rows, per_cpu=True), loops)),
+        f"`cd {out_dir.name} && python -m pyperf compare_to {' '.join(files)} --table --table-format md`",
         "",
-        f"**{met} of {len(targets)} targets met** (verdicts by the wall-clock medians).",
-        "",
-        *_floor_reference(cells, loops),
-        "## Results",
-        "",
-        *tables(cells, aggregate(rows, per_cpu=True), impls, loops, repeats),
+        text,
     ]
 
 
-def markdown(
-    *,
-    rows: list[dict[str, Any]],
-    impls: list[str],
-    loops: list[str],
-    repeats: int,
-    sizes_text: str,
-    command: str,
-    date: str,
-    wiring: dict[str, str],
-    missing: dict[str, str],
-    context: Sequence[str] = (),
-) -> str:
-    versions: dict[str, str] = {}
-    uvloop = python = "?"
-    for row in rows:
-        if "version" in row:
-            versions[row["impl"]] = row["version"]
-        uvloop = row.get("uvloop", uvloop)
-        python = row.get("python", python)
-    lines = [
-        "# Overhead benchmark: the batcher's own cost",
-        "",
-        f"- Command: `{command}`",
-        f"- Date: {date}",
-        f"- Machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
-        f"- Python {python} for all, each peer in a venv of its own; uvloop {uvloop}",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())),
-        *[f"- {line}" for line in context],
-        "",
-        "Numbers taken on a shared machine are noisy (see the spread table); compare ratios within one run, "
-        "not absolute numbers across runs.",
-        "",
-        "## Workload",
-        "",
-        "The batch function does next to nothing (`[x * 2 for x in batch]`, async), so what is measured is "
-        "the batcher's own cost. max_batch_size=256, max_queue_time=0.001 s. " + sizes_text,
-        "Each worker checks that every caller got `2 * x` for its own `x`; a run that mixes results fails.",
-        "",
-        *[f"- **{name}**: {note}" for name, note in LOCAL_WIRING.items() if name in impls],
-        *[f"- **{name}**: {note}" for name, note in wiring.items()],
-        "",
-        "Every implementation runs in a fresh process per (implementation, shape, loop, repeat), round-robin "
-        "over the implementations with the order rotating each repeat. In its process, after an untimed "
-        "warm-up, a worker times burst and steady 3 times (fewer once 0.5 s is spent) and reports the "
-        "median (bulk once); the tables give the median over the processes.",
-        "",
-        *summary(rows, impls, loops, repeats),
-    ]
-    errors = [r for r in rows if "error" in r]
-    if missing or errors:
-        lines += ["", "## Not measured", ""]
-        lines += [f"- {name}: {why}" for name, why in missing.items()]
-        lines += [f"- {r['impl']} {r['shape']} {r['loop']} repeat {r['repeat']}: {r['error']}" for r in errors]
-    lines += ["", "Raw runs: `overhead.csv`; chart: `overhead.png`.", ""]
-    return "\n".join(lines)
+CSV_FIELDS = ("impl", "version", "shape", "event_loop", "items_per_s", "mean_s", "rsd", "values", "runs", "loops")
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+def write_csv(path: Path, cells: dict[Key, Cell], batches: dict[Key, float]) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+        w = csv.writer(f)
+        w.writerow([*CSV_FIELDS, "mean_batch"])
+        for (impl, shape, lp), c in sorted(cells.items()):
+            batch = batches.get((impl, shape, lp))
+            row = [impl, c.version, shape, lp, f"{c.rate:.0f}", f"{c.mean:.4e}", f"{c.rsd:.3f}", len(c.values)]
+            w.writerow([*row, c.runs, c.loops, "" if batch is None else f"{batch:.2f}"])
 
 
 def write_png(path: Path, cells: dict[Key, Cell], impls: list[str], loops: list[str]) -> None:
@@ -364,31 +279,89 @@ def write_png(path: Path, cells: dict[Key, Cell], impls: list[str], loops: list[
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.8))
     colors = {impl: plt.get_cmap("tab10")(i) for i, impl in enumerate(impls)}
     width = 0.8 / max(1, len(impls))
-    panels = [(s, f"{s}: thousand items/s (higher is better)", 1e-3) for s in THROUGHPUT_SHAPES]
-    panels.append(("latency", "added latency, µs (lower is better)", 1.0))
-    for ax, (shape, title, scale) in zip(axes, panels, strict=True):
+    panels = [(s, f"{s}: thousand items/s (higher is better)") for s in THROUGHPUT_SHAPES]
+    panels.append(("latency", "latency: µs per item (lower is better)"))
+    for ax, (shape, title) in zip(axes, panels, strict=True):
         measured = False
         for i, impl in enumerate(impls):
-            xs, ys = [], []
+            xs, ys, errs = [], [], []
             for j, lp in enumerate(loops):
                 c = cells.get((impl, shape, lp))
                 if c is not None:
+                    value = c.mean * 1e6 if shape == "latency" else c.rate * 1e-3
                     xs.append(j + (i - (len(impls) - 1) / 2) * width)
-                    ys.append(c.median * scale)
+                    ys.append(value)
+                    errs.append(value * c.rsd)
             measured = measured or bool(ys)
-            bars = ax.bar(xs, ys, width, label=impl, color=colors[impl])
+            bars = ax.bar(xs, ys, width, yerr=errs, label=impl, color=colors[impl], capsize=2)
             ax.bar_label(bars, fmt="%.0f" if shape != "latency" else "%.1f", fontsize=6, rotation=90, padding=2)
         if not measured:  # a run of some shapes only (--shapes): an empty panel, and no log scale of nothing
             title = f"{shape}: not measured in this run"
         elif shape == "bulk":
-            ax.set_yscale("log")  # the direct call is some 30 times the rest: only a log scale shows both
+            ax.set_yscale("log")  # the direct call is some 20 times the rest: only a log scale shows both
             title = title.replace("(higher", "(log scale; higher")
         ax.margins(y=0.15)
         ax.set_xticks(range(len(loops)), loops)
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("async-batcher overhead: no-op batch function, max_batch_size=256 (median of the repeats)")
+    fig.suptitle("async-batcher overhead on pyperf: no-op batch function, max_batch_size=256 (mean ± std dev)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# How the implementations that live in this interpreter are driven (the peers': peers.PEERS).
+LOCAL_WIRING = {
+    "direct": "each caller awaits the batch function on its own one-item list (no batching): the cost of the callers "
+    "themselves. Bulk: the list cut into 256-item calls.",
+    "floor": "`floors.Floor`: a competent hand-written batcher, the least one can do. A list of items and one of "
+    "futures, one `call_later(0.001)` armed by a batch's first item, a flush at once at the 256th, one task per "
+    "batch; `process` is a plain function returning the future (no coroutine per item). No statistics, no limits, "
+    "no cancellation handling. Bulk: every item through `process`, then each future awaited.",
+    "ours": "`async_batcher.AsyncBatcher` subclass from this repository, as its README shows (`start()`, then "
+    "`await batcher.process(x)`), max_batch_size=256, max_queue_time=0.001, the other settings at their defaults "
+    "(concurrency 1); bulk: `process_many`.",
+    "floor-async": "`floors.AsyncFloor`: the floor behind an `async def process` (a coroutine per item).",
+    "floor-task": "`floors.TaskFloor`: the floor of the benchmark's first version (a task per flush, no timer).",
+}
+
+
+def markdown(
+    *,
+    cells: dict[Key, Cell],
+    batches: dict[Key, float],
+    impls: list[str],
+    loops: list[str],
+    out_dir: Path,
+    header: list[str],
+    workload: str,
+    wiring: dict[str, str],
+    failures: list[str],
+) -> str:
+    """The whole report: provenance, workload, targets, tables, pyperf's own comparison."""
+    targets = evaluate_targets(cells, loops)
+    met = sum(t.verdict == "PASS" for t in targets)
+    lines = ["# Overhead benchmark: the batcher's own cost (pyperf)", "", *[f"- {h}" for h in header], ""]
+    lines += ["## Workload", "", workload, ""]
+    lines += [f"- **{n}**: {w}" for n, w in LOCAL_WIRING.items() if n in impls]
+    lines += [f"- **{n}**: {w}" for n, w in wiring.items() if n in impls]
+    lines += ["", "## Targets", "", *target_table(targets), ""]
+    lines += [
+        f"**{met} of {len(targets)} targets met** (ratio of pyperf's means; the interval is a bootstrap over "
+        "the values: a bound inside it is within this run's noise).",
+        "",
+    ]
+    goals = earlier_goals(cells, loops)
+    if goals:
+        lines += ["Issue 3's goals, kept:", "", *goals, ""]
+    lines += ["## Results", "", *tables(cells, batches, impls, loops), ""]
+    lines += [*compare_to(out_dir, impls), ""]
+    if failures:
+        lines += ["## Not measured", "", *[f"- {f}" for f in failures], ""]
+    lines += [
+        f"Raw results: pyperf's JSON in `{out_dir.name}/` (`python -m pyperf show`, `stats`, `compare_to`); "
+        "summary: `overhead.csv`; chart: `overhead.png`.",
+        "",
+    ]
+    return "\n".join(lines)

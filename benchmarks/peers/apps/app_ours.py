@@ -1,0 +1,43 @@
+"""This package: ``KerasAsyncBatcher`` as its README shows for a FastAPI model server, the model in one thread of
+its own; every batcher setting can be given on the command line (``--ours NAME:key=value,...``)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from app_shape import CountingModel
+
+__all__ = ["DEFAULTS", "make_predictor"]
+
+# The README's settings for this model (max_queue_time=0: a batch leaves as soon as the model is free).
+DEFAULTS: dict[str, Any] = {"max_batch_size": 256, "max_queue_time": 0.0, "max_queue_size": 4096}
+
+
+class Ours:
+    def __init__(self, model: CountingModel, settings: dict[str, Any]) -> None:
+        from async_batcher.ml.keras import KerasAsyncBatcher
+
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="model")
+        self.batcher = KerasAsyncBatcher(
+            model=model.keras_model,
+            predict_fn=model.predict_rows,
+            dtype=np.float32,
+            executor=self.executor,
+            **{**DEFAULTS, **settings},
+        )
+
+    async def start(self) -> None:
+        self.batcher.start()
+
+    async def predict(self, features: list[float]) -> float:
+        return float((await self.batcher.process(features))[0])
+
+    async def stop(self) -> None:
+        await self.batcher.stop()
+        self.executor.shutdown()
+
+
+def make_predictor(model: CountingModel, settings: dict[str, Any]) -> Ours:
+    return Ours(model, settings)

@@ -1,0 +1,169 @@
+"""One step of load: wrk against one server at one connection count, and what the machine did meanwhile.
+
+wrk (Debian's package) is a compiled generator: one thread of it drives tens of thousands of requests a second,
+far more than these servers answer, and the step records its CPU next to the server's so that a reader can see it
+had CPU to spare. The figures come from ``predict.lua``'s ``done()`` hook (wrk's own latency histogram).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.run import _process_tree_cpu
+
+__all__ = ["LUA", "Step", "get_json", "machine_ticks", "run_step", "wrk_path", "wrk_version"]
+
+LUA = Path(__file__).with_name("predict.lua")
+
+
+@dataclass
+class Step:
+    """One measured step: a variant at a connection count, in one round."""
+
+    variant: str
+    round: int
+    connections: int
+    seconds: float  # wall seconds wrk ran
+    requests: int
+    rps: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    max_ms: float
+    errors: int  # connect, read and write errors and non-2xx answers
+    timeouts: int
+    items_per_call: float | None  # from the app's /stats: items the model took per call during the step
+    server_cpu: float | None  # % of one core: the server and its child processes
+    wrk_cpu: float  # % of one core
+    machine_busy: float | None  # % of all cores, the whole machine (other processes included)
+    others_cpu: float | None  # % of one core: the other variants' servers, paused meanwhile
+
+
+def wrk_path() -> str:
+    found = shutil.which("wrk")
+    if found is None:
+        raise RuntimeError("wrk is not installed: `apt-get install -y wrk` (Debian) or see https://github.com/wg/wrk")
+    return found
+
+
+def wrk_version() -> str:
+    done = subprocess.run([wrk_path(), "--version"], capture_output=True, text=True, check=False)
+    return (done.stdout or done.stderr).splitlines()[0].split(" Copyright")[0].strip()
+
+
+def get_json(url: str, timeout: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.load(response)
+
+
+def machine_ticks() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat; None without /proc."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _wrk(url: str, connections: int, seconds: int, threads: int, body: str, taskset: str | None) -> dict[str, Any]:
+    cmd = [wrk_path(), "-t", str(min(threads, connections)), "-c", str(connections), "-d", f"{seconds}s"]
+    cmd += ["--timeout", "2s", "-s", str(LUA), f"{url}/predict"]
+    if taskset:
+        cmd = ["taskset", "-c", taskset, *cmd]
+    done = subprocess.run(
+        cmd, env={**os.environ, "PEERS_BODY": body}, capture_output=True, text=True, timeout=seconds + 60, check=False
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"wrk failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def _cpu_of(pids: list[int]) -> float | None:
+    """CPU seconds of these processes and their descendants, all together."""
+    total = 0.0
+    for pid in pids:
+        cpu = _process_tree_cpu(pid)
+        if cpu is None:
+            return None
+        total += cpu
+    return total
+
+
+def _stats(url: str) -> tuple[float, float] | None:
+    try:
+        stats = get_json(f"{url}/stats")
+        return float(stats["model_calls"]), float(stats["items"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def run_step(
+    *,
+    variant: str,
+    rnd: int,
+    url: str,
+    server_pid: int,
+    other_pids: list[int],
+    connections: int,
+    seconds: int,
+    warmup: int,
+    threads: int,
+    body: str,
+    taskset: str | None = None,
+) -> Step:
+    """Warm up (not measured), then measure one step."""
+    if warmup > 0:
+        _wrk(url, connections, warmup, threads, body, taskset)
+    stats0, cpu0, ticks0, wrk0 = _stats(url), _process_tree_cpu(server_pid), machine_ticks(), _children_cpu()
+    idle0 = _cpu_of(other_pids)
+    started = time.monotonic()
+    w = _wrk(url, connections, seconds, threads, body, taskset)
+    wall = time.monotonic() - started
+    stats1, cpu1, ticks1, wrk1 = _stats(url), _process_tree_cpu(server_pid), machine_ticks(), _children_cpu()
+    idle1 = _cpu_of(other_pids)
+    per_call = None
+    if stats0 and stats1 and stats1[0] > stats0[0]:
+        per_call = (stats1[1] - stats0[1]) / (stats1[0] - stats0[0])
+    busy = None
+    if ticks0 and ticks1 and ticks1[1] > ticks0[1]:
+        busy = 100.0 * (ticks1[0] - ticks0[0]) / (ticks1[1] - ticks0[1])
+    duration = w["duration_us"] / 1e6
+    return Step(
+        variant=variant,
+        round=rnd,
+        connections=connections,
+        seconds=duration,
+        requests=w["requests"],
+        rps=w["requests"] / duration if duration else 0.0,
+        p50_ms=w["p50_us"] / 1000,
+        p95_ms=w["p95_us"] / 1000,
+        p99_ms=w["p99_us"] / 1000,
+        mean_ms=w["mean_us"] / 1000,
+        max_ms=w["max_us"] / 1000,
+        errors=w["connect"] + w["read"] + w["write"] + w["status"],
+        timeouts=w["timeout"],
+        items_per_call=per_call,
+        server_cpu=None if cpu0 is None or cpu1 is None else 100.0 * (cpu1 - cpu0) / wall,
+        wrk_cpu=100.0 * (wrk1 - wrk0) / wall,
+        machine_busy=busy,
+        others_cpu=None if idle0 is None or idle1 is None else 100.0 * (idle1 - idle0) / wall,
+    )

@@ -1,0 +1,15 @@
+# The head-to-head: python -m benchmarks.peers (docs/guides/benchmarks.md, "One model, one app, each batcher"). It builds
+# a venv per peer under .cache/peers-server/ (pip, needs PyPI; the TensorFlow wheels are downloaded once) and drives
+# the servers with wrk. PEERS_ARGS passes options through, e.g. `make bench-peers PEERS_ARGS=--quick` or
+# `make bench-peers PEERS_ARGS='--ours wait1ms:max_queue_time=0.001'`.
+.PHONY: bench-peers
+
+# wrk, Debian's package: installed here when missing and allowed (root), else a clear message.
+$(VENV)/.wrk-installed: | $(BIN)/python
+	@command -v wrk >/dev/null || apt-get install -y wrk || { echo "the load generator wrk is needed: apt-get install -y wrk"; exit 1; }
+	touch $@
+
+TEST_PREREQS += $(VENV)/.wrk-installed
+
+bench-peers: $(VENV)/.bench-installed $(VENV)/.wrk-installed
+	$(BIN)/python -m benchmarks.peers $(PEERS_ARGS)
