@@ -38,18 +38,25 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
     tasks. Every accepted item resolves **exactly once** (with its result, an exception, or its caller's
     cancellation) on every path; no caller is ever left waiting. The contract:
 
-    1. **Dispatch.** A batch goes out as soon as a concurrency slot is free and either ``max_batch_size`` items
-       are waiting or the oldest waiting item has waited ``max_queue_time`` seconds, measured from *its arrival*
-       on the event loop's clock. A free slot never sits idle while one of those holds. ``max_queue_time=0``
+    1. **Dispatch.** A batch goes out as soon as a concurrency slot is free and either it is full
+       (``max_batch_size`` items, ``max_batch_weight``, or the largest of ``preferred_batch_sizes`` available) or
+       its oldest item has waited ``max_queue_time`` seconds, measured from *its arrival* on the event loop's
+       clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: when a batch
+       ends, the slot waits that long at most for the callers it answered to come back with their next items
+       (clients that send their next request once they have their answer), and goes as soon as they are all
+       back, so that they share one batch instead of splitting into alternating halves. ``max_queue_time=0``
        sends whatever is waiting the moment a slot is free (items that arrive in the same loop iteration share
        the batch). Items go out in arrival order. An idle batcher schedules no wake-ups.
     2. **Results.** ``process_batch`` returns a sequence of the same length and order as its batch (any ordered
        iterable: a list, a tuple, a numpy array, a generator), or ``None`` (every caller gets ``None``). An
        element that is an ``Exception`` instance is raised to that caller only. Results of the wrong length or
-       kind (a set, a dict, a number) give every caller of the batch a :class:`BatchSizeMismatchError` or a
-       ``TypeError`` saying what was returned. An exception raised by ``process_batch`` goes to every caller of
-       the batch; a ``CancelledError`` raised by it becomes :class:`ProcessBatchCancelledError`, so a caller is
-       never mistaken for cancelled. The batcher keeps serving after any of these.
+       kind (a set, a dict, a string, a number) give every caller of the batch a
+       :class:`BatchSizeMismatchError` or a ``TypeError`` saying what was returned. An exception raised by
+       ``process_batch`` goes to every caller of the batch; a ``CancelledError`` raised by it becomes
+       :class:`ProcessBatchCancelledError`, so a caller is never mistaken for cancelled. The batcher keeps
+       serving after any of these. A ``process_batch`` that is an async generator streams: each step gives
+       every item a part, :data:`END` or an ``Exception``, and each caller iterates its own :meth:`stream`,
+       under these rules per stream.
     3. **Sync process_batch.** A plain ``def process_batch`` runs in ``executor`` (the loop's default executor
        if ``None``), never on the event loop.
     4. **Concurrency.** At most ``concurrency`` batches are in flight (``-1``: no limit). A call from inside
@@ -60,8 +67,9 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
     6. **Cancellation and timeouts.** A caller cancelled before its item is sent withdraws the item: it never
        reaches ``process_batch``. Cancelled after, its result is dropped and no other caller is affected.
        ``process(item, timeout=s)`` raises the built-in ``TimeoutError`` after ``s`` seconds (waiting for room
-       included) under the same rules. Both are atomic with respect to the batch: an item is either sent with
-       its caller still waiting, or not sent at all.
+       included) under the same rules; ``default_timeout`` applies to every call without its own. Both are
+       atomic with respect to the batch: an item is either sent with its caller still waiting, or not sent at
+       all (a batch already sent runs on; its late caller's result is dropped).
     7. **Bulk.** ``await process_many(items)`` submits many items at once (admitted whole or not at all) and
        returns their results in order; the first failure is raised and the rest withdrawn, or, with
        ``return_exceptions=True``, exceptions take their items' places, a failed batch's included.
@@ -186,8 +194,8 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         parameter named ``batch`` (or ``**kwargs`` alone) is passed by keyword, as async-batcher 0.2.2 did; any
         other name, by position. The list is the batcher's no more: keep it or change it at will.
 
-        Or stream: an ``async def`` that ``yield``\ s, each step a sequence with one element per item of the
-        batch as it is at that step (a part of that item's results, :data:`~async_batcher.END`, or an
+        Or stream: an async generator (an ``async def`` with ``yield``), each step a sequence with one element per
+        item of the batch as it is at that step (a part of that item's results, :data:`~async_batcher.END`, or an
         ``Exception``). Callers then iterate :meth:`stream`; see :mod:`async_batcher` streaming in the guide.
         """
 
