@@ -285,6 +285,13 @@ def withdraw_bulk(b: AsyncBatcher[Any, Any], run: Run, bulk: Bulk) -> None:
         _withdrawn(b, run)
 
 
+def unsubmit(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
+    """Take back an item :meth:`AsyncBatcher.process` queued on a loop that turned out not to be the running one:
+    as if it had never been submitted (it is submitted again, on the long path)."""
+    if run.queue.withdraw(entry):
+        b._recorder.exited -= 1
+
+
 def _withdrawn(b: AsyncBatcher[Any, Any], run: Run) -> None:
     # Items left without a batch: room for those in line, and perhaps the end of a drain.
     if run.putters:

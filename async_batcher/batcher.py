@@ -27,6 +27,7 @@ __all__ = ["AsyncBatcher"]
 T = TypeVar("T")
 R = TypeVar("R")
 
+_current_batch = _execution.current_batch.get
 # The default priority, by identity: the common case's test costs no comparison of numbers.
 _ZERO: Final = 0
 
@@ -243,10 +244,11 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
             BatchSizeMismatchError: ``process_batch`` returned the wrong number of results.
             Exception: whatever ``process_batch`` raised, or the ``Exception`` it returned for this item.
         """
-        # The common case, kept short: bound to this loop, running, on its thread, no key, no weight, no timeout,
-        # no priority, room in the queue. (asyncio.get_running_loop() would tell the loop, but on Python 3.11 it
-        # makes a getpid() system call each time: too dear for every item. A thread runs one loop at a time, so
-        # the bound loop, running on this thread, is the running loop.)
+        # The common case, kept short: bound to this loop, on its thread, no key, no weight, no timeout, no
+        # priority, room in the queue. (asyncio.get_running_loop() would tell the loop, but on Python 3.11 it
+        # makes a getpid() system call each time: too dear for every item. A thread runs one loop at a time: the
+        # bound loop, if it is not the one running, cannot schedule (closed) or the await below fails (another
+        # loop's task), and either way the call takes the long path.)
         run = self._run
         loop = run.fast_loop
         queue = run.queue
@@ -255,7 +257,6 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
             or timeout is not None
             or priority is not _ZERO  # (not == 0: False == 0, and a bool is no priority; any other zero is checked)
             or get_ident() != run.ident
-            or not loop.is_running()
             # A full queue (or callers already waiting for room, who go first): refuse or wait, on the long path.
             or queue.waiting + run.reserved >= self._room_limit
             or run.putters
@@ -267,18 +268,25 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         queue.fifo0.append(entry)
         lane.count += 1
         queue.waiting += 1
-        # The wake-up test of _dispatch.arrived, inline (no weight in play here).
-        if run.pump_handle is None:
-            if run.in_flight < self._slot_limit:
-                if run.timer is None or lane.count >= run.trigger:
-                    run.pump_handle = loop.call_soon(scheduled_pump, self, run)
-            elif _execution.current_batch.get() is not None:
-                _admission.refuse_if_reentrant(self, run, entry)
         try:
+            # The wake-up test of _dispatch.arrived, inline (no weight in play here).
+            if run.pump_handle is None:
+                if run.in_flight < self._slot_limit:
+                    if run.timer is None or lane.count >= run.trigger:
+                        run.pump_handle = loop.call_soon(scheduled_pump, self, run)
+                elif _current_batch() is not None:
+                    _admission.refuse_if_reentrant(self, run, entry)
             return await fut
         except asyncio.CancelledError:
             _admission.left(self, run, entry, fut)
             raise
+        except RuntimeError:
+            if fut.done():
+                raise  # this item's own outcome
+            # The bound loop is not the running one (it is closed, or another runs on this thread): take the item
+            # back, as if it had never come, and go the long path, which starts afresh or refuses.
+            _admission.unsubmit(self, run, entry)
+            return cast(R, await _admission.submit(self, item, timeout=timeout, priority=priority))
 
     async def process_many(
         self,

@@ -544,3 +544,17 @@ async def test_process_batch_gets_its_argument_by_keyword_only_where_it_takes_it
     b = cls(max_queue_time=0)
     assert await b.process(1) == how
     await b.stop()
+
+
+def test_a_loop_that_is_not_running_on_this_thread_never_gets_an_item_from_another() -> None:
+    b = Recording(max_queue_time=0)
+    first = asyncio.new_event_loop()
+    try:
+        assert first.run_until_complete(b.process(1)) == 2  # bound to first, which now stands still
+        with pytest.raises(RuntimeError, match="running on another event loop"):
+            asyncio.run(b.process(2))  # another loop, same thread: refused, not queued where no one runs
+        assert b.stats.queued == 0 and b.sent == [1]
+        assert first.run_until_complete(b.process(3)) == 6  # its own loop serves it again
+        first.run_until_complete(b.stop())
+    finally:
+        first.close()
