@@ -22,9 +22,17 @@ class Stream:
 
 
 async def read_stream(
-    client: httpx.AsyncClient, prompt: str, max_tokens: int, *, leave_after: int | None = None
+    client: httpx.AsyncClient,
+    prompt: str,
+    max_tokens: int,
+    *,
+    leave_after: int | None = None,
+    key: str | None = "token",
 ) -> Stream:
-    """POST /generate and read its events; ``leave_after``: close the connection after that many tokens."""
+    """POST /generate and read its events; ``leave_after``: close the connection after that many tokens.
+
+    A token event's data is ``{key: token}`` (the example's), or the token itself with ``key=None``.
+    """
     async with client.stream("POST", "/generate", json={"prompt": prompt, "max_tokens": max_tokens}) as response:
         stream = Stream(response.status_code)
         if response.status_code != 200:
@@ -38,7 +46,7 @@ async def read_stream(
             elif line.startswith("data: "):
                 data = json.loads(line.removeprefix("data: "))
                 if event is None:
-                    stream.tokens.append(data["token"])
+                    stream.tokens.append(data if key is None else data[key])
                 else:
                     stream.ended, stream.end_data = event, data
                 event = None

@@ -54,7 +54,10 @@ def served() -> Iterator[ThreadServer]:
             logger.removeHandler(errors)
     s = generator.stats
     assert s.queued == s.in_flight == 0 and s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out, s
-    assert set(threading.enumerate()) <= threads_before, "the server left threads running"
+    # (AnyIO's idle worker threads, from FastAPI's sync dependencies and httpx's name lookups, linger for 10 s
+    # by design, running nothing.)
+    left = [t for t in set(threading.enumerate()) - threads_before if not t.name.startswith("AnyIO worker")]
+    assert not left, f"the server left threads running: {left}"
     assert not errors.records, [r.getMessage() for r in errors.records]
 
 
