@@ -131,7 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES), help="server modes, comma-separated")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 and 8 streams, 1.5 s windows")
     parser.add_argument("--out", type=Path, default=None, help="where the report goes (default reports/)")
+    parser.add_argument("--report-only", action="store_true", help="render the last full run's results again")
     args = parser.parse_args(argv)
+    logs = ROOT / ".cache" / "streaming"  # the servers' logs and the last run's results (git ignores .cache/)
+    if args.report_only:
+        last = json.loads((logs / "results.json").read_text())
+        report.write(args.out or ROOT / "reports", last["rows"], last["timing"], last["environment"])
+        return 0
     if args.quick:
         args.streams, args.seconds, args.warmup = "1,8", 1.5, 0.5
     counts = [int(n) for n in args.streams.split(",")]
@@ -144,7 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: step {timing['step_ms']} ms (rows: ms), prefill {timing['prefill_ms']}", flush=True)
     rows = []
     started = time.monotonic()
-    logs = ROOT / ".cache" / "streaming"  # the servers' logs (git ignores .cache/)
     logs.mkdir(parents=True, exist_ok=True)
     with _servers(modes, logs) as servers:
         for streams in counts:
@@ -153,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(report.line(row) + f"  ({time.monotonic() - started:.0f} s)", flush=True)
     if out is not None:
+        if not args.quick:
+            results = {"rows": rows, "timing": timing, "environment": environment}
+            (logs / "results.json").write_text(json.dumps(results, indent=1))
         report.write(out, rows, timing, environment)
         print(f"wrote {out / 'streaming.md'}, streaming.csv, streaming.png")
     return 0

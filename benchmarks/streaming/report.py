@@ -33,6 +33,15 @@ LABELS = {
     "single": "one generation per request",
 }
 
+NOTES = [
+    "What to read in it: rows/step is the batch each model step computes; one generation per request steps one"
+    " row at a time, so its tokens/s stays near what one row a step allows. Where tokens/s stops growing while"
+    " rows/step still grows, the model no longer sets the pace: the server's event loop and its model thread share"
+    " one GIL, and server, load generator and whatever else runs share the cores (the CPU columns). Static"
+    " batches may then reach the tokens/s of continuous batching, but a request that arrives while a batch runs"
+    " waits for the whole batch to end: their difference is in the time to first token.",
+]
+
 
 def environment(command: str) -> dict[str, Any]:
     versions = {}
@@ -77,7 +86,7 @@ def write(out: Path, rows: list[dict[str, Any]], timing: dict[str, Any], env: di
 
 
 def markdown(rows: list[dict[str, Any]], timing: dict[str, Any], env: dict[str, Any], *, chart: bool) -> str:
-    steps = ", ".join(f"{n} rows {ms:.2f} ms" for n, ms in timing["step_ms"].items())
+    steps = ", ".join(f"{n} row{'' if int(n) == 1 else 's'} {ms:.2f} ms" for n, ms in timing["step_ms"].items())
     prefill = timing["prefill_ms"]
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
     seconds = rows[0]["seconds"] if rows else 0
@@ -118,7 +127,7 @@ def markdown(rows: list[dict[str, Any]], timing: dict[str, Any], env: dict[str, 
             f" | {_fmt(r['ttft_p95_ms'], '.1f')} | {_fmt(r['rows_per_step'], '.1f')} | {r['completed']}"
             f" | {r['errors']} | {_fmt(r['server_cpu_s'], '.1f')} | {_fmt(r['client_cpu_s'], '.1f')} |"
         )
-    lines += ["", *_ratios(rows)]
+    lines += ["", *_ratios(rows), "", *NOTES]
     if chart:
         lines += ["", "![tokens/s and time to first token against concurrent streams](streaming.png)"]
     return "\n".join(lines) + "\n"
@@ -130,9 +139,10 @@ def _ratios(rows: list[dict[str, Any]]) -> list[str]:
     for streams in sorted({r["streams"] for r in rows}):
         single, cont = by.get(("single", streams)), by.get(("continuous", streams))
         if single and cont and single["tokens_per_s"]:
+            ratio = cont["tokens_per_s"] / single["tokens_per_s"]
             out.append(
-                f"- {streams} streams: continuous batching gives {cont['tokens_per_s'] / single['tokens_per_s']:.1f}x"
-                " the tokens/s of one generation per request."
+                f"- {streams} stream{'' if streams == 1 else 's'}: continuous batching gives {ratio:.1f}x the tokens/s"
+                " of one generation per request."
             )
     return out
 
