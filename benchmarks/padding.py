@@ -52,8 +52,9 @@ FIELDS = [
 NOTES = [
     "What to read in it: the padding share is a property of the batches and holds from run to run; with the"
     " preferred sizes equal to the buckets (1 among them) every batch fills its bucket exactly, at the price of"
-    " more, smaller batches when the queue holds a count between two sizes (the remainder goes next). Requests/s and p95 from"
-    " a shared 2-core machine swing by tens of percent between runs: compare them only within a run. This model"
+    " more, smaller batches when the queue holds a count between two sizes (the remainder goes next)."
+    " Requests/s and p95 from a shared 2-core machine swing by tens of percent between runs: compare them only"
+    " within a run. This model"
     " costs about the same for 1 row as for 256 (reports/keras.md): padding rows cost it little, so the saved rows"
     " show here as rows, not as time; a model whose cost grows with its rows saves that time too.",
 ]
