@@ -10,9 +10,10 @@ both run the same compiled model function on float32 input: batching changes no 
 ``POST /echo`` validates the same body and answers a constant: the HTTP ceiling of the machine; ``POST /echo_await``
 does the same after awaiting once, the ceiling of an endpoint that awaits its answer. ``GET /healthz`` says whether
 the model is loaded; ``GET /ready`` answers 200 only while the batcher runs (503 before it starts and once it
-stops: a readiness probe); ``GET /stats`` gives the batcher's counters; ``GET /metrics`` the Prometheus metrics,
-added up over the workers when there are several (``PROMETHEUS_MULTIPROC_DIR``, set up by ``main`` for
-``--workers`` above 1 when it is not set: async_batcher.metrics_multiprocess).
+stops: a readiness probe); ``GET /stats`` gives the batcher's counters and ``batch_rows``, the rows its model calls
+computed (padding to ``--buckets`` included); ``GET /metrics`` the Prometheus metrics, added up over the workers
+when there are several (``PROMETHEUS_MULTIPROC_DIR``, set up by ``main`` for ``--workers`` above 1 when it is not
+set: async_batcher.metrics_multiprocess).
 
 Run it with ``python -m benchmarks.keras.server --port 8000`` or ``python benchmarks/keras/server.py --port 8000``
 (``--help`` for the settings); every setting also reads an environment variable ``KERAS_SERVER_<NAME>``, which is
@@ -32,6 +33,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -109,6 +111,9 @@ class ServerSettings:
     max_body_bytes: int = 4096
     switch_interval: float = 0.005
     log_level: str = "warning"
+    # Comma-separated batch sizes ("" for none): pad each batch up to a bucket; send batches at preferred sizes.
+    buckets: str = ""
+    preferred_batch_sizes: str = ""
 
     def __post_init__(self) -> None:
         positive = ("workers", "max_batch_size", "concurrency", "predict_threads", "hidden_layers", "max_body_bytes")
@@ -122,6 +127,16 @@ class ServerSettings:
                 f"max_queue_time must be >= 0 and switch_interval > 0, got {self.max_queue_time},"
                 f" {self.switch_interval}"
             )
+        for name in ("buckets", "preferred_batch_sizes"):
+            _sizes(name, getattr(self, name))
+
+    @property
+    def bucket_sizes(self) -> tuple[int, ...] | None:
+        return _sizes("buckets", self.buckets) or None
+
+    @property
+    def preferred_sizes(self) -> tuple[int, ...]:
+        return _sizes("preferred_batch_sizes", self.preferred_batch_sizes)
 
     @classmethod
     def from_env(cls, environ: MutableMapping[str, str] | None = None) -> ServerSettings:
@@ -139,6 +154,17 @@ class ServerSettings:
     @property
     def model_spec(self) -> example_model.ModelSpec:
         return example_model.ModelSpec(hidden_layers=self.hidden_layers)
+
+
+def _sizes(name: str, text: str) -> tuple[int, ...]:
+    """``"1,8,32"`` as ``(1, 8, 32)``; ``""`` as ``()``."""
+    try:
+        sizes = tuple(int(part) for part in text.split(",")) if text.strip() else ()
+    except ValueError:
+        sizes = (0,)
+    if any(size < 1 for size in sizes):
+        raise ValueError(f"{name} must be comma-separated batch sizes >= 1, got {text!r}")
+    return sizes
 
 
 def _parse(field: dataclasses.Field[Any], raw: str) -> Any:
@@ -175,10 +201,14 @@ class ModelService:
         self.batch_executor = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="keras-batch")
         # /predict's pool: as many model calls at once as there are cores to run them; more only queue in TF.
         self.single_executor = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="keras-single")
+        self.batch_rows = 0  # rows the batcher's model calls computed, padding included (benchmarks/padding.py)
+        self._rows_lock = threading.Lock()
         self.batcher = KerasAsyncBatcher(
             model=self.model,
-            predict_fn=self.predict_rows,
+            predict_fn=self.predict_batch,
             dtype=np.float32,
+            buckets=settings.bucket_sizes,
+            preferred_batch_sizes=settings.preferred_sizes,
             max_batch_size=settings.max_batch_size,
             max_queue_time=settings.max_queue_time,
             max_queue_size=settings.max_queue_size,
@@ -190,6 +220,11 @@ class ModelService:
 
     def predict_rows(self, rows: Any) -> Any:
         return self.predict_fn(rows).numpy()
+
+    def predict_batch(self, rows: Any) -> Any:
+        with self._rows_lock:
+            self.batch_rows += len(rows)
+        return self.predict_rows(rows)
 
     def predict_one(self, features: list[float]) -> float:
         """What /predict runs in its thread: the batcher's path (collate, model, split) for a batch of one."""
@@ -281,7 +316,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         # NaN (a percentile over no batch yet) is no JSON: null instead.
-        return json.loads(json.dumps(dataclasses.asdict(loaded().batcher.stats)).replace("NaN", "null"))
+        svc = loaded()
+        stats = {**dataclasses.asdict(svc.batcher.stats), "batch_rows": svc.batch_rows}
+        return json.loads(json.dumps(stats).replace("NaN", "null"))
 
     # The body is read and validated by hand, in one call into pydantic's JSON parser, and the answer written as
     # bytes: FastAPI's body parameters and return-type serialisation run about twenty Python steps a request
@@ -351,6 +388,8 @@ def _add_arguments(parser: argparse.ArgumentParser, defaults: ServerSettings) ->
         "max_body_bytes": "largest request body (413 above)",
         "switch_interval": "seconds a thread may hold the GIL while another waits for it (sys.setswitchinterval)",
         "log_level": "uvicorn's log level",
+        "buckets": "batch sizes the batcher pads its batches up to, comma-separated ('': no padding)",
+        "preferred_batch_sizes": "batch sizes the batcher sends batches at when it can, comma-separated",
     }
     for field in dataclasses.fields(ServerSettings):
         kind = {"int": int, "float": float, "str": str}[str(field.type)]

@@ -1,0 +1,1 @@
+"""The streaming benchmark: token streaming batched continuously, in static batches, and unbatched."""

@@ -1,0 +1,1 @@
+"""examples/streaming/: the autoregressive model and its FastAPI app streaming server-sent events."""
