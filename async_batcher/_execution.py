@@ -60,6 +60,7 @@ class Batch:
         "size",
         "started",
         "waited",
+        "weights",
     )
 
     def __init__(self, run: Run, taken: Taken, started: float, lane: Lane) -> None:
@@ -73,6 +74,7 @@ class Batch:
         self.waited = started - taken.oldest  # how long its oldest item waited for it
         self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
         self.joined = 0  # items that joined a streaming batch while it ran (continuous batching)
+        self.weights = taken.weights  # each item's weight, when weights are kept (a streaming batch's budget)
         # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
         # now, and if it has not started in its thread, it will not.
         self.abandoned = False

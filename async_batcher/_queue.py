@@ -74,13 +74,23 @@ class Lane:
 class Taken:
     """A batch just taken from the queue: its items, one sink per caller, their weight, its oldest arrival."""
 
-    __slots__ = ("futures_only", "items", "oldest", "sinks", "weight")
+    __slots__ = ("futures_only", "items", "oldest", "sinks", "weight", "weights")
 
-    def __init__(self, items: list[Any], sinks: list[Any], *, oldest: float, weight: float, futures_only: bool) -> None:
+    def __init__(
+        self,
+        items: list[Any],
+        sinks: list[Any],
+        *,
+        oldest: float,
+        weight: float,
+        futures_only: bool,
+        weights: list[float] | None = None,
+    ) -> None:
         self.items = items
         self.sinks = sinks
         self.oldest = oldest
         self.weight = weight
+        self.weights = weights  # each item's, when weights are kept (None: each weighs 1)
         self.futures_only = futures_only  # every sink is a single caller's future (no bulk call)
 
 
@@ -237,18 +247,26 @@ class Queue:
     # ------------------------------------------------------------------ forming a batch
 
     def take(
-        self, lane: Lane, limit: int, weight_limit: float, *, now: float, max_priority_wait: float
+        self,
+        lane: Lane,
+        limit: int,
+        weight_limit: float,
+        *,
+        now: float,
+        max_priority_wait: float,
+        overflow: bool = True,
     ) -> Taken | None:
         """Take the lane's next batch: at most ``limit`` items and ``weight_limit`` weight.
 
         The best priority goes first, unless the head of another level has waited ``max_priority_wait``; first
-        come, first served within a level. ``None`` if every caller of the lane has left.
+        come, first served within a level. ``overflow``: a first item heavier than ``weight_limit`` is taken all
+        the same (a batch of one; what fills a running batch passes ``False``). ``None`` if nothing is taken.
         """
         taken = None
         if not self.weighted and len(lane.order) == 1:
             taken = self._take_plain(lane, limit)
         if taken is None:
-            taken = self._take_each(lane, limit, weight_limit, now - max_priority_wait)
+            taken = self._take_each(lane, limit, weight_limit, now - max_priority_wait, overflow=overflow)
             if taken is None:
                 return None
         n = len(taken.items)
@@ -279,10 +297,13 @@ class Queue:
         n = len(entries)
         return Taken(list(map(_item_of, entries)), sinks, oldest=entries[0][ARRIVAL], weight=n, futures_only=True)
 
-    def _take_each(self, lane: Lane, limit: int, weight_limit: float, starved_before: float) -> Taken | None:
+    def _take_each(
+        self, lane: Lane, limit: int, weight_limit: float, starved_before: float, *, overflow: bool
+    ) -> Taken | None:
         """Entry by entry: priorities, weights, bulk calls, departed callers."""
         items: list[Any] = []
         sinks: list[Any] = []
+        weights: list[float] | None = [] if self.weighted else None
         weight = 0.0
         oldest = math.inf
         futures_only = True
@@ -293,12 +314,14 @@ class Queue:
             fifo, entry = picked
             if entry.__class__ is list:
                 w = entry[WEIGHT]
-                if items and weight + w > weight_limit:
+                if weight + w > weight_limit and (items or not overflow):
                     break  # the batch closes before an item that would overflow it
                 fifo.popleft()
                 entry[QUEUED] = False
                 weight += w
                 items.append(entry[ITEM])
+                if weights is not None:
+                    weights.append(w)
                 sink = entry[SINK]
                 if sink.__class__ is Bulk:
                     sink = (sink, entry[INDEX], 1)
@@ -310,7 +333,7 @@ class Queue:
             count = min(limit - len(items), len(entry.items) - start)
             if weight_limit < math.inf:  # a weight limit set after this call was queued: its items weigh 1
                 room = int(weight_limit - weight)
-                if room < 1 and items:
+                if room < 1 and (items or not overflow):
                     break
                 count = min(count, max(room, 1))
             chunk = entry.items[start : start + count]  # a copy: process_batch may keep or mutate it
@@ -322,12 +345,14 @@ class Queue:
             futures_only = False
             entry.pos = start + count
             weight += count
+            if weights is not None:
+                weights.extend([1.0] * count)
             oldest = min(oldest, entry.arrival)
             if entry.pos == len(entry.items):
                 fifo.popleft()
         if not items:
             return None
-        return Taken(items, sinks, oldest=oldest, weight=weight, futures_only=futures_only)
+        return Taken(items, sinks, oldest=oldest, weight=weight, futures_only=futures_only, weights=weights)
 
     def _next_level(self, lane: Lane, starved_before: float) -> tuple[deque[Any], Any] | None:
         """The level to take the next item from: the best priority, unless a head arrived by ``starved_before``."""

@@ -18,7 +18,6 @@ bounded. A consumer that stops reading without leaving holds its batch: leave th
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -219,25 +218,34 @@ def _deliver(batch: Batch, parts: Any) -> None:
 
 
 def _compact(batch: Batch) -> None:
-    """Keep, in place, only the items whose streams are still open."""
+    """Keep, in place, only the items whose streams are still open (and their weights)."""
     if any(sink.done() for sink in batch.sinks):
-        kept = [(item, sink) for item, sink in zip(batch.items, batch.sinks, strict=True) if not sink.done()]
-        batch.items[:] = [item for item, _ in kept]
-        batch.sinks[:] = [sink for _, sink in kept]
+        kept = [i for i, sink in enumerate(batch.sinks) if not sink.done()]
+        batch.items[:] = [batch.items[i] for i in kept]
+        batch.sinks[:] = [batch.sinks[i] for i in kept]
+        if batch.weights is not None:
+            batch.weights[:] = [batch.weights[i] for i in kept]
 
 
 def _join(b: AsyncBatcher[Any, Any], run: Run, batch: Batch) -> None:
-    """Continuous batching: items waiting in the batch's lane join it, up to ``max_batch_size``."""
+    """Continuous batching: items waiting in the batch's lane join it, up to ``max_batch_size`` and
+    ``max_batch_weight``."""
     room = b._batch_limit - len(batch.items)
     lane = batch.lane
     if room <= 0 or lane is None or not lane.count:
         return
-    now = run.loop.time()
-    taken = run.queue.take(lane, room, math.inf, now=now, max_priority_wait=b._max_priority_wait)
+    budget = b._weight_limit
+    if run.queue.weighted:
+        budget -= sum(batch.weights) if batch.weights is not None else len(batch.items)
+    taken = run.queue.take(
+        lane, room, budget, now=run.loop.time(), max_priority_wait=b._max_priority_wait, overflow=False
+    )
     if taken is None:
         return
     batch.items.extend(taken.items)
     batch.sinks.extend(taken.sinks)
+    if batch.weights is not None:
+        batch.weights.extend(taken.weights or [1.0] * len(taken.items))
     batch.joined += len(taken.items)
     if run.putters:
         _admission.wake_putters(b, run)

@@ -224,3 +224,41 @@ async def test_a_decorated_async_generator_streams_and_can_batch_continuously() 
     await echo.stop()
     with pytest.raises(TypeError, match="async generator"):
         batch(continuous=True)(lambda xs: xs)
+
+
+class Letters(AsyncBatcher[str, str]):
+    continuous_batching = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.steps: list[list[str]] = []
+
+    def item_weight(self, item: str) -> float:
+        return len(item)
+
+    async def process_batch(self, batch: list[str]) -> AsyncIterator[list[Any]]:
+        sent: dict[str, int] = {}
+        while batch:
+            self.steps.append(list(batch))
+            await asyncio.sleep(1)
+            parts: list[Any] = []
+            for t in batch:
+                k = sent.get(t, 0)
+                parts.append(t[k] if k < len(t) else END)
+                sent[t] = k + 1
+            yield parts
+
+
+async def test_items_that_join_a_running_batch_stay_within_max_batch_weight() -> None:
+    b = Letters(max_queue_time=0, max_batch_weight=10)
+    first = asyncio.ensure_future(joined(b.stream("aaaaaa")))  # weight 6
+    await until(lambda: b.steps)
+    later = [asyncio.ensure_future(joined(b.stream(t))) for t in ("bbbb", "cccccc")]  # weights 4 and 6
+    assert await asyncio.gather(first, *later) == ["aaaaaa", "bbbb", "cccccc"]
+    weights = [sum(len(t) for t in step) for step in b.steps]
+    assert max(weights) <= 10, b.steps
+    await b.stop()
+
+
+async def joined(stream: AsyncIterator[str]) -> str:
+    return "".join([p async for p in stream])
