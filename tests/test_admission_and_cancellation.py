@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from async_batcher import QueueFullException
+from async_batcher import BatcherStoppedError, QueueFullException
 from async_batcher.exceptions import AsyncBatchException
 from tests.batchers import Recording, until
 
@@ -322,3 +322,69 @@ async def test_a_default_timeout_does_not_recall_a_batch_already_sent() -> None:
     assert b.batches == [[1]]  # it ran to its end; its result went to no one
     assert b.stats.timed_out == 1 and settled(b)
     await b.stop()
+
+
+async def test_a_caller_leaving_the_queue_makes_room_for_the_one_in_line() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=2, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    first, waiting = await fill(b, gate, 2)
+    in_line = asyncio.ensure_future(b.process(10))
+    await asyncio.sleep(0)
+    assert b.stats.queued == 2
+    waiting[0].cancel()  # queued callers leave (the short path's cancellation)
+    waiting[1].cancel()
+    await until(lambda: b.stats.cancelled == 2)
+    await until(lambda: b.stats.queued == 1)  # their room went to the caller in line, with no other event
+    gate.set()
+    assert await in_line == 20 and await first == -2
+    assert settled(b)
+    await b.stop()
+
+
+async def test_room_for_two_goes_to_the_two_in_line_not_to_a_newcomer() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=2, max_queue_time=0, max_batch_size=2, gate=gate, wait_when_full=True)
+    first, waiting = await fill(b, gate, 2)
+    in_line = [asyncio.ensure_future(b.process(i)) for i in (10, 11)]
+    await asyncio.sleep(0)
+    gate.set()  # the batch in flight ends; the two queued go: room for two, promised to the two in line
+    await until(lambda: len(b.batches) == 2)
+    newcomer = asyncio.ensure_future(b.process(12))
+    assert await asyncio.gather(*in_line) == [20, 22] and await newcomer == 24
+    assert b.sent == [-1, 0, 1, 10, 11, 12]  # the newcomer after them
+    await asyncio.gather(first, *waiting)
+    await b.stop()
+
+
+async def test_callers_in_line_that_give_up_are_each_counted() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=2, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    first, waiting = await fill(b, gate, 2)
+    leaving = [asyncio.ensure_future(b.process_many([10 + i, 20 + i])) for i in range(2)]
+    await asyncio.sleep(0)
+    for call in leaving:
+        call.cancel()
+    await asyncio.sleep(0)
+    assert b.stats.cancelled == 4  # both calls' items, each counted once
+    gate.set()
+    await asyncio.gather(first, *waiting)
+    assert settled(b)
+    await b.stop()
+
+
+async def test_a_caller_woken_for_room_as_a_stop_begins_is_refused_and_counted() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=2, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    first, waiting = await fill(b, gate, 2)
+    in_line = asyncio.ensure_future(b.process_many([10, 11]))
+    await asyncio.sleep(0)
+    # In one loop iteration: room appears, the caller in line is woken, and a stop begins before it runs again.
+    asyncio.get_running_loop().call_soon(setattr, b, "max_queue_size", 4)
+    stopping = asyncio.ensure_future(b.stop())
+    with pytest.raises(BatcherStoppedError, match="Recording is stopping"):
+        await in_line
+    gate.set()
+    await stopping
+    await asyncio.gather(first, *waiting)
+    s = b.stats
+    assert (s.submitted, s.failed) == (5, 2) and settled(b)
