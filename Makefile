@@ -25,8 +25,8 @@ TEST_PREREQS := $(VENV)/.test-installed
 include $(sort $(wildcard mk/*.mk))
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/ruff format --no-cache --check .
 
 typecheck: $(VENV)/.test-installed
 	$(BIN)/mypy --strict async_batcher
