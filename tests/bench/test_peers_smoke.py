@@ -61,7 +61,7 @@ def test_report_says_what_ran(run: dict[str, Any]) -> None:
     for v in VARIANTS:
         assert f"| {v} |" in md
     assert "max_queue_time=0.002" in md  # the settings given on the command line reached the server
-    assert "## Targets (issue 14)" in md and "| ours-wait | 1 |" in md
+    assert "## Targets: ahead of the best peer" in md and "| ours-wait | 1 |" in md
     assert (run["out"] / "peers.png").read_bytes().startswith(b"\x89PNG")
 
 
