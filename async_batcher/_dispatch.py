@@ -32,7 +32,8 @@ def due(b: AsyncBatcher[Any, Any], run: Run, lane: Lane, now: float) -> float:
       batch: ``max_batch_size`` items (the smallest of ``preferred_batch_sizes``, or the adaptive wait's target
       size, when set), or ``max_batch_weight``;
     - during a hold (``max_hold_time``: the callers the last batch answered may come back with their next items),
-      at once when they are all back, else when the hold ends;
+      at once when they are all back, else when the hold ends (:func:`look_again` extends it while they keep
+      coming back);
     - else when its oldest waiting item has waited ``max_queue_time`` since it arrived (with ``max_latency``, the
       adaptive wait's deadline for it);
     - ``inf`` if nothing of it waits (its callers may all have left).
@@ -79,8 +80,11 @@ def pump(b: AsyncBatcher[Any, Any], run: Run) -> None:
     now = max(run.loop.time(), run.timer_when)
     if b._adaptive is not None:
         adapt(b, run, now)
-    if b._max_hold_time and run.hold_mark != run.owed_mark and run.in_flight < b._slot_limit:
-        hold(b, run, now)
+    if b._max_hold_time and run.in_flight < b._slot_limit:
+        if run.hold_mark != run.owed_mark:
+            hold(b, run, now)
+        elif -math.inf < run.hold_until <= now:
+            look_again(b, run, now)
     next_at = math.inf
     while queue.waiting and run.in_flight < b._slot_limit:
         lane, next_at = choose(b, run, now)
@@ -132,6 +136,24 @@ def hold(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
     if run.queue.waiting and owed(b, run) > 0 and run.state is State.RUNNING:
         run.hold_mark = run.owed_mark
         run.hold_until = now + b._max_hold_time
+        run.hold_seen = submitted(b, run)
+        run.hold_graced = False
+
+
+def look_again(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
+    """A hold's time is up and callers are still owed: extend it by ``max_hold_time`` if some came back since it
+    last looked, or (once in a row) if the loop looked late by ``max_hold_time`` or more: busy, it could not
+    have run their requests; else the hold ends. Each extension but a busy loop's takes a caller back, so a hold
+    ends after at most about twice as many extensions as callers owed."""
+    seen = submitted(b, run)
+    came_back = seen > run.hold_seen
+    busy = now - run.hold_until >= b._max_hold_time and not run.hold_graced
+    if run.state is State.RUNNING and owed(b, run) > 0 and (came_back or busy):
+        run.hold_seen = seen
+        run.hold_graced = not came_back
+        run.hold_until = now + b._max_hold_time
+    else:
+        run.hold_until = -math.inf
 
 
 def cut(b: AsyncBatcher[Any, Any], waiting: int) -> int:

@@ -58,7 +58,9 @@ class Run:
         "dispatches",
         "drained",
         "fast_loop",
+        "hold_graced",
         "hold_mark",
+        "hold_seen",
         "hold_until",
         "ident",
         "in_flight",
@@ -134,10 +136,14 @@ class Run:
         self.dispatches = 0  # batches formed so far: the clock of Lane.served
         # The hold (max_hold_time): when a batch ends, the callers it answered may come back with their next items
         # (closed-loop clients); a free slot then waits for them. owed_mark is the count of submitted items at
-        # which they are all back; hold_until, when the hold of that mark (hold_mark) ends at the latest.
+        # which they are all back; hold_until, when the hold of that mark (hold_mark) ends unless it is extended:
+        # hold_seen is the count of submitted items when the hold last looked, hold_graced whether its last
+        # extension was for a busy loop rather than for callers that came back.
         self.owed_mark = 0
         self.hold_mark = -1
         self.hold_until = -math.inf
+        self.hold_seen = 0
+        self.hold_graced = False
         # The lane size at which an arrival wakes the dispatcher: the batcher's size trigger, or during a hold the
         # size at which everyone is back.
         self.trigger = sys.maxsize

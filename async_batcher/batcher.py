@@ -43,11 +43,12 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
        (``max_batch_size`` items, ``max_batch_weight``, or the largest of ``preferred_batch_sizes`` available) or
        its oldest item has waited ``max_queue_time`` seconds, measured from *its arrival* on the event loop's
        clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: when a batch
-       ends, the slot waits that long at most for the callers it answered to come back with their next items
-       (clients that send their next request once they have their answer), and goes as soon as they are all
-       back, so that they share one batch instead of splitting into alternating halves. ``max_queue_time=0``
-       sends whatever is waiting the moment a slot is free (items that arrive in the same loop iteration share
-       the batch). Items go out in arrival order. An idle batcher schedules no wake-ups.
+       ends, the slot waits for the callers it answered to come back with their next items (clients that send
+       their next request once they have their answer), and goes as soon as they are all back, so that they
+       share one batch instead of splitting into alternating halves; it waits while they keep coming back,
+       each within ``max_hold_time`` of the last (once more if the loop was too busy to run them).
+       ``max_queue_time=0`` sends whatever is waiting the moment a slot is free (items that arrive in the same
+       loop iteration share the batch). Items go out in arrival order. An idle batcher schedules no wake-ups.
     2. **Results.** ``process_batch`` returns a sequence of the same length and order as its batch (any ordered
        iterable: a list, a tuple, a numpy array, a generator), or ``None`` (every caller gets ``None``). An
        element that is an ``Exception`` instance is raised to that caller only. Results of the wrong length or
@@ -104,9 +105,9 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         max_priority_wait: The most seconds an item is passed over for items of a better priority.
         max_latency: A latency budget in seconds: the batcher then chooses how long batches wait from what it
             measures (the adaptive wait, :mod:`async_batcher.adaptive`) instead of ``max_queue_time``.
-        max_hold_time: The most seconds a free slot waits for the callers the last batch answered to come back
-            with their next items (clients that send their next request once they have their answer), so that
-            they share a batch; ``0``: never.
+        max_hold_time: Seconds a free slot waits for the next of the callers the last batch answered to come
+            back with an item (clients that send their next request once they have their answer), so that they
+            share a batch; ``0``: never.
         preferred_batch_sizes: Batch sizes the model runs best at (Triton's ``preferred_batch_size``): a batch
             goes out at the largest one available, else waits for the next one at most ``max_queue_time``.
         default_timeout: Seconds every item may take at most when its call gives no ``timeout=``.

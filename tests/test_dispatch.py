@@ -263,6 +263,72 @@ async def test_a_hold_merges_the_clients_that_come_back_into_full_batches() -> N
     assert len(sizes[0.0]) > 12 and min(sizes[0.0][1:]) < 8
 
 
+async def test_a_hold_lasts_while_the_callers_keep_coming_back() -> None:
+    # Client c comes back 0.01 + 0.03 c after its answer: the last one 0.22 later, four holds of 0.05 after the
+    # slot freed. Each look finds some back, and waits another 0.05 for the rest.
+    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=0.1)
+    await clients(b, 8, 4, think=0.01, spread=0.03)
+    assert [len(x) for x in b.batches] == [8] * 4
+    await b.stop()
+
+
+async def test_a_hold_ends_max_hold_time_after_the_last_caller_came_back() -> None:
+    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=0.1)
+    loop = asyncio.get_running_loop()
+
+    async def client(c: int) -> None:
+        await b.process(c)  # all eight in the first batch, 0 to 0.1
+        await asyncio.sleep(0.01 if c < 4 else 0.5)  # four come back at 0.11, four at 0.6
+        await b.process(c)
+
+    await asyncio.gather(*(client(c) for c in range(8)))
+    # The four back at 0.11 wait for the others until 0.16: nobody came back in the hold's 0.05.
+    assert [len(x) for x in b.batches] == [8, 4, 4]
+    assert b.started_at == pytest.approx([0, 0.16, 0.6])
+    assert loop.time() == pytest.approx(0.7)
+    await b.stop()
+
+
+async def test_a_hold_outlasts_a_loop_too_busy_to_run_the_callers() -> None:
+    # Each answered caller keeps the loop busy 0.2 (as writing a response does), then comes back a moment later
+    # (its next request arriving): the hold's timer fires late, when neither is back. It waits once more.
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualClockLoop)
+    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=1.0)
+
+    async def client(c: int) -> None:
+        await b.process(c)
+        loop.advance(0.2)
+        await asyncio.sleep(0.001)
+        await b.process(c)
+
+    calls = [asyncio.ensure_future(client(c)) for c in range(2)]
+    await asyncio.sleep(0.5)
+    waiting = asyncio.ensure_future(b.process(9))  # waits while the first batch runs: the slot is held at 1.0
+    await asyncio.gather(*calls, waiting)
+    assert [sorted(x) for x in b.batches] == [[0, 1], [0, 1, 9]]
+    assert b.started_at == pytest.approx([0, 1.401])
+    await b.stop()
+
+
+async def test_a_busy_loop_extends_a_hold_once_in_a_row() -> None:
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualClockLoop)
+    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=1.0)
+
+    async def leaver() -> None:
+        await b.process(0)
+        loop.advance(0.2)  # busy past the hold, then never comes back
+
+    call = asyncio.ensure_future(leaver())
+    await asyncio.sleep(0.5)
+    assert await b.process(1) == 2
+    await call
+    # Held 1.0 to 1.05; the loop looked at 1.2: busy, one more 0.05; at 1.25 nobody came back: it goes.
+    assert b.started_at == pytest.approx([0, 1.25])
+    await b.stop()
+
+
 async def test_a_hold_adds_no_wait_for_a_lone_client() -> None:
     b = Recording(max_queue_time=0, max_hold_time=1.0, delay=0.1)
     latencies = await clients(b, 1, 5, think=0.3)
