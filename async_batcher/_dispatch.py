@@ -148,7 +148,7 @@ def look_again(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
     seen = submitted(b, run)
     came_back = seen > run.hold_seen
     busy = now - run.hold_until >= b._max_hold_time and not run.hold_graced
-    if run.state is State.RUNNING and owed(b, run) > 0 and (came_back or busy):
+    if run.queue.waiting and run.state is State.RUNNING and owed(b, run) > 0 and (came_back or busy):
         run.hold_seen = seen
         run.hold_graced = not came_back
         run.hold_until = now + b._max_hold_time
