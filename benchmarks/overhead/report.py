@@ -136,7 +136,7 @@ def _vs(
 
 
 def evaluate_targets(cells: dict[Key, Cell], loops: Iterable[str]) -> list[Target]:
-    """Issue 13's targets, on each event loop."""
+    """The overhead targets, on each event loop."""
     out: list[Target] = []
     for lp in loops:
         out += [
@@ -150,7 +150,7 @@ def evaluate_targets(cells: dict[Key, Cell], loops: Iterable[str]) -> list[Targe
 
 
 def earlier_goals(cells: dict[Key, Cell], loops: Iterable[str]) -> list[str]:
-    """Issue 3's goals, kept: process_many at 1 000 000 items/s or more; a lone caller (wait 0) adds 50 µs at most."""
+    """Earlier goals, kept: process_many at 1 000 000 items/s or more; a lone caller (wait 0) adds 50 µs at most."""
     lines = []
     for lp in loops:
         bulk, lat = cells.get(("ours", "bulk", lp)), cells.get(("ours", "latency", lp))
@@ -354,7 +354,7 @@ def markdown(
     ]
     goals = earlier_goals(cells, loops)
     if goals:
-        lines += ["Issue 3's goals, kept:", "", *goals, ""]
+        lines += ["Earlier goals, kept:", "", *goals, ""]
     lines += ["## Results", "", *tables(cells, batches, impls, loops), ""]
     lines += [*compare_to(out_dir, impls), ""]
     if failures:
