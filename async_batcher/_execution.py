@@ -92,7 +92,7 @@ def launch(b: AsyncBatcher[Any, Any], run: Run, taken: Taken, now: float, lane: 
     startup = run.startup
     if run.is_stream:
         batch.handle = run.loop.create_task(_streaming.run_stream_batch(b, batch))
-    elif run.is_coroutine or (startup is not None and not _succeeded(startup)):
+    elif run.is_coroutine or (startup is not None and (not _succeeded(startup) or run.start_line is not None)):
         batch.handle = run.loop.create_task(run_batch(b, batch))
     else:
         to_executor(b, batch)
@@ -110,13 +110,34 @@ def call_process_batch(b: AsyncBatcher[Any, Any], run: Run, items: list[Any]) ->
 # ---------------------------------------------------------------------- the coroutine path
 
 
+async def wait_for_start(run: Run) -> None:
+    """Wait for ``on_start()``, and for the batches formed before this one that wait for it too: a batch formed as
+    ``on_start()`` ends sees it done, but must not reach ``process_batch`` before the batches already in line."""
+    startup, ahead = run.startup, run.start_line
+    if startup is None or (ahead is None and startup.done()):
+        if startup is not None:
+            startup.result()  # on_start() failed: this batch's callers get its error
+        return
+    passed = run.loop.create_future()
+    run.start_line = passed
+    try:
+        await asyncio.shield(startup)
+        if ahead is not None:
+            await asyncio.shield(ahead)  # shielded: this batch's cancellation must not cancel the one ahead
+    finally:
+        if not passed.done():
+            passed.set_result(None)
+        if run.start_line is passed:
+            run.start_line = None
+
+
 async def run_batch(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
     """A batch as a task: a coroutine ``process_batch``, or any batch formed before ``on_start()`` finished."""
     run = batch.run
     ran = False
     try:
         if run.startup is not None:
-            await asyncio.shield(run.startup)
+            await wait_for_start(run)
         # A caller may have left since the batch was formed (this task starts an iteration later): its item must
         # not reach process_batch.
         batch.items, batch.sinks = without_departed(batch.items, batch.sinks, futures_only=batch.futures_only)

@@ -74,6 +74,7 @@ class Run:
         "putters",
         "queue",
         "reserved",
+        "start_line",
         "startup",
         "state",
         "stop_waiters",
@@ -115,6 +116,9 @@ class Run:
         # -- Lifecycle.
         self.state = state
         self.startup: asyncio.Task[None] | None = None  # on_start(): the first batch waits for it
+        # The last batch in line for on_start(): set once it has passed, so that the batches formed after it,
+        # which see on_start() done, still reach process_batch after it (in the order they were formed).
+        self.start_line: asyncio.Future[None] | None = None
         self.drained: asyncio.Future[None] | None = None  # set by a stop once nothing is queued or in flight
         self.closing: asyncio.Task[None] | None = None  # on_stop(), once drained
         self.stop_waiters = 0  # stop() calls awaiting closing: a failing on_stop() is theirs to raise

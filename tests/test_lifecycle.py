@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import inspect
 import logging
@@ -119,6 +120,35 @@ async def test_on_start_and_on_stop_run_once_per_run() -> None:
     assert await b.process(3) == 6
     await b.stop()
     assert events == ["start", "stop", "start", "stop"]
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize("coroutine", [True, False], ids=["async", "sync"])
+async def test_batches_formed_while_on_start_runs_keep_their_order(coroutine: bool) -> None:
+    # The full batch [1, 2, 3] waits for on_start(); [4] is formed by its deadline as on_start() ends, and sees it
+    # done: it must still reach process_batch second.
+    order: list[int] = []
+
+    class Starting(AsyncBatcher[int, int]):
+        async def on_start(self) -> None:
+            await asyncio.sleep(0.01)
+
+    class Async(Starting):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            order.extend(batch)
+            return batch
+
+    class Sync(Starting):
+        def process_batch(self, batch: list[int]) -> list[int]:  # type: ignore[override]
+            order.extend(batch)
+            return batch
+
+    # One thread: the batches run in the order they reach the executor.
+    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+        b = (Async if coroutine else Sync)(max_batch_size=3, max_queue_time=0.01, concurrency=2, executor=executor)
+        assert await b.process_many([1, 2, 3, 4]) == [1, 2, 3, 4]
+        assert order == [1, 2, 3, 4]
+        await b.stop()
 
 
 async def test_a_failing_on_start_fails_the_callers_and_async_with() -> None:
