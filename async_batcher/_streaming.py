@@ -172,7 +172,7 @@ async def run_stream_batch(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
     steps: Any = None
     try:
         if run.startup is not None:
-            await asyncio.shield(run.startup)
+            await _execution.wait_for_start(run)
         _compact(batch)
         if not batch.items:
             return

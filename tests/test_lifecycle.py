@@ -9,6 +9,7 @@ import inspect
 import logging
 import math
 import warnings
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -123,8 +124,8 @@ async def test_on_start_and_on_stop_run_once_per_run() -> None:
 
 
 @pytest.mark.virtual_time
-@pytest.mark.parametrize("coroutine", [True, False], ids=["async", "sync"])
-async def test_batches_formed_while_on_start_runs_keep_their_order(coroutine: bool) -> None:
+@pytest.mark.parametrize("kind", ["async", "sync", "stream"])
+async def test_batches_formed_while_on_start_runs_keep_their_order(kind: str) -> None:
     # The full batch [1, 2, 3] waits for on_start(); [4] is formed by its deadline as on_start() ends, and sees it
     # done: it must still reach process_batch second.
     order: list[int] = []
@@ -143,10 +144,23 @@ async def test_batches_formed_while_on_start_runs_keep_their_order(coroutine: bo
             order.extend(batch)
             return batch
 
+    class Stream(Starting):
+        async def process_batch(self, batch: list[int]) -> AsyncIterator[list[int]]:  # type: ignore[override]
+            order.extend(batch)
+            yield batch
+
+    async def streamed(b: AsyncBatcher[int, int], item: int) -> int:
+        (part,) = [part async for part in b.stream(item)]  # one step: one part
+        return part
+
     # One thread: the batches run in the order they reach the executor.
     with concurrent.futures.ThreadPoolExecutor(1) as executor:
-        b = (Async if coroutine else Sync)(max_batch_size=3, max_queue_time=0.01, concurrency=2, executor=executor)
-        assert await b.process_many([1, 2, 3, 4]) == [1, 2, 3, 4]
+        cls = {"async": Async, "sync": Sync, "stream": Stream}[kind]
+        b = cls(max_batch_size=3, max_queue_time=0.01, concurrency=2, executor=executor)
+        if kind == "stream":
+            assert await asyncio.gather(*(streamed(b, i) for i in [1, 2, 3, 4])) == [1, 2, 3, 4]
+        else:
+            assert await b.process_many([1, 2, 3, 4]) == [1, 2, 3, 4]
         assert order == [1, 2, 3, 4]
         await b.stop()
 
