@@ -329,6 +329,28 @@ async def test_a_busy_loop_extends_a_hold_once_in_a_row() -> None:
     await b.stop()
 
 
+async def test_a_loop_busy_twice_in_a_row_does_not_extend_a_hold_twice() -> None:
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualClockLoop)
+    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=1.0)
+
+    async def leaver() -> None:
+        await b.process(0)
+        loop.advance(0.2)  # busy past the hold, then never comes back
+
+    async def busy_again() -> None:
+        await asyncio.sleep(1.21)
+        loop.advance(0.2)  # busy again, past the extension
+
+    calls = [asyncio.ensure_future(leaver()), asyncio.ensure_future(busy_again())]
+    await asyncio.sleep(0.5)
+    assert await b.process(1) == 2
+    await asyncio.gather(*calls)
+    # Held 1.0 to 1.05; busy until 1.2: one more 0.05; busy again until 1.41, nobody back: it goes then.
+    assert b.started_at == pytest.approx([0, 1.41])
+    await b.stop()
+
+
 async def test_a_hold_adds_no_wait_for_a_lone_client() -> None:
     b = Recording(max_queue_time=0, max_hold_time=1.0, delay=0.1)
     latencies = await clients(b, 1, 5, think=0.3)

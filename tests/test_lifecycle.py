@@ -65,12 +65,18 @@ def test_a_batcher_left_running_in_a_closed_loop_starts_afresh_in_the_next() -> 
 
 
 def test_the_items_lost_with_a_loop_closed_under_them_count_as_failed(caplog: pytest.LogCaptureFixture) -> None:
-    b = Recording(max_queue_time=100)
+    def answer(batch: list[int]) -> list[Any]:
+        return [ValueError(x) if x < 0 else 2 * x for x in batch]
+
+    b = Recording(max_queue_time=0, max_queue_size=3, wait_when_full=True, answer=answer)
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(lambda _loop, _context: None)  # ("Task was destroyed but it is pending": expected)
-    callers = [loop.create_task(b.process(i)) for i in range(3)]
+    with pytest.raises(ValueError):
+        loop.run_until_complete(b.process(-1))  # failed before the loop closes: still counted once
+    b.max_queue_time = 100
+    callers = [loop.create_task(b.process(i)) for i in range(4)]  # three queued, one waiting for room
     loop.run_until_complete(asyncio.sleep(0))
-    assert b.stats.queued == 3
+    assert (b.stats.queued, b.stats.failed) == (3, 1)
     loop.close()  # with the callers still waiting: they are gone with it
     del callers
     b.max_queue_time = 0
@@ -78,7 +84,7 @@ def test_the_items_lost_with_a_loop_closed_under_them_count_as_failed(caplog: py
         assert asyncio.run(b.process(5)) == 10
     assert "closed without stop" in caplog.text
     s = b.stats
-    assert (s.submitted, s.succeeded, s.failed, s.queued) == (4, 1, 3, 0)
+    assert (s.submitted, s.succeeded, s.failed, s.queued) == (6, 1, 5, 0)
 
 
 async def test_start_is_optional_and_idempotent() -> None:
