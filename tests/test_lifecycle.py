@@ -483,6 +483,22 @@ async def test_concurrent_stops_all_get_a_failing_on_stop_and_the_loop_reports_n
     assert all(isinstance(r, OSError) for r in results)  # (the harness fails the test on a loop report)
 
 
+async def test_a_stop_that_leaves_does_not_make_the_others_failure_unawaited() -> None:
+    class Broken(Recording):
+        async def on_stop(self) -> None:
+            await asyncio.sleep(0.01)
+            raise OSError("close failed")
+
+    b = Broken(max_queue_time=0)
+    await b.process(1)
+    leaving, staying = asyncio.ensure_future(b.stop()), asyncio.ensure_future(b.stop())
+    await asyncio.sleep(0)
+    leaving.cancel()  # one caller of stop() leaves while on_stop() runs; the other still gets its failure
+    with pytest.raises(OSError, match="close failed"):
+        await staying
+    assert leaving.cancelled()  # (the harness fails the test on a loop report)
+
+
 async def test_the_loops_report_of_an_unawaited_on_stop_failure_names_the_batcher(
     loop_errors: list[dict[str, Any]],
 ) -> None:
