@@ -130,10 +130,16 @@ def answered(b: AsyncBatcher[Any, Any], run: Run, callers: int) -> None:
         run.owed_mark = submitted(b, run) + callers
 
 
+def may_hold(b: AsyncBatcher[Any, Any], run: Run) -> bool:
+    """Whether a free slot may wait: items wait, callers the last batch answered are still to come back, and the
+    batcher is not stopping."""
+    return bool(run.queue.waiting) and run.state is State.RUNNING and owed(b, run) > 0
+
+
 def hold(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
-    """A slot is free, items wait, and callers the last batch answered are still to come back: hold the slot for
-    them, at most ``max_hold_time`` (once per batch that answered them; never while stopping)."""
-    if run.queue.waiting and owed(b, run) > 0 and run.state is State.RUNNING:
+    """A slot is free: hold it for the callers the last batch answered, ``max_hold_time`` for a start (once per
+    batch that answered them; :func:`look_again` extends it)."""
+    if may_hold(b, run):
         run.hold_mark = run.owed_mark
         run.hold_until = now + b._max_hold_time
         run.hold_seen = submitted(b, run)
@@ -148,7 +154,7 @@ def look_again(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
     seen = submitted(b, run)
     came_back = seen > run.hold_seen
     busy = now - run.hold_until >= b._max_hold_time and not run.hold_graced
-    if run.queue.waiting and run.state is State.RUNNING and owed(b, run) > 0 and (came_back or busy):
+    if (came_back or busy) and may_hold(b, run):
         run.hold_seen = seen
         run.hold_graced = not came_back
         run.hold_until = now + b._max_hold_time
