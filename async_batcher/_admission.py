@@ -35,6 +35,7 @@ async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None,
         raise TypeError(f"{b.name} streams its results (process_batch is an async generator): iterate stream(item)")
     deadline = None if timeout is None else loop.time() + timeout
     key, weight = key_and_weight(b, run, item, 1)
+    refuse_if_reentrant(b, run, 1)
     if no_room(b, run, 1):
         await wait_for_room(b, run, 1, deadline)
     queue = run.queue
@@ -42,8 +43,6 @@ async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None,
     fut: asyncio.Future[Any] = loop.create_future()
     entry = [item, fut, loop.time(), True, weight, lane, 0]
     queue.push(entry, priority)
-    if run.in_flight >= b._slot_limit:
-        refuse_if_reentrant(b, run, entry)
     _dispatch.arrived(b, run, lane)
     expiry = None if deadline is None else loop.call_at(deadline, expire, b, run, entry)
     try:
@@ -78,13 +77,12 @@ async def submit_many(
         raise QueueFullException(
             f"{b.name}: process_many of {n} items can never fit in max_queue_size={b._max_queue_size}"
         )
+    refuse_if_reentrant(b, run, n)
     if no_room(b, run, n):
         await wait_for_room(b, run, n, deadline)
     queue = run.queue
     fut: asyncio.Future[list[Any]] = loop.create_future()
     bulk = _enqueue_bulk(queue, batch, keys_weights, fut, loop.time(), priority, return_exceptions, b)
-    if run.in_flight >= b._slot_limit:
-        refuse_if_reentrant(b, run, bulk)
     lanes = [queue.lane0] if bulk.entries is None else dict.fromkeys(entry[LANE] for entry in bulk.entries)
     for lane in lanes:
         _dispatch.arrived(b, run, lane)
@@ -114,14 +112,16 @@ def _enqueue_bulk(
     return_exceptions: bool,
     b: AsyncBatcher[Any, Any],
 ) -> Bulk:
-    if keys_weights is None:  # one queue entry for the whole call: sliced into batches as they go out
-        bulk = Bulk(items, fut, now, return_exceptions=return_exceptions, lane=queue.lane0, recorder=b._recorder)
+    # Without keys or weights, one queue entry for the whole call, sliced into batches as they go out; else an
+    # entry per item, in its key's lane.
+    lane = queue.lane0 if keys_weights is None else None
+    bulk = Bulk(items, fut, now, return_exceptions=return_exceptions, lane=lane, recorder=b._recorder)
+    if keys_weights is None:
         queue.push_bulk(bulk, priority)
         return bulk
-    bulk = Bulk(items, fut, now, return_exceptions=return_exceptions, lane=None, recorder=b._recorder)
     bulk.entries = []
-    for index, (x, (key, weight)) in enumerate(zip(items, keys_weights, strict=True)):
-        entry = [x, bulk, now, True, weight, queue.lane(key), index]
+    for index, (key, weight) in enumerate(keys_weights):
+        entry = [items[index], bulk, now, True, weight, queue.lane(key), index]
         queue.push(entry, priority)
         bulk.entries.append(entry)
     return bulk
@@ -148,18 +148,38 @@ def key_and_weight(b: AsyncBatcher[Any, Any], run: Run, item: Any, n: int) -> tu
     return key, float(weight)
 
 
-def refuse_if_reentrant(b: AsyncBatcher[Any, Any], run: Run, entry: Any) -> None:
-    """Every slot is taken: an item submitted from inside one of this run's batches would wait for its own batch
-    forever. Take it back and refuse it."""
-    inside = _execution.current_batch.get()
-    if inside is None or inside.run is not run or not inside.is_live():
+def refuse_if_reentrant(b: AsyncBatcher[Any, Any], run: Run, n: int) -> None:
+    """Every slot is taken: ``n`` items submitted from inside one of this run's batches would wait for their own
+    batch forever (so would a wait for room in the queue, which empties only as batches go). Refuse them.
+
+    Checked before the items queue, or wait for room. Once they do, it is too late to look again, and there is no
+    need: the last of the batches that took the slots finds them all taken, so they cannot all wait on themselves.
+    """
+    if run.in_flight < b._slot_limit or not _inside_own_batch(run):
         return
-    if entry.__class__ is list:
-        withdraw(b, run, entry)
-    else:
-        withdraw_bulk(b, run, entry)
-    b._recorder.failed += 1 if entry.__class__ is list else len(entry.items)
-    raise ReentrantCallError(
+    b._recorder.exited += n
+    b._recorder.failed += n
+    raise _reentrant_error(b)
+
+
+def refuse_queued_if_reentrant(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
+    """:func:`refuse_if_reentrant` for :meth:`AsyncBatcher.process`'s short path, which queues its item before it
+    looks (and only looks when every slot is taken). Nobody waits for room on the short path, and the batcher
+    runs: taking the item back is all there is to undo."""
+    if not _inside_own_batch(run):
+        return
+    run.queue.withdraw(entry)
+    b._recorder.failed += 1
+    raise _reentrant_error(b)
+
+
+def _inside_own_batch(run: Run) -> bool:
+    inside = _execution.current_batch.get()
+    return inside is not None and inside.run is run and inside.is_live()
+
+
+def _reentrant_error(b: AsyncBatcher[Any, Any]) -> ReentrantCallError:
+    return ReentrantCallError(
         f"{b.name}: process() called from inside its own process_batch while every slot (concurrency="
         f"{b._concurrency}) is taken: the item would wait for its own batch forever; raise concurrency, or do the "
         "work directly"
@@ -189,10 +209,11 @@ async def wait_for_room(b: AsyncBatcher[Any, Any], run: Run, n: int, deadline: f
     waiter: asyncio.Future[None] = loop.create_future()
     run.putters.append((waiter, n))
     run.awaiting_room += n
-    expiry = None if deadline is None else loop.call_at(deadline, _expire_waiter, waiter)
+    expiry = None if deadline is None else loop.call_at(deadline, _expire_waiter, b, waiter)
     try:
         await waiter
     except BaseException as exc:  # it gives up: cancelled, timed out, or refused by a stop
+        # (The waiter is pending when the caller's coroutine was closed: GeneratorExit.)
         if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
             run.reserved -= n  # woken, then cancelled before it could queue: the room goes to the next in line
         run.awaiting_room -= n
@@ -216,9 +237,9 @@ async def wait_for_room(b: AsyncBatcher[Any, Any], run: Run, n: int, deadline: f
         raise BatcherStoppedError(f"{b.name} is {run.state.value}")
 
 
-def _expire_waiter(waiter: asyncio.Future[None]) -> None:
+def _expire_waiter(b: AsyncBatcher[Any, Any], waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
-        waiter.set_exception(TimeoutError("no room in the queue within the timeout"))
+        waiter.set_exception(TimeoutError(f"{b.name}: no room in the queue within the timeout"))
 
 
 def wake_putters(b: AsyncBatcher[Any, Any], run: Run) -> None:

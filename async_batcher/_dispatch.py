@@ -63,7 +63,7 @@ def choose(b: AsyncBatcher[Any, Any], run: Run, now: float) -> tuple[Lane | None
         at = due(b, run, lane, now)
         if at <= now:
             chosen = lane
-            if lane.served < 0:
+            if not lane.served:
                 break  # never served: nobody goes before it
         elif at < next_at:
             next_at = at

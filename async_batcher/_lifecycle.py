@@ -36,10 +36,8 @@ def admit(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop, n: int) ->
     run = b._run
     if run.loop is loop and run.state is State.RUNNING:
         return run
-    if run.state is State.NEW or (run.state is State.RUNNING and run.loop.is_closed()):
-        return bind(b, loop)
-    if run.state is State.RUNNING:
-        raise RuntimeError(f"{b.name} is running on another event loop")
+    if run.state is State.NEW or run.state is State.RUNNING:
+        return bind(b, loop)  # (which refuses another loop that still runs)
     b._recorder.rejected += n
     raise BatcherStoppedError(f"{b.name} is {run.state.value}; start() it again to submit items")
 
@@ -71,7 +69,6 @@ def bind(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop) -> Run:
         is_stream=inspect.isasyncgenfunction(b.process_batch),
     )
     choose_fast_path(b, run)
-    run.trigger = b._size_trigger
     b._run = run
     if cls.on_start is not base.on_start:
         run.startup = loop.create_task(b.on_start())
@@ -142,7 +139,7 @@ async def stop(b: AsyncBatcher[Any, Any], *, force: bool, timeout: float | None)
     if force:
         abort(b, run, BatcherStoppedError(f"{b.name} was stopped with force=True"))
     drained, closing = run.drained, run.closing
-    if drained is not None and not drained.done():
+    if drained is not None:  # (awaiting it done costs nothing)
         try:
             await asyncio.wait_for(asyncio.shield(drained), _left(loop, deadline))
         except TimeoutError:
@@ -179,7 +176,7 @@ def check_drained(b: AsyncBatcher[Any, Any], run: Run) -> None:
     """During a stop: once nothing is queued or in flight, run ``on_stop()`` (exactly once). The callers in line for
     room were refused when the stop began."""
     if run.state is State.STOPPING and run.closing is None and not run.queue.waiting and not run.in_flight:
-        if run.drained is not None and not run.drained.done():
+        if run.drained is not None:  # (set as the stop began; resolved here only, as closing is set)
             run.drained.set_result(None)
         run.closing = run.loop.create_task(_finish_stop(b, run))
         run.closing.add_done_callback(partial(_closing_done, b, run))
@@ -198,8 +195,7 @@ def finish(run: Run) -> None:
     """The end of a run: no wake-up left, and the state says so."""
     _dispatch.cancel_timer(run)
     if run.pump_handle is not None:
-        run.pump_handle.cancel()
-        run.pump_handle = None
+        run.pump_handle.cancel()  # (a stopped run is never dispatched again: a new run starts afresh)
     run.state = State.STOPPED
     run.fast_loop = None
 

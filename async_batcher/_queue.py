@@ -54,7 +54,7 @@ class Lane:
         # True while every entry of its levels is a single item still queued, its own caller's (no bulk call,
         # nothing withdrawn in place): a batch can then be formed without looking at each entry.
         self.clean = True
-        self.served = -1  # when its last batch went out (a dispatch count); -1: never
+        self.served = 0  # when its last batch went out (a dispatch count, from 1); 0: never
         self.levels: dict[float, deque[Any]] = {}
         self.order: list[deque[Any]] = []  # the levels, best (lowest) priority first
         self.count = 0

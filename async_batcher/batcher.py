@@ -276,7 +276,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
                     if run.timer is None or lane.count >= run.trigger:
                         run.pump_handle = loop.call_soon(scheduled_pump, self, run)
                 elif _current_batch() is not None:
-                    _admission.refuse_if_reentrant(self, run, entry)
+                    _admission.refuse_queued_if_reentrant(self, run, entry)
             return await fut
         except asyncio.CancelledError:
             _admission.left(self, run, entry, fut)
