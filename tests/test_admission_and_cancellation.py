@@ -291,6 +291,7 @@ async def test_a_cancelled_bulk_call_at_the_head_of_the_line_lets_the_next_one_i
 async def test_a_default_timeout_applies_to_calls_without_their_own() -> None:
     loop = asyncio.get_running_loop()
     b = Recording(max_batch_size=10, max_queue_time=100, default_timeout=2.0)
+    b.start()  # (bound first: process() then takes its short path wherever it may)
     plain = asyncio.ensure_future(b.process(1))
     own = asyncio.ensure_future(b.process(2, timeout=5.0))  # overrides the default
     many = asyncio.ensure_future(b.process_many([3, 4]))
@@ -338,6 +339,75 @@ async def test_a_caller_leaving_the_queue_makes_room_for_the_one_in_line() -> No
     gate.set()
     assert await in_line == 20 and await first == -2
     assert settled(b)
+    await b.stop()
+
+
+async def test_a_queued_caller_timing_out_makes_room_for_the_one_in_line() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=1, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    first, _ = await fill(b, gate, 0)
+    leaving = asyncio.ensure_future(b.process(0, timeout=1.0))
+    await until(lambda: b.stats.queued == 1)
+    in_line = asyncio.ensure_future(b.process(10))
+    await asyncio.wait([leaving], timeout=10)
+    assert isinstance(leaving.exception(), TimeoutError) and b.stats.timed_out == 1
+    await until(lambda: b.stats.queued == 1)  # the one in line took its place, with no batch ending
+    gate.set()
+    assert await in_line == 20 and await first == -2
+    assert b.sent == [-1, 10] and settled(b)
+    await b.stop()
+
+
+async def test_queued_process_many_calls_cancelled_make_room_and_are_each_counted() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_size=4, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    first, _ = await fill(b, gate, 0)
+    leaving = [asyncio.ensure_future(b.process_many([i, i + 1])) for i in (0, 2)]
+    await until(lambda: b.stats.queued == 4)
+    in_line = asyncio.ensure_future(b.process_many([10, 11]))
+    await asyncio.sleep(0)
+    for call in leaving:
+        call.cancel()
+    await until(lambda: b.stats.cancelled == 4)  # both calls' items, on top of each other
+    await until(lambda: b.stats.queued == 2)  # the call in line took their room, with no batch ending
+    gate.set()
+    assert await in_line == [20, 22] and await first == -2
+    assert b.sent == [-1, 10, 11] and settled(b)
+    await b.stop()
+
+
+async def test_the_rest_of_a_failed_process_many_makes_room_for_the_one_in_line() -> None:
+    gate = asyncio.Event()
+    b = Recording(
+        max_queue_size=3,
+        max_queue_time=0,
+        max_batch_size=1,
+        gate=gate,
+        wait_when_full=True,
+        answer=lambda batch: [ValueError("no") if x == 0 else x * 2 for x in batch],
+    )
+    first, _ = await fill(b, gate, 0)
+    failing = asyncio.ensure_future(b.process_many([0, 1, 2]))
+    await until(lambda: b.stats.queued == 3)
+    in_line = asyncio.ensure_future(b.process_many([10, 11]))
+    await asyncio.sleep(0)
+    gate.set()
+    with pytest.raises(ValueError, match="no"):
+        await failing
+    assert await in_line == [20, 22] and await first == -2
+    assert b.stats.failed == 3 and settled(b)
+    await b.stop()
+
+
+async def test_room_goes_to_the_callers_in_line_in_order_as_far_as_it_reaches() -> None:
+    # Room for four, in line 2 + 1 + 1 + 1: the first three get it; the last waits for the next batch to go.
+    b = Recording(max_queue_size=4, max_batch_size=8, max_queue_time=1, wait_when_full=True)
+    head = asyncio.ensure_future(b.process_many([1, 2, 3, 4]))
+    await until(lambda: b.stats.queued == 4)
+    in_line = [asyncio.ensure_future(b.process_many([5, 6]))] + [asyncio.ensure_future(b.process(i)) for i in (7, 8, 9)]
+    await asyncio.gather(head, *in_line)
+    assert b.batches == [[1, 2, 3, 4], [5, 6, 7, 8], [9]]
+    assert b.started_at == [1.0, 2.0, 3.0]
     await b.stop()
 
 

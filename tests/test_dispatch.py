@@ -233,6 +233,18 @@ def test_preferred_sizes_are_checked_against_max_batch_size() -> None:
     assert b.preferred_batch_sizes == (4, 16) and b.max_batch_size == 16
 
 
+class Keyed(Recording):
+    """One key for every item: the same batches as :class:`Recording`, through the keyed path (a lane per key, and
+    the dispatcher woken by :func:`arrived` rather than ``process()``'s inline test)."""
+
+    def batch_key(self, item: int) -> str:
+        return "k"
+
+
+# The hold's tests run on both ways an arrival wakes the dispatcher.
+both_paths = pytest.mark.parametrize("cls", [Recording, Keyed], ids=["plain", "keyed"])
+
+
 async def clients(b: Recording, n: int, requests: int, think: float, spread: float = 0.0) -> list[float]:
     """``n`` closed-loop clients: client ``c`` sends its next item ``think + c * spread`` seconds after it got its
     answer; returns each request's latency."""
@@ -250,12 +262,13 @@ async def clients(b: Recording, n: int, requests: int, think: float, spread: flo
     return latencies
 
 
-async def test_a_hold_merges_the_clients_that_come_back_into_full_batches() -> None:
+@both_paths
+async def test_a_hold_merges_the_clients_that_come_back_into_full_batches(cls: type[Recording]) -> None:
     # Without a hold, the first client back goes alone and the others gather behind it: the clients split into
     # cohorts that alternate. A free slot that waits for the callers it just answered gathers them all.
     sizes = {}
     for hold in (0.0, 0.05):
-        b = Recording(max_queue_time=0, max_hold_time=hold, delay=0.1)
+        b = cls(max_queue_time=0, max_hold_time=hold, delay=0.1)
         await clients(b, 8, 8, think=0.01, spread=0.004)
         sizes[hold] = [len(x) for x in b.batches]
         await b.stop()
@@ -263,17 +276,19 @@ async def test_a_hold_merges_the_clients_that_come_back_into_full_batches() -> N
     assert len(sizes[0.0]) > 12 and min(sizes[0.0][1:]) < 8
 
 
-async def test_a_hold_lasts_while_the_callers_keep_coming_back() -> None:
+@both_paths
+async def test_a_hold_lasts_while_the_callers_keep_coming_back(cls: type[Recording]) -> None:
     # Client c comes back 0.01 + 0.03 c after its answer: the last one 0.22 later, four holds of 0.05 after the
     # slot freed. Each look finds some back, and waits another 0.05 for the rest.
-    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=0.1)
+    b = cls(max_queue_time=0, max_hold_time=0.05, delay=0.1)
     await clients(b, 8, 4, think=0.01, spread=0.03)
     assert [len(x) for x in b.batches] == [8] * 4
     await b.stop()
 
 
-async def test_a_hold_ends_max_hold_time_after_the_last_caller_came_back() -> None:
-    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=0.1)
+@both_paths
+async def test_a_hold_ends_max_hold_time_after_the_last_caller_came_back(cls: type[Recording]) -> None:
+    b = cls(max_queue_time=0, max_hold_time=0.05, delay=0.1)
     loop = asyncio.get_running_loop()
 
     async def client(c: int) -> None:
@@ -289,12 +304,13 @@ async def test_a_hold_ends_max_hold_time_after_the_last_caller_came_back() -> No
     await b.stop()
 
 
-async def test_a_hold_outlasts_a_loop_too_busy_to_run_the_callers() -> None:
+@both_paths
+async def test_a_hold_outlasts_a_loop_too_busy_to_run_the_callers(cls: type[Recording]) -> None:
     # Each answered caller keeps the loop busy 0.2 (as writing a response does), then comes back a moment later
     # (its next request arriving): the hold's timer fires late, when neither is back. It waits once more.
     loop = asyncio.get_running_loop()
     assert isinstance(loop, VirtualClockLoop)
-    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=1.0)
+    b = cls(max_queue_time=0, max_hold_time=0.05, delay=1.0)
 
     async def client(c: int) -> None:
         await b.process(c)
@@ -312,10 +328,11 @@ async def test_a_hold_outlasts_a_loop_too_busy_to_run_the_callers() -> None:
 
 
 @pytest.mark.parametrize(("busy_again", "goes_at"), [(False, 1.25), (True, 1.41)])
-async def test_a_busy_loop_extends_a_hold_once_in_a_row(busy_again: bool, goes_at: float) -> None:
+@both_paths
+async def test_a_busy_loop_extends_a_hold_once_in_a_row(busy_again: bool, goes_at: float, cls: type[Recording]) -> None:
     loop = asyncio.get_running_loop()
     assert isinstance(loop, VirtualClockLoop)
-    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=1.0)
+    b = cls(max_queue_time=0, max_hold_time=0.05, delay=1.0)
 
     async def leaver() -> None:
         await b.process(0)
@@ -337,15 +354,17 @@ async def test_a_busy_loop_extends_a_hold_once_in_a_row(busy_again: bool, goes_a
     await b.stop()
 
 
-async def test_a_hold_adds_no_wait_for_a_lone_client() -> None:
-    b = Recording(max_queue_time=0, max_hold_time=1.0, delay=0.1)
+@both_paths
+async def test_a_hold_adds_no_wait_for_a_lone_client(cls: type[Recording]) -> None:
+    b = cls(max_queue_time=0, max_hold_time=1.0, delay=0.1)
     latencies = await clients(b, 1, 5, think=0.3)
     assert latencies == [pytest.approx(0.1)] * 5  # each request goes as it comes: the one caller owed is back
     await b.stop()
 
 
-async def test_a_hold_ends_after_max_hold_time_when_the_callers_do_not_come_back() -> None:
-    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=1.0)
+@both_paths
+async def test_a_hold_ends_after_max_hold_time_when_the_callers_do_not_come_back(cls: type[Recording]) -> None:
+    b = cls(max_queue_time=0, max_hold_time=0.05, delay=1.0)
     first = asyncio.ensure_future(b.process(0))
     await asyncio.sleep(0.5)
     waiting = asyncio.ensure_future(b.process(1))  # arrives while the first batch runs; its caller never returns
@@ -354,9 +373,10 @@ async def test_a_hold_ends_after_max_hold_time_when_the_callers_do_not_come_back
     await b.stop()
 
 
-async def test_a_stop_does_not_wait_for_a_hold() -> None:
+@both_paths
+async def test_a_stop_does_not_wait_for_a_hold(cls: type[Recording]) -> None:
     loop = asyncio.get_running_loop()
-    b = Recording(max_queue_time=0, max_hold_time=10.0, delay=1.0)
+    b = cls(max_queue_time=0, max_hold_time=10.0, delay=1.0)
     calls = [asyncio.ensure_future(b.process(0))]
     await asyncio.sleep(0.5)
     calls.append(asyncio.ensure_future(b.process(1)))

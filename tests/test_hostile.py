@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -84,7 +85,9 @@ def test_stop_sync_racing_the_first_blocking_calls_answers_every_thread(trial: i
 
 @pytest.mark.virtual_time
 @pytest.mark.parametrize("force", [False, True])
-async def test_a_stop_with_a_timeout_returns_in_time_when_on_stop_hangs(force: bool) -> None:
+async def test_a_stop_with_a_timeout_returns_in_time_when_on_stop_hangs(
+    force: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     class Hanging(Recording):
         async def on_stop(self) -> None:
             await asyncio.Event().wait()
@@ -92,8 +95,12 @@ async def test_a_stop_with_a_timeout_returns_in_time_when_on_stop_hangs(force: b
     loop = asyncio.get_running_loop()
     b = Hanging(max_queue_time=0)
     assert await b.process(1) == 2
-    await b.stop(force=force, timeout=0.2)
+    with caplog.at_level(logging.WARNING, logger="async_batcher"):
+        await b.stop(force=force, timeout=0.2)
     assert loop.time() == pytest.approx(0.2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "Hanging: on_stop() did not finish within stop(timeout=0.2); it is cancelled"
+    ]
     assert not await b.is_running()
     with pytest.raises(BatcherStoppedError):
         await b.process(2)
@@ -237,6 +244,36 @@ async def test_process_from_inside_process_batch_with_every_slot_taken_is_refuse
     await b2.stop()
 
 
+@pytest.mark.parametrize("bulk", [False, True])
+async def test_process_from_inside_process_batch_that_would_wait_for_room_is_refused(bulk: bool) -> None:
+    # Every slot taken by the batch that calls, the queue full, another caller in line: waiting for room would
+    # wait for the calling batch to end.
+    class Reentrant(AsyncBatcher[int, Any]):
+        async def process_batch(self, batch: list[int]) -> list[Any]:
+            if batch != [1]:
+                return batch
+            await full.wait()
+            try:
+                inner = self.process_many([100]) if bulk else self.process(100)
+                return [await inner]
+            except ReentrantCallError as exc:
+                return [exc]
+
+    full = asyncio.Event()
+    b = Reentrant(max_queue_time=0, max_queue_size=1, wait_when_full=True)
+    outer = asyncio.ensure_future(b.process(1))
+    await until(lambda: b.stats.in_flight == 1)
+    queued = asyncio.ensure_future(b.process(2))
+    in_line = asyncio.ensure_future(b.process(3))
+    await until(lambda: b.stats.queued == 1)
+    full.set()
+    with pytest.raises(ReentrantCallError, match="concurrency=1"):
+        await asyncio.wait_for(outer, WAIT)
+    assert await asyncio.wait_for(asyncio.gather(queued, in_line), WAIT) == [2, 3]
+    assert b.stats.failed == 2 and settled(b)  # the outer item, and the inner one refused
+    await b.stop()
+
+
 async def test_stop_awaited_inside_process_batch_is_refused() -> None:
     class StopsItself(AsyncBatcher[int, Any]):
         async def process_batch(self, batch: list[int]) -> list[Any]:
@@ -247,8 +284,12 @@ async def test_stop_awaited_inside_process_batch_is_refused() -> None:
             return batch
 
     b = StopsItself(max_queue_time=0)
-    with pytest.raises(ReentrantCallError, match="stop"):
+    with pytest.raises(ReentrantCallError) as info:
         await asyncio.wait_for(b.process(1), WAIT)
+    assert str(info.value) == (
+        "StopsItself: stop() awaited inside its own process_batch would wait for that batch forever; "
+        "stop it from outside the batch"
+    )
     assert await b.is_running()
     await b.stop()
 

@@ -20,6 +20,13 @@ from async_batcher.batcher import AsyncBatcher as AsyncBatcherFromModule
 from async_batcher.exceptions import AsyncBatchException, QueueFullException
 from tests.batchers import Recording, until
 
+ANOTHER_LOOP = r"^Recording is running on another event loop; stop it there before using it here$"
+
+
+def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What was logged, each message whole (a test of a message's text must see all of it)."""
+    return [r.getMessage() for r in caplog.records]
+
 
 def test_all_matches_what_the_package_exports() -> None:
     # Submodules become attributes of the package once anything imports them: they are not exports.
@@ -82,7 +89,7 @@ def test_the_items_lost_with_a_loop_closed_under_them_count_as_failed(caplog: py
     b.max_queue_time = 0
     with caplog.at_level(logging.WARNING, logger="async_batcher"):
         assert asyncio.run(b.process(5)) == 10
-    assert "closed without stop" in caplog.text
+    assert "Recording: its event loop was closed without stop(); starting afresh" in messages(caplog)
     s = b.stats
     assert (s.submitted, s.succeeded, s.failed, s.queued) == (6, 1, 5, 0)
 
@@ -214,6 +221,7 @@ async def test_stop_with_a_timeout_fails_what_is_unfinished_when_it_expires() ->
     assert loop.time() == 2.0
     results = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(r, BatcherStoppedError) for r in results)
+    assert {str(r) for r in results} == {"Recording was stopped: stop(timeout=2.0) expired"}
     assert b.sent == [0, 1]
     assert not await b.is_running()
 
@@ -423,7 +431,7 @@ async def test_a_batcher_bound_to_a_running_loop_refuses_another() -> None:
     await b.process(1)
 
     def use_elsewhere() -> None:
-        with pytest.raises(RuntimeError, match="another event loop"):
+        with pytest.raises(RuntimeError, match=ANOTHER_LOOP):
             asyncio.run(b.process(2))
 
     await asyncio.get_running_loop().run_in_executor(None, use_elsewhere)
@@ -524,6 +532,8 @@ def test_a_stop_of_a_batcher_whose_loop_closed_marks_it_stopped_and_it_starts_ag
     async def stop_then_use() -> int:
         await b.stop()
         assert not await b.is_running()
+        with pytest.raises(BatcherStoppedError, match=r"^Recording is stopped; start\(\) it again to submit items$"):
+            await b.process(2)
         b.start()
         return await b.process(2)
 
@@ -535,9 +545,9 @@ async def test_process_from_another_loop_while_running_is_refused_and_changes_no
     await b.process(1)
 
     def from_elsewhere() -> None:
-        with pytest.raises(RuntimeError, match="running on another event loop"):
+        with pytest.raises(RuntimeError, match=ANOTHER_LOOP):
             asyncio.run(b.process(2))
-        with pytest.raises(RuntimeError, match="running on another event loop"):
+        with pytest.raises(RuntimeError, match=ANOTHER_LOOP):
             asyncio.run(b.process(2, timeout=1.0))
 
     await asyncio.get_running_loop().run_in_executor(None, from_elsewhere)
@@ -554,7 +564,49 @@ async def test_a_failing_on_start_is_logged_with_the_batchers_name(caplog: pytes
     with caplog.at_level(logging.WARNING, logger="async_batcher"):
         b.start()
         await b.stop()
-    assert "starter: on_start() failed: ConnectionRefusedError" in caplog.text
+    assert messages(caplog) == ["starter: on_start() failed: ConnectionRefusedError"]
+
+
+async def test_stop_from_another_loop_and_start_during_a_stop_are_refused_saying_what_to_do() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_time=0, gate=gate)
+    call = asyncio.ensure_future(b.process(1))
+    await until(lambda: b.batches)
+
+    def stop_elsewhere() -> None:
+        with pytest.raises(RuntimeError, match=r"^Recording runs on another event loop; call stop\(\) there$"):
+            asyncio.run(b.stop())
+
+    await asyncio.get_running_loop().run_in_executor(None, stop_elsewhere)
+    stopping = asyncio.ensure_future(b.stop())
+    await asyncio.sleep(0)
+    with pytest.raises(
+        BatcherStoppedError, match=r"^Recording is stopping; it can be started again once stop\(\) returns$"
+    ):
+        b.start()
+    gate.set()
+    await stopping
+    assert await call == 2
+    b.start()  # and once it has returned, it can
+    assert await b.process(3) == 6
+    await b.stop()
+
+
+@pytest.mark.virtual_time
+async def test_a_drain_ended_by_a_caller_leaving_runs_on_stop() -> None:
+    stopped = []
+
+    class Closing(Recording):
+        async def on_stop(self) -> None:
+            stopped.append(True)
+
+    b = Closing(max_queue_time=10)
+    caller = asyncio.ensure_future(b.process(1))
+    await until(lambda: b.stats.queued == 1)
+    caller.cancel()  # it leaves in the loop's next step, before the stop's dispatcher looks: nothing is left to send
+    await asyncio.wait_for(b.stop(), 1)
+    assert stopped == [True] and b.sent == [] and caller.cancelled()
+    assert b.stats.cancelled == 1 and not await b.is_running()
 
 
 class ByName(AsyncBatcher[int, str]):
@@ -592,10 +644,24 @@ class StarAndKwargs(AsyncBatcher[int, str]):
         return ["keyword" if "batch" in kwargs else "position"] * len((args or (kwargs["batch"],))[0])
 
 
+class _NoSignature:
+    """A callable whose signature cannot be read (its ``__signature__`` is not one)."""
+
+    __signature__ = "unreadable"
+
+    def __call__(self, items: list[int]) -> list[str]:
+        return ["position"] * len(items)
+
+
+class Unreadable(AsyncBatcher[int, str]):
+    process_batch = _NoSignature()  # type: ignore[assignment]
+
+
 @pytest.mark.parametrize(
     ("cls", "how"),
     [
         (ByName, "position"),
+        (Unreadable, "position"),  # nothing tells it takes a keyword
         (Batch_, "keyword?"),  # named batch: by keyword (a positional call would work too)
         (KeywordOnly, "keyword"),
         (Star, "position"),

@@ -167,9 +167,11 @@ async def test_a_bug_in_the_dispatcher_fails_the_callers_instead_of_hanging_them
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Queue, "take", broken_once)
-    b = Recording(max_queue_time=0)
-    results = await asyncio.gather(*(b.process(i) for i in range(3)), return_exceptions=True)
-    assert all(isinstance(r, AsyncBatchException) and "a bug" in str(r) for r in results)
+    b = Recording(max_queue_time=0, max_queue_size=2, wait_when_full=True)
+    # Two queued, one in line for room: all three hear of it.
+    everyone = asyncio.gather(*(b.process(i) for i in range(3)), return_exceptions=True)
+    results = await asyncio.wait_for(everyone, 10)
+    assert all(isinstance(r, AsyncBatchException) and "a bug" in str(r) for r in results), results
     assert [type(e["exception"]) for e in loop_errors] == [RuntimeError]
     assert loop_errors[0]["message"] == "Recording: internal error while dispatching batches"
     assert await b.process(4) == 8  # and it serves again

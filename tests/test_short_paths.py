@@ -1,0 +1,108 @@
+"""The short paths stay short: the common case runs none of the machinery it does not need.
+
+How fast the batcher is, ``benchmarks/overhead`` measures. These tests pin *which code runs*, so that a change that
+sends the common case down the long path, calls a hook nobody overrode, or wakes the dispatcher for nothing fails
+here, in every run, rather than in a benchmark run by hand. They count calls of the package's functions with a
+profile hook; each test also counts something that must happen, so that a counter that sees nothing fails too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+import async_batcher
+from tests.batchers import Recording
+
+PACKAGE = str(Path(async_batcher.__file__).parent)
+HOOKS = __file__  # the hooks overridden here are counted too
+NEVER_OVERRIDDEN = ("AsyncBatcher.batch_key", "AsyncBatcher.item_weight")
+
+
+@contextmanager
+def calls() -> Iterator[Counter[str]]:
+    """Count the calls of the package's functions (and this module's hooks), by qualified name, made on this thread
+    while inside."""
+    counted: Counter[str] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and (frame.f_code.co_filename.startswith(PACKAGE) or frame.f_code.co_filename == HOOKS):
+            counted[frame.f_code.co_qualname] += 1
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield counted
+    finally:
+        sys.setprofile(previous)
+
+
+class Keyed(Recording):
+    def batch_key(self, item: int) -> int:
+        return item // 100  # (one key for the items of these tests)
+
+
+async def test_a_plain_batcher_takes_the_short_path_and_calls_no_hook_it_did_not_override() -> None:
+    b = Recording(max_queue_time=0)
+    b.start()
+    with calls() as counted:
+        assert await asyncio.gather(*(b.process(i) for i in range(20))) == [i * 2 for i in range(20)]
+        assert await b.process_many(range(10)) == [i * 2 for i in range(10)]
+    assert counted["AsyncBatcher.process"] >= 20 and counted["submit_many"] >= 1  # (the counter sees)
+    assert counted["submit"] == 0  # process() never took the long path
+    assert counted["key_and_weight"] == 0  # process_many() queued one entry, not an entry per item
+    assert not [name for name in NEVER_OVERRIDDEN if counted[name]]
+    await b.stop()
+
+
+@pytest.mark.parametrize(
+    ("make", "called", "never"),
+    [
+        (lambda: Keyed(max_queue_time=0), "Keyed.batch_key", "AsyncBatcher.item_weight"),
+        (
+            lambda: Recording(max_queue_time=0, max_batch_weight=10),
+            "AsyncBatcher.item_weight",
+            "AsyncBatcher.batch_key",
+        ),
+    ],
+    ids=["keyed", "weighted"],
+)
+async def test_of_the_two_hooks_only_the_one_in_use_is_called(make: Any, called: str, never: str) -> None:
+    b = make()
+    with calls() as counted:
+        assert await asyncio.gather(*(b.process(i) for i in range(5))) == [i * 2 for i in range(5)]
+        assert await b.process_many(range(5)) == [i * 2 for i in range(5)]
+    assert (counted[called], counted[never]) == (10, 0), counted
+    await b.stop()
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize("cls", [Recording, Keyed], ids=["plain", "keyed"])
+async def test_arrivals_wake_the_dispatcher_only_when_a_batch_may_be_due(cls: type[Recording]) -> None:
+    gate = asyncio.Event()
+    b = cls(max_queue_time=1.0, max_batch_size=100, gate=gate)
+    b.start()
+    waiting = []
+    with calls() as counted:
+        for i in range(10):  # one at a time: the first wakes the dispatcher, which arms the timer for the rest
+            waiting.append(asyncio.ensure_future(b.process(i)))
+            await asyncio.sleep(0)
+    assert counted["scheduled_pump"] == 1 and counted["arm_timer"] == 1
+    await asyncio.sleep(1.5)  # (on the loop's virtual clock)
+    assert b.batches == [list(range(10))]  # at 1.0, every item in one batch, held at the gate: no free slot
+    with calls() as counted:
+        for i in range(10, 15):
+            waiting.append(asyncio.ensure_future(b.process(i)))
+            await asyncio.sleep(0)
+    assert counted["AsyncBatcher.process"] >= 5 and counted["scheduled_pump"] == 0  # nothing may go: no wake-up
+    gate.set()
+    assert await asyncio.gather(*waiting) == [i * 2 for i in range(15)]
+    await b.stop()
