@@ -188,13 +188,16 @@ def adapt(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
 
 
 def arrived(b: AsyncBatcher[Any, Any], run: Run, lane: Lane) -> None:
-    """Items joined ``lane``: schedule the pump if a batch may now be due (a slot is free, and no timer is armed
-    yet, the lane is full, or all the callers a hold waits for are back). :meth:`AsyncBatcher.process` inlines this
-    test for the default lane, where the last condition is ``lane.count >= run.trigger``."""
+    """Items joined ``lane``: schedule the pump if a batch may now be due. :meth:`AsyncBatcher.process` inlines
+    this test for the default lane, where the last three conditions are one, ``lane.count >= run.trigger``."""
+    if run.pump_handle is not None or run.in_flight >= b._slot_limit:
+        return  # the pump is coming already, or no batch can go before one ends (which pumps)
     if (
-        run.pump_handle is None
-        and run.in_flight < b._slot_limit
-        and (run.timer is None or lane.count >= run.trigger or lane.weight >= b._weight_limit or owed(b, run) == 0)
+        run.timer is None  # nothing else would wake it
+        or lane.count >= b._size_trigger
+        or lane.weight >= b._weight_limit
+        # A hold, and as many items back as callers it waits for (a process_many may bring more than one).
+        or (run.hold_until != -math.inf and owed(b, run) <= 0)
     ):
         run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
 

@@ -148,8 +148,9 @@ class Run:
         self.hold_until = -math.inf
         self.hold_seen = 0
         self.hold_graced = False
-        # The lane size at which an arrival wakes the dispatcher: the batcher's size trigger, or during a hold the
-        # size at which everyone is back. Read only while a timer is armed; the pump, which arms it, sets it first.
+        # The size of the default lane at which an arrival on process()'s short path wakes the dispatcher: the
+        # batcher's size trigger, or during a hold the size at which everyone is back. Read only while a timer is
+        # armed; the pump, which arms it, sets it first.
         self.trigger = sys.maxsize
         # -- Execution: the batches in flight, and how process_batch is called.
         self.batches: dict[Batch, None] = {}
