@@ -134,6 +134,28 @@ async def test_under_load_batches_grow_and_the_budget_holds() -> None:
 
 
 @pytest.mark.virtual_time
+@pytest.mark.parametrize(("preferred", "full"), [((), 32), ((8, 16), 16)])
+async def test_when_no_batch_size_keeps_up_a_free_slot_waits_for_a_full_batch(
+    preferred: tuple[int, ...], full: int
+) -> None:
+    class Slow(Model):  # 1 ms per item: one slot carries at most 1 000 items a second, whatever the batch size
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            state = self.adaptive_state
+            targets.append(math.nan if state is None else state.target_size)
+            self.sizes.append(len(batch))
+            await asyncio.sleep(0.001 + 0.001 * len(batch))
+            return batch
+
+    targets: list[float] = []  # what it aimed for as each batch went
+    b = Slow(max_latency=10.0, max_batch_size=32, preferred_batch_sizes=preferred)
+    await open_loop(b, rate=2_000, seconds=1)  # every caller gets its own item back (open_loop checks)
+    overloaded = [size for size, target in zip(b.sizes, targets, strict=True) if target == math.inf]
+    assert len(overloaded) > 20
+    assert set(overloaded) == {full}  # the largest batch it may send
+    await b.stop()
+
+
+@pytest.mark.virtual_time
 async def test_a_batch_that_does_not_fill_goes_after_its_fixed_cost() -> None:
     loop = asyncio.get_running_loop()
 

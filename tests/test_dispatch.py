@@ -374,6 +374,32 @@ async def test_a_hold_ends_after_max_hold_time_when_the_callers_do_not_come_back
 
 
 @both_paths
+async def test_a_hold_that_ended_is_not_taken_up_again_before_the_next_batch(cls: type[Recording]) -> None:
+    b = cls(max_queue_time=0.5, max_hold_time=0.05, delay=1.0)
+    first = asyncio.ensure_future(b.process(0))  # goes at 0.5, ends at 1.5; its caller never comes back
+    await asyncio.sleep(1.4)
+    late = asyncio.ensure_future(b.process(1))  # its own deadline: 1.9
+    assert await asyncio.gather(first, late) == [0, 2]
+    # The slot freed at 1.5 is held for the first caller until 1.55; then the item waits for its own deadline,
+    # and goes at 1.9: the hold that ended is over, not started again.
+    assert b.started_at == pytest.approx([0.5, 1.9])
+    await b.stop()
+
+
+@both_paths
+async def test_a_hold_ends_once_as_many_items_are_back_as_callers_owed_even_in_one_call(cls: type[Recording]) -> None:
+    b = cls(max_queue_time=0, max_hold_time=1.0, delay=0.1)
+    assert await asyncio.gather(*(b.process(c) for c in range(3))) == [0, 2, 4]  # answered at 0.1: three owed
+    await asyncio.sleep(0.01)
+    back = asyncio.ensure_future(b.process(0))  # one back at 0.11: the slot is held for the two others
+    await asyncio.sleep(0.01)
+    assert await b.process_many([5, 6, 7]) == [10, 12, 14]  # three more items at 0.12: as many as were owed
+    assert await back == 0
+    assert [len(x) for x in b.batches] == [3, 4] and b.started_at == pytest.approx([0, 0.12])
+    await b.stop()
+
+
+@both_paths
 async def test_a_stop_does_not_wait_for_a_hold(cls: type[Recording]) -> None:
     loop = asyncio.get_running_loop()
     b = cls(max_queue_time=0, max_hold_time=10.0, delay=1.0)

@@ -106,3 +106,22 @@ async def test_arrivals_wake_the_dispatcher_only_when_a_batch_may_be_due(cls: ty
     gate.set()
     assert await asyncio.gather(*waiting) == [i * 2 for i in range(15)]
     await b.stop()
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize("cls", [Recording, Keyed], ids=["plain", "keyed"])
+async def test_during_a_hold_only_the_caller_that_completes_the_batch_wakes_the_dispatcher(
+    cls: type[Recording],
+) -> None:
+    b = cls(max_queue_time=0, max_hold_time=1.0, delay=0.1)
+    assert await asyncio.gather(*(b.process(c) for c in range(4))) == [0, 2, 4, 6]  # one batch, answered at 0.1
+    await asyncio.sleep(0.001)  # (on the loop's virtual clock)
+    back = []
+    with calls() as counted:
+        for c in range(4):  # the four come back one by one
+            back.append(asyncio.ensure_future(b.process(c)))
+            await asyncio.sleep(0.01)
+    # The first back wakes it (to hold the slot for the three others, with a timer); then only the fourth.
+    assert counted["AsyncBatcher.process"] >= 4 and counted["scheduled_pump"] == 2
+    assert await asyncio.gather(*back) == [0, 2, 4, 6] and [len(x) for x in b.batches] == [4, 4]
+    await b.stop()
