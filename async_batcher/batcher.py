@@ -62,7 +62,8 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
     3. **Sync process_batch.** A plain ``def process_batch`` runs in ``executor`` (the loop's default executor
        if ``None``), never on the event loop.
     4. **Concurrency.** At most ``concurrency`` batches are in flight (``-1``: no limit). A call from inside
-       ``process_batch`` that would wait for its own batch's slot raises :class:`ReentrantCallError`.
+       ``process_batch`` that would wait for its own batch's slot (or for room in the queue, which frees only as
+       batches go) raises :class:`ReentrantCallError`.
     5. **Admission.** With ``max_queue_size`` set, :meth:`process` on a full queue raises
        :class:`QueueFullException` at once, or, with ``wait_when_full=True``, waits its turn for room (first
        come, first served).
