@@ -164,13 +164,13 @@ def refuse_if_reentrant(b: AsyncBatcher[Any, Any], run: Run, n: int) -> None:
 
 def refuse_queued_if_reentrant(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
     """:func:`refuse_if_reentrant` for :meth:`AsyncBatcher.process`'s short path, which queues its item before it
-    looks (and only looks when every slot is taken). Nobody waits for room on the short path, and the batcher
-    runs: taking the item back is all there is to undo."""
+    looks (and only looks when every slot is taken): take the item back and fail it, its one outcome. Nobody waits
+    for room on the short path, and the batcher runs: there is nothing else to undo."""
     if not _inside_own_batch(run):
         return
     run.queue.withdraw(entry)
     b._recorder.failed += 1
-    raise _reentrant_error(b)
+    entry[SINK].set_exception(_reentrant_error(b))
 
 
 def _inside_own_batch(run: Run) -> bool:
@@ -209,6 +209,8 @@ async def wait_for_room(b: AsyncBatcher[Any, Any], run: Run, n: int, deadline: f
     waiter: asyncio.Future[None] = loop.create_future()
     run.putters.append((waiter, n))
     run.awaiting_room += n
+    if run.hold_until != -math.inf:
+        _dispatch.repump(b, run)  # a hold never keeps callers waiting for room: the batch it holds makes room
     expiry = None if deadline is None else loop.call_at(deadline, _expire_waiter, b, waiter)
     try:
         await waiter

@@ -32,8 +32,8 @@ def due(b: AsyncBatcher[Any, Any], run: Run, lane: Lane, now: float) -> float:
       batch: ``max_batch_size`` items (the smallest of ``preferred_batch_sizes``, or the adaptive wait's target
       size, when set), or ``max_batch_weight``;
     - during a hold (``max_hold_time``: the callers the last batch answered may come back with their next items),
-      at once when they are all back, else when the hold ends (:func:`look_again` extends it while they keep
-      coming back);
+      at once when they are all back or callers wait for room in the queue, else when the hold ends
+      (:func:`look_again` extends it while they keep coming back);
     - else when its oldest waiting item has waited ``max_queue_time`` since it arrived (with ``max_latency``, the
       adaptive wait's deadline for it);
     - ``inf`` if nothing of it waits (its callers may all have left).
@@ -43,7 +43,7 @@ def due(b: AsyncBatcher[Any, Any], run: Run, lane: Lane, now: float) -> float:
     if run.state is State.STOPPING or lane.count >= b._size_trigger or lane.weight >= b._weight_limit:
         return now
     if run.hold_until > now:
-        return now if owed(b, run) <= 0 else run.hold_until
+        return now if not may_hold(b, run) else run.hold_until
     oldest = run.queue.oldest(lane)  # (it drops the entries of callers who left: the count may fall to 0)
     if oldest == math.inf:
         return math.inf
@@ -96,8 +96,9 @@ def pump(b: AsyncBatcher[Any, Any], run: Run) -> None:
         taken = queue.take(lane, limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
         if taken is not None:
             _execution.launch(b, run, taken, now, lane)
-            run.hold_until = -math.inf  # a batch that goes ends the hold: the callers it takes are served
-            run.owed_mark = run.hold_mark = submitted(b, run)
+            # A batch that goes ends the hold, and the next starts only once a batch has answered its callers.
+            run.hold_until = -math.inf
+            run.hold_mark = run.owed_mark
     run.trigger = (
         b._size_trigger if run.hold_until <= now else min(b._size_trigger, run.queue.lane0.count + owed(b, run))
     )
@@ -131,9 +132,9 @@ def answered(b: AsyncBatcher[Any, Any], run: Run, callers: int) -> None:
 
 
 def may_hold(b: AsyncBatcher[Any, Any], run: Run) -> bool:
-    """Whether a free slot may wait: items wait, callers the last batch answered are still to come back, and the
-    batcher is not stopping."""
-    return bool(run.queue.waiting) and run.state is State.RUNNING and owed(b, run) > 0
+    """Whether a free slot may wait: items wait, callers the last batch answered are still to come back, nobody
+    waits for room in the queue (the batch that goes makes it), and the batcher is not stopping."""
+    return bool(run.queue.waiting) and run.state is State.RUNNING and owed(b, run) > 0 and not run.putters
 
 
 def hold(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
@@ -165,10 +166,8 @@ def look_again(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
 def cut(b: AsyncBatcher[Any, Any], waiting: int) -> int:
     """How many items a batch due now takes: ``max_batch_size``, or with preferred sizes the largest one
     available (a batch sent before any is reached, by its deadline or a stop, takes what there is)."""
-    preferred = b._preferred
-    if not preferred or waiting < preferred[0]:
-        return b._batch_limit
-    return max(size for size in preferred if size <= waiting)
+    fits = [size for size in b._preferred if size <= waiting]  # (ascending)
+    return fits[-1] if fits else b._batch_limit
 
 
 def adapt(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:

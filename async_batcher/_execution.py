@@ -160,6 +160,8 @@ async def run_batch(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
             raise
         end(b, batch, error=exc, ran=ran)
     except BaseException as exc:  # on_start() failed, or process_batch did: its callers get the error
+        if run.loop.is_closed():
+            raise  # (GeneratorExit) the task is destroyed with its closed loop: nobody is left to answer
         end(b, batch, error=exc, ran=ran)
     else:
         end(b, batch, results=results, ran=ran)

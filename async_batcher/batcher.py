@@ -44,9 +44,10 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
        its oldest item has waited ``max_queue_time`` seconds, measured from *its arrival* on the event loop's
        clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: when a batch
        ends, the slot waits for the callers it answered to come back with their next items (clients that send
-       their next request once they have their answer), and goes as soon as they are all back, so that they
-       share one batch instead of splitting into alternating halves; it waits while they keep coming back,
-       each within ``max_hold_time`` of the last (once more if the loop was too busy to run them).
+       their next request once they have their answer), and goes as soon as they are all back (or a caller waits
+       for room in the queue), so that they share one batch instead of splitting into alternating halves; it
+       waits while they keep coming back, each within ``max_hold_time`` of the last (once more if the loop was
+       too busy to run them).
        ``max_queue_time=0`` sends whatever is waiting the moment a slot is free (items that arrive in the same
        loop iteration share the batch). Items go out in arrival order. An idle batcher schedules no wake-ups.
     2. **Results.** ``process_batch`` returns a sequence of the same length and order as its batch (any ordered

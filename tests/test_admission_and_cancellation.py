@@ -342,11 +342,12 @@ async def test_a_caller_leaving_the_queue_makes_room_for_the_one_in_line() -> No
     await b.stop()
 
 
-async def test_a_queued_caller_timing_out_makes_room_for_the_one_in_line() -> None:
+@pytest.mark.parametrize("bulk", [False, True], ids=["process", "process_many"])
+async def test_a_queued_caller_timing_out_makes_room_for_the_one_in_line(bulk: bool) -> None:
     gate = asyncio.Event()
     b = Recording(max_queue_size=1, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
     first, _ = await fill(b, gate, 0)
-    leaving = asyncio.ensure_future(b.process(0, timeout=1.0))
+    leaving = asyncio.ensure_future(b.process_many([0], timeout=1.0) if bulk else b.process(0, timeout=1.0))
     await until(lambda: b.stats.queued == 1)
     in_line = asyncio.ensure_future(b.process(10))
     await asyncio.wait([leaving], timeout=10)
@@ -444,7 +445,18 @@ async def test_callers_in_line_that_give_up_are_each_counted() -> None:
 
 async def test_a_caller_woken_for_room_as_a_stop_begins_is_refused_and_counted() -> None:
     gate = asyncio.Event()
-    b = Recording(max_queue_size=2, max_queue_time=0, max_batch_size=1, gate=gate, wait_when_full=True)
+    b = Recording(
+        max_queue_size=2,
+        max_queue_time=0,
+        max_batch_size=1,
+        gate=gate,
+        wait_when_full=True,
+        answer=lambda batch: [ValueError("no") if x == 99 else x * 2 for x in batch],
+    )
+    gate.set()
+    with pytest.raises(ValueError):
+        await b.process(99)  # an earlier failure, that the ones below add to
+    gate.clear()
     first, waiting = await fill(b, gate, 2)
     in_line = asyncio.ensure_future(b.process_many([10, 11]))
     await asyncio.sleep(0)
@@ -457,4 +469,4 @@ async def test_a_caller_woken_for_room_as_a_stop_begins_is_refused_and_counted()
     await stopping
     await asyncio.gather(first, *waiting)
     s = b.stats
-    assert (s.submitted, s.failed) == (5, 2) and settled(b)
+    assert (s.submitted, s.failed) == (6, 3) and settled(b)

@@ -400,6 +400,20 @@ async def test_a_hold_ends_once_as_many_items_are_back_as_callers_owed_even_in_o
 
 
 @both_paths
+async def test_a_hold_ends_when_a_caller_waits_for_room(cls: type[Recording]) -> None:
+    b = cls(max_queue_time=0, max_hold_time=1.0, delay=0.1, wait_when_full=True)
+    assert await asyncio.gather(b.process(0), b.process(1)) == [0, 2]  # answered at 0.1: two owed
+    b.max_queue_size = 1
+    await asyncio.sleep(0.01)
+    back = [asyncio.ensure_future(b.process(0))]  # 0.11: queued; the slot is held for the other
+    await asyncio.sleep(0.01)
+    back.append(asyncio.ensure_future(b.process(1)))  # 0.12: back, but the queue is full: the batch goes, for room
+    assert await asyncio.gather(*back) == [0, 2]
+    assert b.batches == [[0, 1], [0], [1]] and b.started_at[:2] == pytest.approx([0, 0.12])
+    await b.stop()
+
+
+@both_paths
 async def test_a_stop_does_not_wait_for_a_hold(cls: type[Recording]) -> None:
     loop = asyncio.get_running_loop()
     b = cls(max_queue_time=0, max_hold_time=10.0, delay=1.0)

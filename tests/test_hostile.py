@@ -232,9 +232,10 @@ async def test_process_from_inside_process_batch_with_every_slot_taken_is_refuse
 
     # (An Exception among the results is raised to its caller.)
     b = Reentrant(max_queue_time=0)
-    with pytest.raises(ReentrantCallError, match="concurrency=1"):
-        await asyncio.wait_for(b.process(1), WAIT)
-    assert settled(b)
+    for _ in range(2):
+        with pytest.raises(ReentrantCallError, match="concurrency=1"):
+            await asyncio.wait_for(b.process(1), WAIT)
+    assert b.stats.failed == 4 and settled(b)  # each time the inner item and the outer one
     # With a second slot the inner item is served there; its own batch, one level down, finds every slot taken.
     b2 = Reentrant(max_queue_time=0, concurrency=2)
     with pytest.raises(ReentrantCallError, match="concurrency=2"):

@@ -75,23 +75,28 @@ def test_the_items_lost_with_a_loop_closed_under_them_count_as_failed(caplog: py
     def answer(batch: list[int]) -> list[Any]:
         return [ValueError(x) if x < 0 else 2 * x for x in batch]
 
-    b = Recording(max_queue_time=0, max_queue_size=3, wait_when_full=True, answer=answer)
+    gate = asyncio.Event()
+    b = Recording(max_queue_time=0, max_queue_size=3, max_batch_size=2, wait_when_full=True, answer=answer, gate=gate)
+    gate.set()
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(lambda _loop, _context: None)  # ("Task was destroyed but it is pending": expected)
     with pytest.raises(ValueError):
         loop.run_until_complete(b.process(-1))  # failed before the loop closes: still counted once
     b.max_queue_time = 100
-    callers = [loop.create_task(b.process(i)) for i in range(4)]  # three queued, one waiting for room
+    gate.clear()
+    # Two in a batch held in flight, three queued, one waiting for room.
+    callers = [loop.create_task(b.process(i)) for i in range(6)]
     loop.run_until_complete(asyncio.sleep(0))
-    assert (b.stats.queued, b.stats.failed) == (3, 1)
+    assert (b.stats.in_flight, b.stats.queued, b.stats.failed) == (1, 3, 1)
     loop.close()  # with the callers still waiting: they are gone with it
     del callers
+    b.gate = None  # (an Event of the closed loop)
     b.max_queue_time = 0
     with caplog.at_level(logging.WARNING, logger="async_batcher"):
         assert asyncio.run(b.process(5)) == 10
     assert "Recording: its event loop was closed without stop(); starting afresh" in messages(caplog)
     s = b.stats
-    assert (s.submitted, s.succeeded, s.failed, s.queued) == (6, 1, 5, 0)
+    assert (s.submitted, s.succeeded, s.failed, s.queued) == (8, 1, 7, 0)
 
 
 async def test_start_is_optional_and_idempotent() -> None:
@@ -603,8 +608,8 @@ async def test_a_drain_ended_by_a_caller_leaving_runs_on_stop() -> None:
     b = Closing(max_queue_time=10)
     caller = asyncio.ensure_future(b.process(1))
     await until(lambda: b.stats.queued == 1)
-    caller.cancel()  # it leaves in the loop's next step, before the stop's dispatcher looks: nothing is left to send
-    await asyncio.wait_for(b.stop(), 1)
+    caller.cancel()  # it leaves in the loop's next step, once the stop has begun and before its dispatcher looks
+    await b.stop()
     assert stopped == [True] and b.sent == [] and caller.cancelled()
     assert b.stats.cancelled == 1 and not await b.is_running()
 
@@ -685,7 +690,8 @@ def test_a_loop_that_is_not_running_on_this_thread_never_gets_an_item_from_anoth
         assert first.run_until_complete(b.process(1)) == 2  # bound to first, which now stands still
         with pytest.raises(RuntimeError, match="running on another event loop"):
             asyncio.run(b.process(2))  # another loop, same thread: refused, not queued where no one runs
-        assert b.stats.queued == 0 and b.sent == [1]
+        s = b.stats
+        assert (s.submitted, s.queued, s.succeeded) == (1, 0, 1) and b.sent == [1]  # as if it never came
         assert first.run_until_complete(b.process(3)) == 6  # its own loop serves it again
         first.run_until_complete(b.stop())
     finally:
