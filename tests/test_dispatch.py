@@ -200,6 +200,7 @@ async def test_settings_changed_on_a_running_batcher_apply_to_the_next_batch() -
     [
         ([(0, 10)], [8, 2], [0, 1.0]),  # 8 at once; the 2 left wait for 4 until their deadline
         ([(0, 5)], [4, 1], [0, 1.0]),  # the largest preferred size available goes, not all 5
+        ([(0, 8)], [8], [0]),  # exactly the largest: one batch
         ([(0, 3), (0.5, 1)], [4], [0.5]),  # 3 wait for a preferred size; the 4th makes one
         ([(0, 3)], [3], [1.0]),  # none reached before the deadline: what there is goes
     ],
@@ -410,6 +411,25 @@ async def test_a_hold_ends_when_a_caller_waits_for_room(cls: type[Recording]) ->
     back.append(asyncio.ensure_future(b.process(1)))  # 0.12: back, but the queue is full: the batch goes, for room
     assert await asyncio.gather(*back) == [0, 2]
     assert b.batches == [[0, 1], [0], [1]] and b.started_at[:2] == pytest.approx([0, 0.12])
+    await b.stop()
+
+
+async def test_a_batch_sent_ends_the_hold_and_the_next_caller_on_a_free_slot_goes_at_once() -> None:
+    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=1.0, concurrency=2)
+
+    async def back_once(c: int) -> None:
+        await b.process(c)
+        if c == 0:  # back at 1.01; the two others never come back
+            await asyncio.sleep(0.01)
+            await b.process(c)
+
+    calls = asyncio.gather(*(back_once(c) for c in range(3)))
+    await asyncio.sleep(1.2)
+    assert await b.process(9) == 18  # a new caller at 1.2, while [0] runs in one slot and the other is free
+    await calls
+    # The hold for the callers who never came back ended with the batch [0] at 1.06; the next arrival on a free
+    # slot does not start it again.
+    assert b.batches == [[0, 1, 2], [0], [9]] and b.started_at == pytest.approx([0, 1.06, 1.2])
     await b.stop()
 
 

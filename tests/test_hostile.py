@@ -251,6 +251,8 @@ async def test_process_from_inside_process_batch_that_would_wait_for_room_is_ref
     # wait for the calling batch to end.
     class Reentrant(AsyncBatcher[int, Any]):
         async def process_batch(self, batch: list[int]) -> list[Any]:
+            if batch == [-1]:
+                raise ValueError("an earlier failure")
             if batch != [1]:
                 return batch
             await full.wait()
@@ -262,6 +264,8 @@ async def test_process_from_inside_process_batch_that_would_wait_for_room_is_ref
 
     full = asyncio.Event()
     b = Reentrant(max_queue_time=0, max_queue_size=1, wait_when_full=True)
+    with pytest.raises(ValueError):
+        await b.process(-1)
     outer = asyncio.ensure_future(b.process(1))
     await until(lambda: b.stats.in_flight == 1)
     queued = asyncio.ensure_future(b.process(2))
@@ -271,7 +275,7 @@ async def test_process_from_inside_process_batch_that_would_wait_for_room_is_ref
     with pytest.raises(ReentrantCallError, match="concurrency=1"):
         await asyncio.wait_for(outer, WAIT)
     assert await asyncio.wait_for(asyncio.gather(queued, in_line), WAIT) == [2, 3]
-    assert b.stats.failed == 2 and settled(b)  # the outer item, and the inner one refused
+    assert b.stats.failed == 3 and settled(b)  # the earlier one, the outer item, and the inner one refused
     await b.stop()
 
 

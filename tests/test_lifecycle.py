@@ -687,12 +687,12 @@ def test_a_loop_that_is_not_running_on_this_thread_never_gets_an_item_from_anoth
     b = Recording(max_queue_time=0)
     first = asyncio.new_event_loop()
     try:
-        assert first.run_until_complete(b.process(1)) == 2  # bound to first, which now stands still
+        assert first.run_until_complete(b.process_many([1, 3])) == [2, 6]  # bound to first, which now stands still
         with pytest.raises(RuntimeError, match="running on another event loop"):
             asyncio.run(b.process(2))  # another loop, same thread: refused, not queued where no one runs
         s = b.stats
-        assert (s.submitted, s.queued, s.succeeded) == (1, 0, 1) and b.sent == [1]  # as if it never came
-        assert first.run_until_complete(b.process(3)) == 6  # its own loop serves it again
+        assert (s.submitted, s.queued, s.succeeded) == (2, 0, 2) and b.sent == [1, 3]  # as if it never came
+        assert first.run_until_complete(b.process(4)) == 8  # its own loop serves it again
         first.run_until_complete(b.stop())
     finally:
         first.close()
