@@ -209,8 +209,7 @@ async def wait_for_room(b: AsyncBatcher[Any, Any], run: Run, n: int, deadline: f
     waiter: asyncio.Future[None] = loop.create_future()
     run.putters.append((waiter, n))
     run.awaiting_room += n
-    if run.hold_until != -math.inf:
-        _dispatch.repump(b, run)  # a hold never keeps callers waiting for room: the batch it holds makes room
+    _dispatch.room_wanted(b, run)
     expiry = None if deadline is None else loop.call_at(deadline, _expire_waiter, b, waiter)
     try:
         await waiter

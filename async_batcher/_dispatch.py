@@ -163,6 +163,18 @@ def look_again(b: AsyncBatcher[Any, Any], run: Run, now: float) -> None:
         run.hold_until = -math.inf
 
 
+def holding(run: Run) -> bool:
+    """Whether a hold is on (or has run out, and the dispatcher has not looked again yet)."""
+    return run.hold_until != -math.inf
+
+
+def room_wanted(b: AsyncBatcher[Any, Any], run: Run) -> None:
+    """A caller waits for room in the queue: a hold never keeps it waiting (the batch the hold keeps back makes
+    room, :func:`may_hold`), so let the dispatcher look again."""
+    if holding(run):
+        repump(b, run)
+
+
 def cut(b: AsyncBatcher[Any, Any], waiting: int) -> int:
     """How many items a batch due now takes: ``max_batch_size``, or with preferred sizes the largest one
     available (a batch sent before any is reached, by its deadline or a stop, takes what there is)."""
@@ -196,7 +208,7 @@ def arrived(b: AsyncBatcher[Any, Any], run: Run, lane: Lane) -> None:
         or lane.count >= b._size_trigger
         or lane.weight >= b._weight_limit
         # A hold, and as many items back as callers it waits for (a process_many may bring more than one).
-        or (run.hold_until != -math.inf and owed(b, run) <= 0)
+        or (holding(run) and owed(b, run) <= 0)
     ):
         run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
 
