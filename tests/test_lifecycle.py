@@ -23,6 +23,19 @@ from tests.batchers import Recording, until
 ANOTHER_LOOP = r"^Recording is running on another event loop; stop it there before using it here$"
 
 
+class FailingOnStop(Recording):
+    """Its on_stop() fails with ``OSError("close failed")``, at once or ``close_after`` seconds in."""
+
+    def __init__(self, *, close_after: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.close_after = close_after
+
+    async def on_stop(self) -> None:
+        if self.close_after is not None:
+            await asyncio.sleep(self.close_after)
+        raise OSError("close failed")
+
+
 def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
     """What was logged, each message whole (a test of a message's text must see all of it)."""
     return [r.getMessage() for r in caplog.records]
@@ -280,11 +293,7 @@ async def test_a_stop_on_a_never_started_batcher_does_nothing() -> None:
 
 
 async def test_an_on_stop_failure_reaches_the_caller_of_stop() -> None:
-    class Broken(Recording):
-        async def on_stop(self) -> None:
-            raise OSError("close failed")
-
-    b = Broken(max_queue_time=0)
+    b = FailingOnStop(max_queue_time=0)
     await b.process(1)
     with pytest.raises(OSError, match="close failed"):
         await b.stop()
@@ -294,11 +303,7 @@ async def test_an_on_stop_failure_reaches_the_caller_of_stop() -> None:
 async def test_an_on_stop_failure_nobody_awaits_goes_to_the_loops_exception_handler(
     loop_errors: list[dict[str, Any]],
 ) -> None:
-    class Broken(Recording):
-        async def on_stop(self) -> None:
-            raise OSError("close failed")
-
-    b = Broken(max_queue_time=0)
+    b = FailingOnStop(max_queue_time=0)
     await b.process(1)
     stopping = asyncio.ensure_future(b.stop())
     await asyncio.sleep(0)
@@ -485,24 +490,14 @@ async def test_a_stop_cancels_an_on_start_still_running() -> None:
 
 
 async def test_concurrent_stops_all_get_a_failing_on_stop_and_the_loop_reports_nothing() -> None:
-    class Broken(Recording):
-        async def on_stop(self) -> None:
-            await asyncio.sleep(0)
-            raise OSError("close failed")
-
-    b = Broken(max_queue_time=0)
+    b = FailingOnStop(max_queue_time=0, close_after=0)
     await b.process(1)
     results = await asyncio.gather(b.stop(), b.stop(), b.stop(), return_exceptions=True)
     assert all(isinstance(r, OSError) for r in results)  # (the harness fails the test on a loop report)
 
 
 async def test_a_stop_that_leaves_does_not_make_the_others_failure_unawaited() -> None:
-    class Broken(Recording):
-        async def on_stop(self) -> None:
-            await asyncio.sleep(0.01)
-            raise OSError("close failed")
-
-    b = Broken(max_queue_time=0)
+    b = FailingOnStop(max_queue_time=0, close_after=0.01)
     await b.process(1)
     leaving, staying = asyncio.ensure_future(b.stop()), asyncio.ensure_future(b.stop())
     await asyncio.sleep(0)
@@ -515,11 +510,7 @@ async def test_a_stop_that_leaves_does_not_make_the_others_failure_unawaited() -
 async def test_the_loops_report_of_an_unawaited_on_stop_failure_names_the_batcher(
     loop_errors: list[dict[str, Any]],
 ) -> None:
-    class Broken(Recording):
-        async def on_stop(self) -> None:
-            raise OSError("close failed")
-
-    b = Broken(max_queue_time=0, name="closer")
+    b = FailingOnStop(max_queue_time=0, name="closer")
     await b.process(1)
     stopping = asyncio.ensure_future(b.stop())
     await asyncio.sleep(0)
