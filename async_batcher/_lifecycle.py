@@ -154,6 +154,12 @@ async def stop(b: AsyncBatcher[Any, Any], *, force: bool, timeout: float | None)
         logger.warning("%s: on_stop() did not finish within stop(timeout=%s); it is cancelled", b.name, timeout)
         closing.cancel()
         finish(run)
+    except asyncio.CancelledError:
+        # A concurrent stop(timeout=...) gave up on on_stop() and cancelled it (the shield passes that on): the
+        # batcher is stopped, and this stop returns. Its own cancellation is raised.
+        task = asyncio.current_task()
+        if not closing.cancelled() or (task is not None and task.cancelling()):
+            raise
     finally:
         run.stop_waiters -= 1
 

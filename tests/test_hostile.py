@@ -106,6 +106,22 @@ async def test_a_stop_with_a_timeout_returns_in_time_when_on_stop_hangs(
         await b.process(2)
 
 
+@pytest.mark.virtual_time
+async def test_a_stop_whose_timeout_cancels_a_hanging_on_stop_lets_the_other_stops_return() -> None:
+    class Hanging(Recording):
+        async def on_stop(self) -> None:
+            await asyncio.Event().wait()
+
+    loop = asyncio.get_running_loop()
+    b = Hanging(max_queue_time=0)
+    assert await b.process(1) == 2
+    patient = asyncio.ensure_future(b.stop())  # no timeout: it waits for on_stop()
+    await asyncio.sleep(0)
+    await b.stop(timeout=0.2)  # gives up on on_stop() at 0.2 and cancels it: the batcher is stopped
+    await asyncio.wait_for(patient, WAIT)  # returns too (it raised CancelledError, not its own)
+    assert loop.time() == pytest.approx(0.2) and not await b.is_running()
+
+
 def test_a_blocking_call_into_a_loop_that_is_open_but_not_running_is_refused() -> None:
     b = Recording(max_queue_time=0)
     loop = asyncio.new_event_loop()
