@@ -197,3 +197,21 @@ async def test_max_latency_can_be_switched_on_and_off_live() -> None:
     b.max_latency = None
     assert await b.process(3) == 6
     await b.stop()
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize(("target", "goes_at_once"), [(8.0, True), (8.5, False)])
+async def test_with_preferred_sizes_the_smallest_that_reaches_the_target_goes_at_once(
+    monkeypatch: pytest.MonkeyPatch, target: float, goes_at_once: bool
+) -> None:
+    loop = asyncio.get_running_loop()
+    b = Recording(max_latency=10.0, max_batch_size=32, preferred_batch_sizes=(4, 8, 16), delay=0.004)
+    await b.process_many(range(8))  # a first batch: a cost model of 4 ms per batch
+    monkeypatch.setattr(AdaptiveWait, "target_size", lambda self, concurrency: target)
+    arrival = loop.time()
+    assert await asyncio.gather(*(b.process(i) for i in range(8))) == [i * 2 for i in range(8)]
+    assert b.batches[-1] == list(range(8))
+    # A target of exactly 8 is reached by 8 items: they go at once. Above it, the next preferred size (16) is the
+    # one to wait for, and the 8 go when they have waited a batch's fixed cost.
+    assert b.started_at[-1] - arrival == (0.0 if goes_at_once else pytest.approx(0.004))
+    await b.stop()

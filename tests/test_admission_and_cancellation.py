@@ -400,6 +400,37 @@ async def test_the_rest_of_a_failed_process_many_makes_room_for_the_one_in_line(
     await b.stop()
 
 
+async def test_the_caller_of_a_failed_process_many_withdraws_what_the_dispatcher_has_not_seen() -> None:
+    # Keys 1 and 0 in lanes of their own, one slot: as the failing batch ends, the dispatcher serves key 0 (never
+    # served) and does not look at key 1, where the rest of the failed call still counts. Its caller's withdrawal
+    # is what makes room for the call in line.
+    class Keyed(Recording):
+        def batch_key(self, item: int) -> int:
+            return item // 100
+
+    b = Keyed(
+        max_queue_size=3,
+        max_queue_time=0,
+        max_batch_size=1,
+        concurrency=1,
+        delay=1.0,
+        wait_when_full=True,
+        answer=lambda batch: [ValueError("no") if x == 100 else x * 2 for x in batch],
+    )
+    first = asyncio.ensure_future(b.process(-1))
+    await until(lambda: b.batches)
+    failing = asyncio.ensure_future(b.process_many([100, 101, 102]))
+    await until(lambda: b.stats.queued == 3)
+    one = asyncio.ensure_future(b.process(0))  # room for it once 100 goes
+    two = asyncio.ensure_future(b.process_many([1, 2]))  # room for it once the rest of the failed call is out
+    with pytest.raises(ValueError, match="no"):
+        await failing
+    assert b.batches[-1] == [0] and b.stats.queued == 2  # 0 in flight; the call in line let in as 101 and 102 left
+    assert await one == 0 and await two == [2, 4] and await first == -2
+    assert b.sent == [-1, 100, 0, 1, 2] and b.stats.failed == 3 and settled(b)
+    await b.stop()
+
+
 async def test_room_goes_to_the_callers_in_line_in_order_as_far_as_it_reaches() -> None:
     # Room for four, in line 2 + 1 + 1 + 1: the first three get it; the last waits for the next batch to go.
     b = Recording(max_queue_size=4, max_batch_size=8, max_queue_time=1, wait_when_full=True)
