@@ -122,6 +122,28 @@ async def test_a_stop_whose_timeout_cancels_a_hanging_on_stop_lets_the_other_sto
     assert loop.time() == pytest.approx(0.2) and not await b.is_running()
 
 
+@pytest.mark.virtual_time
+async def test_a_stop_cancelled_as_a_concurrent_stop_cancels_on_stop_raises_its_own_cancellation() -> None:
+    leaving: list[asyncio.Future[None]] = []
+
+    class Hanging(Recording):
+        async def on_stop(self) -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:  # the stop with a timeout gives up on it: its other caller leaves too
+                leaving[0].cancel()
+                raise
+
+    b = Hanging(max_queue_time=0)
+    assert await b.process(1) == 2
+    leaving.append(asyncio.ensure_future(b.stop()))
+    await asyncio.sleep(0)
+    await b.stop(timeout=0.2)
+    with pytest.raises(asyncio.CancelledError):
+        await leaving[0]  # its caller's cancellation is not swallowed with on_stop()'s
+    assert leaving[0].cancelled() and not await b.is_running()
+
+
 def test_a_blocking_call_into_a_loop_that_is_open_but_not_running_is_refused() -> None:
     b = Recording(max_queue_time=0)
     loop = asyncio.new_event_loop()
