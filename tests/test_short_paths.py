@@ -132,14 +132,13 @@ async def test_during_a_hold_only_the_caller_that_completes_the_batch_wakes_the_
 
 @pytest.mark.virtual_time
 async def test_a_pump_that_takes_the_last_free_slot_arms_no_timer() -> None:
-    # One slot. Key 1's item comes while the slot is taken; key 0 then has a full batch. As the first batch ends,
-    # the dispatcher sends key 0's and has no slot left: key 1's deadline needs no timer yet, since the end of
-    # that batch looks again.
+    # One slot; key 0 has two full batches, key 1 one item due at 1.0. Each time the dispatcher sends a batch of
+    # key 0's, no slot is left: key 1's deadline needs no timer yet, since the end of that batch looks again.
     b = Keyed(max_queue_time=1.0, max_batch_size=2, concurrency=1, delay=0.1)
     b.start()
     with calls() as counted:
-        calls_ = [asyncio.ensure_future(b.process(x)) for x in (0, 1, 100, 2, 3)]
-        assert await asyncio.gather(*calls_) == [0, 2, 200, 4, 6]
+        waiting = [asyncio.ensure_future(b.process(x)) for x in (0, 1, 100, 2, 3)]
+        assert await asyncio.gather(*waiting) == [0, 2, 200, 4, 6]
     assert b.batches == [[0, 1], [2, 3], [100]] and b.started_at == [0.0, 0.1, 1.0]
     assert counted["arm_timer"] == 1 and counted["on_timer"] == 1  # armed at 0.2, as the slot came free
     await b.stop()
