@@ -33,6 +33,22 @@ class Echo(AsyncBatcher[int, int]):
         return batch
 
 
+class Hanging(Recording):
+    """An ``on_stop()`` that never finishes; ``when_cancelled`` is called if it is cancelled."""
+
+    def __init__(self, *, when_cancelled: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.when_cancelled = when_cancelled
+
+    async def on_stop(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if self.when_cancelled is not None:
+                self.when_cancelled()
+            raise
+
+
 def settled(b: AsyncBatcher[Any, Any]) -> bool:
     """The counters add up, with no caller left waiting."""
     s = b.stats
@@ -88,10 +104,6 @@ def test_stop_sync_racing_the_first_blocking_calls_answers_every_thread(trial: i
 async def test_a_stop_with_a_timeout_returns_in_time_when_on_stop_hangs(
     force: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    class Hanging(Recording):
-        async def on_stop(self) -> None:
-            await asyncio.Event().wait()
-
     loop = asyncio.get_running_loop()
     b = Hanging(max_queue_time=0)
     assert await b.process(1) == 2
@@ -108,10 +120,6 @@ async def test_a_stop_with_a_timeout_returns_in_time_when_on_stop_hangs(
 
 @pytest.mark.virtual_time
 async def test_a_stop_whose_timeout_cancels_a_hanging_on_stop_lets_the_other_stops_return() -> None:
-    class Hanging(Recording):
-        async def on_stop(self) -> None:
-            await asyncio.Event().wait()
-
     loop = asyncio.get_running_loop()
     b = Hanging(max_queue_time=0)
     assert await b.process(1) == 2
@@ -125,16 +133,8 @@ async def test_a_stop_whose_timeout_cancels_a_hanging_on_stop_lets_the_other_sto
 @pytest.mark.virtual_time
 async def test_a_stop_cancelled_as_a_concurrent_stop_cancels_on_stop_raises_its_own_cancellation() -> None:
     leaving: list[asyncio.Future[None]] = []
-
-    class Hanging(Recording):
-        async def on_stop(self) -> None:
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:  # the stop with a timeout gives up on it: its other caller leaves too
-                leaving[0].cancel()
-                raise
-
-    b = Hanging(max_queue_time=0)
+    # As the stop with a timeout gives up on on_stop(), the other stop's caller leaves too.
+    b = Hanging(max_queue_time=0, when_cancelled=lambda: leaving[0].cancel())
     assert await b.process(1) == 2
     leaving.append(asyncio.ensure_future(b.stop()))
     await asyncio.sleep(0)
