@@ -8,7 +8,7 @@ Standard library only: the benchmark's worker loads this file inside every imple
 function returning the future (as ``aiodataloader``'s ``load`` is): no coroutine per item. No statistics, no queue
 limit, no concurrency limit, no cancellation handling. Anything that does less is not a batcher.
 
-Two variants show what the choice of floor does to the ratios (``reports/overhead-differences.md``):
+Two variants show what the choice of floor does to the ratios (``--impls floor-async,floor-task``):
 :class:`AsyncFloor` is the same batcher behind an ``async def process`` (one coroutine per item, as every batcher
 with timeouts or cancellation needs), and :class:`TaskFloor` is the floor of the benchmark's first version (a task
 per flush, and a second, mostly empty flush task per full batch).
