@@ -44,7 +44,7 @@ async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None,
     entry = [item, fut, loop.time(), True, weight, lane, 0]
     queue.push(entry, priority)
     _dispatch.arrived(b, run, lane)
-    expiry = None if deadline is None else loop.call_at(deadline, expire, b, run, entry)
+    expiry = None if deadline is None else run.deadlines.add(deadline, expire, b, run, entry)
     try:
         return await fut
     except asyncio.CancelledError:
@@ -52,7 +52,7 @@ async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None,
         raise
     finally:
         if expiry is not None:
-            expiry.cancel()
+            run.deadlines.discard(expiry)
 
 
 async def submit_many(
@@ -86,7 +86,7 @@ async def submit_many(
     lanes = [queue.lane0] if bulk.entries is None else dict.fromkeys(entry[LANE] for entry in bulk.entries)
     for lane in lanes:
         _dispatch.arrived(b, run, lane)
-    expiry = None if deadline is None else loop.call_at(deadline, expire_bulk, b, run, bulk)
+    expiry = None if deadline is None else run.deadlines.add(deadline, expire_bulk, b, run, bulk)
     try:
         return await fut
     except asyncio.CancelledError:
@@ -99,7 +99,7 @@ async def submit_many(
         raise
     finally:
         if expiry is not None:
-            expiry.cancel()
+            run.deadlines.discard(expiry)
 
 
 def _enqueue_bulk(
@@ -210,7 +210,7 @@ async def wait_for_room(b: AsyncBatcher[Any, Any], run: Run, n: int, deadline: f
     run.putters.append((waiter, n))
     run.awaiting_room += n
     _dispatch.room_wanted(b, run)
-    expiry = None if deadline is None else loop.call_at(deadline, _expire_waiter, b, waiter)
+    expiry = None if deadline is None else run.deadlines.add(deadline, _expire_waiter, b, waiter)
     try:
         await waiter
     except BaseException as exc:  # it gives up: cancelled, timed out, or refused by a stop
@@ -229,7 +229,7 @@ async def wait_for_room(b: AsyncBatcher[Any, Any], run: Run, n: int, deadline: f
         raise
     finally:
         if expiry is not None:
-            expiry.cancel()
+            run.deadlines.discard(expiry)
     run.reserved -= n
     run.awaiting_room -= n
     if run.state is not State.RUNNING:  # woken, then a stop began before it could queue

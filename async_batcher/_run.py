@@ -19,6 +19,8 @@ from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, cast
 
+from async_batcher._deadlines import Deadlines
+from async_batcher._deadlines import violations as deadline_violations
 from async_batcher._queue import Queue
 from async_batcher._queue import violations as queue_violations
 
@@ -55,6 +57,7 @@ class Run:
         "by_keyword",
         "clock",
         "closing",
+        "deadlines",
         "dispatches",
         "drained",
         "fast_loop",
@@ -130,6 +133,8 @@ class Run:
         self.putters: deque[tuple[asyncio.Future[None], int]] = deque()  # (waiter, items)
         self.awaiting_room = 0  # items of the callers in line for room, woken or not
         self.reserved = 0  # room promised to woken callers that have not queued their items yet
+        # -- The callers' timeouts (timeout=, default_timeout): one timer for all of them.
+        self.deadlines = Deadlines(loop)
         # -- Dispatch: one pump scheduled at a time, one timer for the next deadline.
         self.pump_handle: asyncio.Handle | None = None
         # The timer's deadline is kept here, because for a time already past uvloop's call_at returns a plain
@@ -162,7 +167,7 @@ class Run:
 
 def violations(run: Run) -> list[str]:
     """The invariants of :class:`Run` (and of its queue) that do not hold now, described (for the tests)."""
-    found = queue_violations(run.queue)
+    found = queue_violations(run.queue) + deadline_violations(run.deadlines)
     if run.in_flight != len(run.batches):
         found.append(f"in_flight {run.in_flight}, but {len(run.batches)} batches in flight")
     if not 0 <= run.reserved <= run.awaiting_room:

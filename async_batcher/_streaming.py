@@ -138,7 +138,7 @@ async def stream(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None,
     entry = [item, sink, loop.time(), True, weight, lane, 0]
     queue.push(entry, priority)
     _dispatch.arrived(b, run, lane)
-    expiry = None if deadline is None else loop.call_at(deadline, _expire, b, run, entry)
+    expiry = None if deadline is None else run.deadlines.add(deadline, _expire, b, run, entry)
     try:
         while (part := await sink.next()) is not END:
             yield part
@@ -150,7 +150,7 @@ async def stream(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None,
         raise
     finally:
         if expiry is not None:
-            expiry.cancel()
+            run.deadlines.discard(expiry)
 
 
 def _expire(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
