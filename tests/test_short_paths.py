@@ -142,3 +142,16 @@ async def test_a_pump_that_takes_the_last_free_slot_arms_no_timer() -> None:
     assert b.batches == [[0, 1], [2, 3], [100]] and b.started_at == [0.0, 0.1, 1.0]
     assert counted["arm_timer"] == 1 and counted["on_timer"] == 1  # armed at 0.2, as the slot came free
     await b.stop()
+
+
+async def test_calls_with_timeouts_share_one_loop_timer() -> None:
+    b = Recording(max_queue_time=0, default_timeout=5.0)
+    b.start()
+    for _ in range(2):
+        with calls() as counted:
+            assert await asyncio.gather(*(b.process(i) for i in range(100))) == [i * 2 for i in range(100)]
+        assert counted["Deadlines.add"] == 100  # (the counter sees)
+        # One timer for the hundred calls (their deadlines never come earlier than the first's), not one each; it
+        # is cancelled once they have all ended, so the next hundred arm it afresh.
+        assert counted["Deadlines._arm"] == 1
+    await b.stop()
