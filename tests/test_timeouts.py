@@ -48,7 +48,11 @@ async def test_timeouts_of_different_lengths_each_expire_at_their_own_time() -> 
     # The second call's deadline comes before the first's: the one timer must be brought forward for it.
     b = Recording(max_batch_size=100, max_queue_time=100)
     calls = [asyncio.ensure_future(b.process(i, timeout=t)) for i, t in enumerate((5.0, 1.0, 3.0, 1.0))]
+    order: list[int] = []
+    for i, call in enumerate(calls):
+        call.add_done_callback(lambda _, i=i: order.append(i))  # type: ignore[misc]
     assert await _timeouts(calls) == [5.0, 1.0, 3.0, 1.0]
+    assert order == [1, 3, 2, 0]  # equal deadlines fire in the order of their calls
     assert b.sent == []
     assert b.stats.timed_out == 4 and b.stats.queued == 0
     await b.stop()
@@ -99,8 +103,8 @@ async def test_a_timeout_of_each_kind_shares_the_timer_with_the_others() -> None
 
 def test_a_failing_timeout_callback_is_reported_and_the_later_deadlines_still_fire() -> None:
     loop = VirtualClockLoop()
-    reported: list[str] = []
-    loop.set_exception_handler(lambda _, context: reported.append(context["message"]))
+    reported: list[tuple[str, BaseException]] = []
+    loop.set_exception_handler(lambda _, context: reported.append((context["message"], context["exception"])))
     fired: list[tuple[str, float]] = []
 
     def fail() -> None:
@@ -119,4 +123,6 @@ def test_a_failing_timeout_callback_is_reported_and_the_later_deadlines_still_fi
     finally:
         loop.close()
     assert fired == [("same time", 1.0), ("later", 2.0)]
-    assert reported == ["async_batcher: error in a timeout callback"]
+    assert [(message, repr(exc)) for message, exc in reported] == [
+        ("async_batcher: error in a timeout callback", "RuntimeError('a bug')")
+    ]
