@@ -25,8 +25,19 @@ from tests.batchers import Recording
 
 PACKAGE = str(Path(async_batcher.__file__).parent)
 HOOKS = __file__  # the hooks overridden here are counted too
-# Under mutmut (pyproject.toml) a function runs as x_<name>__mutmut_orig or x_<name>__mutmut_<n>: counted as <name>.
-MUTANT = re.compile(r"^x_(.+)__mutmut_(?:orig|\d+)$")
+# Under mutmut (pyproject.toml) a function runs as x_<name>__mutmut_orig or x_<name>__mutmut_<n>, a method of class
+# C as C.xǁCǁ<name>__mutmut_...: counted as <name>, or C.<name>.
+MUTANT = re.compile(r"^(?:x_|(\w+)\.xǁ\w+ǁ)(.+)__mutmut_(?:orig|\d+)$")
+
+
+def _unmangled(qualname: str) -> str:
+    found = MUTANT.match(qualname)
+    if found is None:
+        return qualname
+    cls, name = found.groups()
+    return name if cls is None else f"{cls}.{name}"
+
+
 NEVER_OVERRIDDEN = ("AsyncBatcher.batch_key", "AsyncBatcher.item_weight")
 
 
@@ -38,7 +49,7 @@ def calls() -> Iterator[Counter[str]]:
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call" and (frame.f_code.co_filename.startswith(PACKAGE) or frame.f_code.co_filename == HOOKS):
-            counted[MUTANT.sub(r"\1", frame.f_code.co_qualname)] += 1
+            counted[_unmangled(frame.f_code.co_qualname)] += 1
 
     previous = sys.getprofile()
     sys.setprofile(profile)
