@@ -48,7 +48,8 @@ class Run:
     - ``in_flight == len(batches)``: the slots taken (a batch takes one only while a slot is free, so
       ``in_flight <= concurrency`` as long as concurrency is not lowered under it);
     - ``0 <= reserved <= awaiting_room``: room promised to woken callers is room they still wait to take;
-    - the queue's own (:class:`~async_batcher._queue.Queue`).
+    - the queue's own (:class:`~async_batcher._queue.Queue`) and the deadlines' own
+      (:class:`~async_batcher._deadlines.Deadlines`).
     """
 
     __slots__ = (
@@ -166,7 +167,8 @@ class Run:
 
 
 def violations(run: Run) -> list[str]:
-    """The invariants of :class:`Run` (and of its queue) that do not hold now, described (for the tests)."""
+    """The invariants of :class:`Run` (and of its queue and deadlines) that do not hold now, described (for the
+    tests)."""
     found = queue_violations(run.queue) + deadline_violations(run.deadlines)
     if run.in_flight != len(run.batches):
         found.append(f"in_flight {run.in_flight}, but {len(run.batches)} batches in flight")
