@@ -143,6 +143,9 @@ def test_a_killed_worker_keeps_its_counts_and_loses_its_live_gauges(
     samples = scrape(url)  # the scrape drops the dead worker's live gauges first
     assert victim not in live_gauge_pids(directory)
     assert value(samples, "async_batcher_batch_size_sum") == before  # its batches happened: they still count
+    # uvicorn starts a worker in its place: let it come up, so that the stop does not interrupt it mid-import (a
+    # KeyboardInterrupt traceback in the server's log).
+    until(lambda: len(live_gauge_pids(directory) - {victim}) == 2, "the replacement worker")
 
 
 def test_a_graceful_stop_removes_every_live_gauge(server: tuple[subprocess.Popen[bytes], str, Path]) -> None:
