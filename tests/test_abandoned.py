@@ -116,16 +116,16 @@ async def test_a_sync_batch_running_in_its_thread_is_unknown_one_waiting_for_a_t
 async def test_a_streaming_batch_cut_off_is_asked_about() -> None:
     from async_batcher import END
 
-    class Streams(AsyncBatcher[int, int]):
-        asked: list[list[int]] = []
+    asked: list[list[int]] = []
 
+    class Streams(AsyncBatcher[int, int]):
         async def process_batch(self, batch: list[int]) -> Any:
             yield list(batch)
             await asyncio.sleep(10)
             yield [END] * len(batch)
 
         def abandoned_error(self, batch: list[int], error: BaseException) -> BaseException:
-            self.asked.append(list(batch))
+            asked.append(list(batch))
             return OutcomeUnknownError("sent")
 
     b = Streams(max_queue_time=0)
@@ -140,7 +140,7 @@ async def test_a_streaming_batch_cut_off_is_asked_about() -> None:
     await b.stop(force=True)
     with pytest.raises(OutcomeUnknownError):
         await consumer
-    assert parts == [7] and Streams.asked == [[7]]
+    assert parts == [7] and asked == [[7]]
 
 
 @pytest.mark.virtual_time
