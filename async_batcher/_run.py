@@ -4,6 +4,10 @@ A batcher is built outside any event loop and may run many times, in one loop or
 (the loop, the queue, the batches in flight, the timer, the stop in progress) is held in one :class:`Run`, built
 when the batcher binds to a loop. A batch keeps a reference to its run, so a batch that ends after its run was
 stopped (a thread cannot be interrupted) touches that run only, never the next one.
+
+The run is the bottom of the core's layers (state, then policy, execution, dispatch, lifecycle, admission, and the
+public class): it imports none of them. Where it must wake a layer above, it calls what that layer gave it:
+:attr:`Run.batch_ended` (the dispatcher's, set when the run is built) and :attr:`Run.on_drained` (the stop's).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from async_batcher._queue import Queue
 from async_batcher._queue import violations as queue_violations
 
 if TYPE_CHECKING:
-    from async_batcher._execution import Batch
+    from async_batcher._lane import Lane
+    from async_batcher._queue import Taken
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []
@@ -54,6 +59,7 @@ class Run:
 
     __slots__ = (
         "awaiting_room",
+        "batch_ended",
         "batches",
         "by_keyword",
         "clock",
@@ -73,6 +79,7 @@ class Run:
         "keyed",
         "loop",
         "new_future",
+        "on_drained",
         "owed_mark",
         "pump_handle",
         "putters",
@@ -124,6 +131,8 @@ class Run:
         # which see on_start() done, still reach process_batch after it (in the order they were formed).
         self.start_line: asyncio.Future[None] | None = None
         self.drained: asyncio.Future[None] | None = None  # set by a stop once nothing is queued or in flight
+        # The stop's: called once, as the drain ends (it starts on_stop()). Set with drained.
+        self.on_drained: Callable[[], None] | None = None
         self.closing: asyncio.Task[None] | None = None  # on_stop(), once drained
         self.stop_waiters = 0  # stop() calls awaiting closing: a failing on_stop() is theirs to raise
         # -- The fast path of process(): the loop while it applies (running, no key, no weight), else None.
@@ -161,9 +170,70 @@ class Run:
         # -- Execution: the batches in flight, and how process_batch is called.
         self.batches: dict[Batch, None] = {}
         self.in_flight = 0
+        # The dispatcher's: a batch has ended and freed its slot, having answered this many callers (the
+        # dispatcher looks again). A run that never dispatches keeps the no-op.
+        self.batch_ended: Callable[[int], None] = _ignore
         self.by_keyword = by_keyword  # process_batch is called as process_batch(batch=...): its parameter's name
         self.is_coroutine = is_coroutine  # process_batch is an async def: it runs as a task, else in the executor
         self.is_stream = is_stream  # process_batch is an async generator: its items are streamed (stream())
+
+    def check_drained(self) -> None:
+        """During a stop: once nothing is queued or in flight, the drain is over (at most once): ``drained`` is
+        set and the stop's :attr:`on_drained` called. The callers in line for room were refused when the stop
+        began."""
+        if self.state is State.STOPPING and self.closing is None and not self.queue.waiting and not self.in_flight:
+            if self.drained is not None:  # (set as the stop began; resolved here only, as on_drained sets closing)
+                self.drained.set_result(None)
+            if self.on_drained is not None:
+                self.on_drained()
+
+
+def _ignore(_: int) -> None:
+    pass
+
+
+class Batch:
+    """A batch on its way: its items, one sink per caller, and what its statistics and its end need."""
+
+    __slots__ = (
+        "abandoned",
+        "entered",
+        "futures_only",
+        "handle",
+        "items",
+        "joined",
+        "lane",
+        "run",
+        "sinks",
+        "size",
+        "started",
+        "waited",
+        "weights",
+    )
+
+    def __init__(self, run: Run, taken: Taken, started: float, lane: Lane) -> None:
+        self.run = run
+        self.lane = lane  # the lane it was taken from (a streaming batch takes more from it as it runs)
+        self.items = taken.items
+        self.sinks = taken.sinks
+        self.futures_only = taken.futures_only  # every sink is a single caller's future (no bulk call)
+        self.size = len(taken.items)  # as handed to process_batch, which may keep or mutate the list
+        self.started = started  # on the loop's clock, when the batch was formed
+        self.waited = started - taken.oldest  # how long its oldest item waited for it
+        self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
+        self.joined = 0  # items that joined a streaming batch while it ran (continuous batching)
+        self.weights = taken.weights  # each item's weight, when weights are kept (a streaming batch's budget)
+        # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
+        # now, and if it has not started in its thread, it will not.
+        self.abandoned = False
+        # process_batch was called (or is about to be, in its thread): what it did for the items is unknown until
+        # it returns. In a thread it is set before abandoned is read, and a stop sets abandoned before it reads
+        # this: whichever comes first, a batch that runs is never reported as not run.
+        self.entered = False
+
+    def is_live(self) -> bool:
+        """Still in flight in its run: its slot is taken."""
+        return not self.abandoned and self in self.run.batches
 
 
 def violations(run: Run) -> list[str]:

@@ -11,11 +11,12 @@ from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
-from async_batcher import _admission, _checks, _execution, _lifecycle, _streaming, _sync
+from async_batcher import _admission, _checks, _execution, _lifecycle, _room, _sync
+from async_batcher._base import HOOKS, Base
 from async_batcher._dispatch import repump, scheduled_pump
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
-from async_batcher._settings import Settings
+from async_batcher._threads import Gate
 from async_batcher.stats import BatcherStats, _Recorder
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ _current_batch = _execution.current_batch.get
 _ZERO: Final = 0
 
 
-class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
+class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
     """Collects the items of concurrent :meth:`process` calls and hands them to :meth:`process_batch` in batches.
 
     Subclass it and implement :meth:`process_batch`; then ``await batcher.process(item)`` from any number of
@@ -163,7 +164,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         self._adaptive = None
         self._preferred = ()
         self._default_timeout = None
-        self._sync = _sync.Gate(self.name)  # what blocking calls from threads share
+        self._sync = Gate(self.name)  # what blocking calls from threads share
         # The settings go through their property setters, which validate them.
         self.executor = executor
         self.wait_when_full = wait_when_full
@@ -178,6 +179,10 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         self.preferred_batch_sizes = preferred_batch_sizes
         self.default_timeout = default_timeout
         self.stream_buffer = stream_buffer
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._overridden = frozenset(name for name in HOOKS if getattr(cls, name) is not getattr(AsyncBatcher, name))
 
     # ------------------------------------------------------------------ the part users write
 
@@ -335,7 +340,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         later steps; the other streams go on. ``timeout`` bounds the whole stream. The item is submitted at the
         first iteration. On a batcher whose ``process_batch`` returns one result per item, the stream has one part.
         """
-        return _streaming.stream(self, item, timeout=timeout, priority=priority)
+        return _admission.submit_stream(self, item, timeout=timeout, priority=priority)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -402,7 +407,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
             run.queue.keep_weights()
         _lifecycle.choose_fast_path(self, run)
         if room and run.putters:
-            _admission.wake_putters(self, run)
+            _room.wake_putters(self, run)
         repump(self, run)
 
     # ------------------------------------------------------------------ callers from threads
