@@ -336,4 +336,6 @@ def _withdrawn(b: Base, run: Run) -> None:
     # Items left without a batch: room for those in line, and perhaps the end of a drain.
     if run.putters:
         _room.wake_putters(b, run)
+    if not run.queue.waiting:
+        _dispatch.cancel_timer(run)  # nothing waits: an idle batcher keeps no wake-up
     run.check_drained()

@@ -40,11 +40,6 @@ def pump(b: Base, run: Run) -> None:
     now = max(run.loop.time(), run.timer_when)
     if b._adaptive is not None:
         _policy.adapt(b, run, now)
-    if b._max_hold_time and run.in_flight < b._slot_limit:
-        if run.hold_mark != run.owed_mark:
-            _policy.hold(b, run, now)
-        elif -math.inf < run.hold_until <= now:
-            _policy.look_again(b, run, now)
     next_at = math.inf
     while queue.waiting and run.in_flight < b._slot_limit:
         lane, next_at = _policy.choose(b, run, now)
@@ -55,14 +50,13 @@ def pump(b: Base, run: Run) -> None:
         limit = _policy.cut(b, lane.count)
         taken = queue.take(lane, limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
         if taken is not None:
+            _policy.formed(run, lane, taken, now)
             launch(b, run, taken, now, lane)
-            # A batch that goes ends the hold, and the next starts only once a batch has answered its callers.
-            run.hold_until = -math.inf
-            run.hold_mark = run.owed_mark
-    run.trigger = (
-        b._size_trigger if run.hold_until <= now else min(b._size_trigger, run.queue.lane0.count + _policy.owed(b, run))
-    )
-    queue.drop_empty_lanes()
+    lane0 = queue.lane0
+    # process()'s short path wakes the dispatcher at this count: during a hold, the count at which the callers it
+    # waits for are all back.
+    run.trigger = min(b._size_trigger, lane0.hold_mark - lane0.left) if _policy.holding(lane0, now) else b._size_trigger
+    queue.drop_empty_lanes(now)
     if run.putters:
         _room.wake_putters(b, run)  # the batches just taken made room
     if not queue.waiting:
@@ -78,6 +72,7 @@ def launch(b: Base, run: Run, taken: Taken, now: float, lane: Lane) -> None:
     batch = Batch(run, taken, now, lane)
     run.batches[batch] = None
     run.in_flight += 1
+    lane.in_flight += 1
     startup = run.startup
     if run.is_stream:
         batch.handle = run.loop.create_task(_streaming.run_stream_batch(b, batch))
@@ -91,10 +86,11 @@ def _succeeded(task: asyncio.Task[None]) -> bool:
     return task.done() and not task.cancelled() and task.exception() is None
 
 
-def batch_ended(b: Base, run: Run, callers: int) -> None:
-    """A batch has freed its slot, having answered ``callers``: the hold may wait for them (policy), and a free slot
-    never idles while a batch is due."""
-    _policy.answered(b, run, callers)
+def batch_ended(b: Base, run: Run, lane: Lane, callers: int) -> None:
+    """A batch of ``lane`` has freed its slot, having answered ``callers``: the hold may wait for them (policy), and
+    a free slot never idles while a batch is due."""
+    lane.in_flight -= 1
+    _policy.answered(b, run, lane, callers, run.loop.time())
     pump_safely(b, run)
 
 
@@ -111,15 +107,15 @@ def arrived(b: Base, run: Run, lane: Lane) -> None:
         or lane.count >= b._size_trigger
         or lane.weight >= b._weight_limit
         # A hold, and as many items back as callers it waits for (a process_many may bring more than one).
-        or (_policy.holding(run) and _policy.owed(b, run) <= 0)
+        or (lane.hold_until != -math.inf and lane.arrived >= lane.hold_mark)
     ):
         run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
 
 
 def room_wanted(b: Base, run: Run) -> None:
     """A caller waits for room in the queue: a hold never keeps it waiting (the batch the hold keeps back makes
-    room, :func:`may_hold`), so let the dispatcher look again."""
-    if _policy.holding(run):
+    room, :func:`_policy.holds`), so let the dispatcher look again if its timer may be a hold's."""
+    if run.timer is not None:
         repump(b, run)
 
 
@@ -182,6 +178,7 @@ def abort(b: Base, run: Run, exc: AsyncBatchException) -> None:
     _room.fail_putters(run, exc)
     for batch in run.batches:
         batch.abandoned = True
+        batch.lane.in_flight -= 1
         fail_sinks(batch.sinks, _execution.stopped_error(b, batch, exc), rec)
         if isinstance(batch.handle, asyncio.Task):
             batch.handle.cancel()

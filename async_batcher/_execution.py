@@ -285,7 +285,16 @@ def release(b: Base, batch: Batch) -> None:
     run = batch.run
     del run.batches[batch]
     run.in_flight -= 1
-    run.batch_ended(len(batch.sinks))
+    run.batch_ended(batch.lane, answered(batch))
+
+
+def answered(batch: Batch) -> int:
+    """How many calls the batch resolved: each single caller, and each ``process_many`` call whose last items were
+    in it (one whose other items are still to go has not been answered)."""
+    sinks = batch.sinks
+    if batch.futures_only:
+        return len(sinks)
+    return sum(1 for sink in sinks if sink.__class__ is not tuple or sink[0].future.done())
 
 
 def record(b: Base, batch: Batch) -> None:

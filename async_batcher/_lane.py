@@ -6,6 +6,7 @@ The bottom of the queue's state: :mod:`~async_batcher._queue` counts and forms b
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Hashable, Iterator
 from typing import Any
@@ -17,10 +18,31 @@ class Lane:
     """The items of one batch key waiting for a batch: a FIFO deque per priority level.
 
     ``count`` is the number of its items still queued; ``weight`` their total weight while weights are kept
-    (:attr:`Queue.weighted`).
+    (:attr:`Queue.weighted`); ``left``, how many have left it so far (sent or withdrawn): ``count + left`` counts
+    every item that ever arrived in the lane, without a step per item.
+
+    The rest is the lane's own history, for the hold (:mod:`~async_batcher._policy`): when its last two batches
+    ended (``ended``, ``ended_before``) and its last one was formed (``formed``), and, while a hold for the callers
+    its last batch answered may apply, until when (``hold_until``) and at which count of arrivals they are all back
+    (``hold_mark``).
     """
 
-    __slots__ = ("clean", "count", "key", "levels", "order", "served", "weight")
+    __slots__ = (
+        "clean",
+        "count",
+        "ended",
+        "ended_before",
+        "formed",
+        "hold_mark",
+        "hold_until",
+        "in_flight",
+        "key",
+        "left",
+        "levels",
+        "order",
+        "served",
+        "weight",
+    )
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
@@ -32,6 +54,10 @@ class Lane:
         self.order: list[deque[Any]] = []  # the levels, best (lowest) priority first
         self.count = 0
         self.weight = 0.0
+        self.left = 0
+        self.in_flight = 0  # its batches in flight: a lane is kept while it has some (their end is its history)
+        self.ended = self.ended_before = self.formed = self.hold_until = -math.inf
+        self.hold_mark = 0
 
     def level(self, priority: float) -> deque[Any]:
         fifo = self.levels.get(priority)
@@ -42,3 +68,8 @@ class Lane:
 
     def entries(self) -> Iterator[Any]:
         return (entry for fifo in self.order for entry in fifo)
+
+    @property
+    def arrived(self) -> int:
+        """How many items have arrived in the lane so far."""
+        return self.count + self.left

@@ -16,6 +16,7 @@ from async_batcher._settings import UNLIMITED
 if TYPE_CHECKING:
     from async_batcher._base import Base
     from async_batcher._lane import Lane
+    from async_batcher._queue import Taken
     from async_batcher._run import Run
 
 __all__: list[str] = []
@@ -27,9 +28,8 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
     - at once (``now``) while the batcher stops (a drain waits for no deadline), or when the lane holds a full
       batch: ``max_batch_size`` items (the smallest of ``preferred_batch_sizes``, or the adaptive wait's target
       size, when set), or ``max_batch_weight``;
-    - during a hold (``max_hold_time``: the callers the last batch answered may come back with their next items),
-      at once when they are all back or callers wait for room in the queue, else when the hold ends
-      (:func:`look_again` extends it while they keep coming back);
+    - during a hold (:func:`holds`: the callers the lane's last batch answered are coming back with their next
+      items), when they are all back, or when the hold ends, ``max_hold_time`` after that batch ended;
     - else when its oldest waiting item has waited ``max_queue_time`` since it arrived (with ``max_latency``, the
       adaptive wait's deadline for it);
     - ``inf`` if nothing of it waits (its callers may all have left).
@@ -38,8 +38,8 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
         return math.inf
     if run.state is State.STOPPING or lane.count >= b._size_trigger or lane.weight >= b._weight_limit:
         return now
-    if run.hold_until > now:
-        return now if not may_hold(b, run) else run.hold_until
+    if lane.hold_until > now and holds(b, run, lane):
+        return lane.hold_until
     oldest = run.queue.oldest(lane)  # (it drops the entries of callers who left: the count may fall to 0)
     if oldest == math.inf:
         return math.inf
@@ -88,55 +88,68 @@ def adapt(b: Base, run: Run, now: float) -> None:
 
 # ---------------------------------------------------------------------- the hold
 
-
-def submitted(b: Base, run: Run) -> int:
-    """Items submitted so far (what the statistics call ``submitted``), counted without a step per item."""
-    return b._recorder.exited + run.queue.waiting + run.awaiting_room
-
-
-def owed(b: Base, run: Run) -> int:
-    """How many of the callers the last batch answered have not come back with an item yet."""
-    return run.owed_mark - submitted(b, run)
+# The hold applies while the items of recent batches arrived, on average, within this fraction of their batch's time
+# after the answer before them: a closed loop's callers that come back within a batch's time (waiting longer for
+# them would cost more than the batch it saves); independent arrivals give one half.
+FOLLOWS_ANSWERS = 0.25
+# The weight of each batch in that average, once ten have counted: about the last ten batches count.
+_FOLLOW_WEIGHT = 0.1
 
 
-def answered(b: Base, run: Run, callers: int) -> None:
-    """A batch has answered ``callers``: from now, a free slot may wait (a hold) for them to come back."""
-    if b._max_hold_time:
-        run.owed_mark = submitted(b, run) + callers
+def answered(b: Base, run: Run, lane: Lane, callers: int, now: float) -> None:
+    """A batch of ``lane`` ended, having answered ``callers`` (each call it resolved counts once: a ``process_many``
+    whose items are still to go counts when its last batch ends). From now on, for at most ``max_hold_time``, a free
+    slot may wait for them to come back with their next items (:func:`holds`)."""
+    lane.ended_before, lane.ended = lane.ended, now
+    if b._max_hold_time and callers:
+        lane.hold_mark = lane.arrived + callers
+        lane.hold_until = now + b._max_hold_time
 
 
-def may_hold(b: Base, run: Run) -> bool:
-    """Whether a free slot may wait: items wait, callers the last batch answered are still to come back, nobody
-    waits for room in the queue (the batch that goes makes it), and the batcher is not stopping."""
-    return bool(run.queue.waiting) and run.state is State.RUNNING and owed(b, run) > 0 and not run.putters
+def holds(b: Base, run: Run, lane: Lane) -> bool:
+    """Whether a free slot waits for the callers the lane's last batch answered (until ``lane.hold_until``, which
+    the caller checks): some have not come back yet; items arrive as answers go out (:attr:`Run.follows_answers`:
+    a closed loop's callers, not independent arrivals); the batcher runs; and nobody waits for room in the queue
+    (the batch the hold keeps back would make it)."""
+    return (
+        lane.arrived < lane.hold_mark
+        and run.follows_answers < FOLLOWS_ANSWERS
+        and run.state is State.RUNNING
+        and not run.putters
+    )
 
 
-def hold(b: Base, run: Run, now: float) -> None:
-    """A slot is free: hold it for the callers the last batch answered, ``max_hold_time`` for a start (once per
-    batch that answered them; :func:`look_again` extends it)."""
-    if may_hold(b, run):
-        run.hold_mark = run.owed_mark
-        run.hold_until = now + b._max_hold_time
-        run.hold_seen = submitted(b, run)
-        run.hold_graced = False
+def holding(lane: Lane, now: float) -> bool:
+    """Whether a hold may keep the lane's items back now (its callers' return not yet complete, its time not up)."""
+    return lane.hold_until > now and lane.arrived < lane.hold_mark
 
 
-def look_again(b: Base, run: Run, now: float) -> None:
-    """A hold's time is up and callers are still owed: extend it by ``max_hold_time`` if some came back since it
-    last looked, or (once in a row) if the loop looked late by ``max_hold_time`` or more: busy, it could not
-    have run their requests; else the hold ends. Each extension but a busy loop's takes a caller back, so a hold
-    ends after at most about twice as many extensions as callers owed."""
-    seen = submitted(b, run)
-    came_back = seen > run.hold_seen
-    busy = now - run.hold_until >= b._max_hold_time and not run.hold_graced
-    if (came_back or busy) and may_hold(b, run):
-        run.hold_seen = seen
-        run.hold_graced = not came_back
-        run.hold_until = now + b._max_hold_time
-    else:
-        run.hold_until = -math.inf
+def formed(run: Run, lane: Lane, taken: Taken, now: float) -> None:
+    """A batch of ``lane`` goes: its hold is over; and how its items arrived counts in :attr:`Run.follows_answers`.
+
+    The measure: how long after the lane's last answer before it each item arrived, on average (the mean of its
+    oldest and newest items'), as a fraction of the time since the lane's previous batch was formed. The callers of
+    a closed loop come back soon after their answer, then wait, for the batch in flight or for the others (a
+    hold): a small fraction, below one quarter while they are back within a batch's time. Independent arrivals
+    come at any time: one half on average.
+    """
+    lane.hold_until = -math.inf
+    previous, lane.formed = lane.formed, now
+    span = now - previous
+    oldest = _since_answer(lane, taken.oldest)
+    if span <= 0 or oldest < 0:
+        return  # the lane's first batches, or items older than its last two answers: no measure
+    run.follow_samples += 1
+    # The mean of the first batches, then a moving average of the last ten or so: quick to learn, slow to waver.
+    weight = max(_FOLLOW_WEIGHT, 1 / run.follow_samples)
+    fraction = min(1.0, (oldest + _since_answer(lane, taken.newest)) / 2 / span)
+    run.follows_answers += weight * (fraction - run.follows_answers)
 
 
-def holding(run: Run) -> bool:
-    """Whether a hold is on (or has run out, and the dispatcher has not looked again yet)."""
-    return run.hold_until != -math.inf
+def _since_answer(lane: Lane, arrival: float) -> float:
+    """How long after the lane's last answer before it an item arrived; ``-1`` if before its last two."""
+    if arrival >= lane.ended > -math.inf:
+        return arrival - lane.ended
+    if lane.ended > arrival >= lane.ended_before > -math.inf:
+        return arrival - lane.ended_before
+    return -1.0

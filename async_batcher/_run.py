@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import math
 import sys
 import time
 from collections import deque
@@ -68,10 +67,8 @@ class Run:
         "dispatches",
         "drained",
         "fast_loop",
-        "hold_graced",
-        "hold_mark",
-        "hold_seen",
-        "hold_until",
+        "follow_samples",
+        "follows_answers",
         "ident",
         "in_flight",
         "is_coroutine",
@@ -80,7 +77,6 @@ class Run:
         "loop",
         "new_future",
         "on_drained",
-        "owed_mark",
         "pump_handle",
         "putters",
         "queue",
@@ -153,16 +149,12 @@ class Run:
         self.timer_at = 0.0
         self.timer_when = 0.0  # the deadline of the last timer that fired
         self.dispatches = 0  # batches formed so far: the clock of Lane.served
-        # The hold (max_hold_time): when a batch ends, the callers it answered may come back with their next items
-        # (closed-loop clients); a free slot then waits for them. owed_mark is the count of submitted items at
-        # which they are all back; hold_until, when the hold of that mark (hold_mark) ends unless it is extended:
-        # hold_seen is the count of submitted items when the hold last looked, hold_graced whether its last
-        # extension was for a busy loop rather than for callers that came back.
-        self.owed_mark = 0
-        self.hold_mark = -1
-        self.hold_until = -math.inf
-        self.hold_seen = 0
-        self.hold_graced = False
+        # The hold (max_hold_time): how long after the answer before them the items of recent batches arrived, on
+        # average, as a fraction of their wait (0: at once, as the callers of closed loops come back; about one
+        # half: anywhen, as independent arrivals do). The hold applies while it is low (_policy.holds): it starts
+        # low, so that a hold applies until arrivals show that they do not follow answers.
+        self.follows_answers = 0.0
+        self.follow_samples = 0  # the batches measured so far
         # The size of the default lane at which an arrival on process()'s short path wakes the dispatcher: the
         # batcher's size trigger, or during a hold the size at which everyone is back. Read only while a timer is
         # armed; the pump, which arms it, sets it first.
@@ -170,9 +162,9 @@ class Run:
         # -- Execution: the batches in flight, and how process_batch is called.
         self.batches: dict[Batch, None] = {}
         self.in_flight = 0
-        # The dispatcher's: a batch has ended and freed its slot, having answered this many callers (the
-        # dispatcher looks again). A run that never dispatches keeps the no-op.
-        self.batch_ended: Callable[[int], None] = _ignore
+        # The dispatcher's: a batch of this lane has ended and freed its slot, having answered this many callers
+        # (the dispatcher looks again). A run that never dispatches keeps the no-op.
+        self.batch_ended: Callable[[Lane, int], None] = _ignore
         self.by_keyword = by_keyword  # process_batch is called as process_batch(batch=...): its parameter's name
         self.is_coroutine = is_coroutine  # process_batch is an async def: it runs as a task, else in the executor
         self.is_stream = is_stream  # process_batch is an async generator: its items are streamed (stream())
@@ -188,7 +180,7 @@ class Run:
                 self.on_drained()
 
 
-def _ignore(_: int) -> None:
+def _ignore(lane: Lane, callers: int) -> None:
     pass
 
 

@@ -43,12 +43,13 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
     1. **Dispatch.** A batch goes out as soon as a concurrency slot is free and either it is full
        (``max_batch_size`` items, ``max_batch_weight``, or the largest of ``preferred_batch_sizes`` available) or
        its oldest item has waited ``max_queue_time`` seconds, measured from *its arrival* on the event loop's
-       clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: when a batch
-       ends, the slot waits for the callers it answered to come back with their next items (clients that send
-       their next request once they have their answer), and goes as soon as they are all back (or a caller waits
-       for room in the queue), so that they share one batch instead of splitting into alternating halves; it
-       waits while they keep coming back, each within ``max_hold_time`` of the last (once more if the loop was
-       too busy to run them).
+       clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: when a batch of
+       a lane ends, its slot may wait for the callers it answered to come back with their next items (clients
+       that send their next request once they have their answer), so that they share one batch instead of
+       splitting into alternating halves. It goes as soon as they are all back, and at most ``max_hold_time``
+       after that batch ended; it waits only for callers that batch answered, never while a caller waits for
+       room in the queue or the batcher stops, and only while the items of recent batches arrived soon after the
+       answers before them, as such callers do (independent arrivals turn it off).
        ``max_queue_time=0`` sends whatever is waiting the moment a slot is free (items that arrive in the same
        loop iteration share the batch). Items go out in arrival order. An idle batcher schedules no wake-ups.
     2. **Results.** ``process_batch`` returns a sequence of the same length and order as its batch (any ordered
@@ -110,9 +111,9 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         max_priority_wait: The most seconds an item is passed over for items of a better priority.
         max_latency: A latency budget in seconds: the batcher then chooses how long batches wait from what it
             measures (the adaptive wait, :mod:`async_batcher.adaptive`) instead of ``max_queue_time``.
-        max_hold_time: Seconds a free slot waits for the next of the callers the last batch answered to come
-            back with an item (clients that send their next request once they have their answer), so that they
-            share a batch; ``0``: never.
+        max_hold_time: The most seconds, from a batch's end, that a free slot waits for the callers that batch
+            answered to come back with their next items (clients that send their next request once they have
+            their answer), so that they share a batch; it applies while arrivals follow answers; ``0``: never.
         preferred_batch_sizes: Batch sizes the model runs best at (Triton's ``preferred_batch_size``): a batch
             goes out at the largest one available, else waits for the next one at most ``max_queue_time``.
         default_timeout: Seconds every item may take at most when its call gives no ``timeout=``.
