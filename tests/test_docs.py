@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from async_batcher import AsyncBatcher
-from tests.docs_blocks import blocks
+from tests.docs_blocks import SESSION, blocks, is_session_page, run, session_sentence_before_first_block
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -35,6 +35,41 @@ def test_every_python_block_of_the_page_runs(page: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     expected = sum(1 for block in blocks(page) if block.not_run is None)
     assert done.stdout.strip().endswith(f"{expected} blocks ran"), done.stdout
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if is_session_page(p)], ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_session_page_says_so_before_its_first_block(page: Path) -> None:
+    assert session_sentence_before_first_block(page), f"{page}: say '{SESSION}' before the first block"
+
+
+def test_the_runner_runs_each_block_where_the_page_says(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # A script page: each block alone, so a block that leans on an earlier one's import fails, and so does a
+    # top-level await; the same blocks on a session page run.
+    script = "```python\nimport asyncio\n```\n\n```python\nprint(asyncio.sleep)\n```\n"
+    awaiting = "```python\nimport asyncio\nawait asyncio.sleep(0)\n```\n"
+    for text in (script, awaiting):
+        (page := tmp_path / "scripts.md").write_text(text)
+        with pytest.raises(RuntimeError, match="failed as a script"):
+            run(page)
+        (page := tmp_path / "session.md").write_text(f"Blocks run {SESSION}.\n\n{text}")
+        assert run(page) == len(blocks(page))
+    # A session page runs as the prompt reads lines: a blank line inside a class ends the class there, and the
+    # next indented line is an error, as it is at the prompt of python -m asyncio.
+    pasted = "```python\nclass A:\n    x = 1\n\n    y = 2\n```\n"
+    (page := tmp_path / "session.md").write_text(f"Blocks run {SESSION}.\n\n{pasted}")
+    with pytest.raises(IndentationError):
+        run(page)
+    # ...and so is a statement right after a compound one, without the empty line the prompt needs between them.
+    unseparated = "```python\nif True:\n    x = 1\nprint(x)\n```\n"
+    (page := tmp_path / "session.md").write_text(f"Blocks run {SESSION}.\n\n{unseparated}")
+    with pytest.raises(SyntaxError):
+        run(page)
+    # asyncio.run() fails there too: the prompt's own loop is running.
+    closing = "```python\ncoro = asyncio.sleep(0)\ntry:\n    asyncio.run(coro)\nfinally:\n    coro.close()\n```\n"
+    (page := tmp_path / "session.md").write_text(f"Blocks run {SESSION}.\n\n{closing}")
+    with pytest.raises(RuntimeError, match="running event loop"):
+        run(page)
+    capfd.readouterr()
 
 
 def test_fragments_are_rare_and_say_why() -> None:
