@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from tests.docs_blocks import SESSION, blocks, is_session_page, run, session_sen
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# Where .github/workflows/docs.yml publishes the site (GitHub Pages).
+SITE = "https://hussein-awala.github.io/async-batcher/"
 PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 # Fragments marked <!-- not-run: ... --> in all the pages together: a few at most, each for a reason.
 MOST_NOT_RUN = 3
@@ -142,3 +145,21 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     reference = (tmp_path / "site" / "reference" / "core" / "index.html").read_text()
     assert "process_batch" in reference and "max_queue_time" in reference  # generated from the docstrings
+    # The README (PyPI's page too) links into the published site: each link is a page of this build, and each
+    # #anchor one of its headings' ids.
+    links = re.findall(r"\]\((" + re.escape(SITE) + r"[^)\s]*)\)", README.read_text())
+    assert len(links) >= 10, links
+    for link in links:
+        path, _, anchor = link.removeprefix(SITE).partition("#")
+        page = tmp_path / "site" / path / "index.html"
+        assert page.is_file(), f"README links to {link}: no such page in the site"
+        assert not anchor or f'id="{anchor}"' in page.read_text(), f"README links to {link}: no such anchor"
+
+
+def test_the_site_is_where_the_readme_and_the_package_say() -> None:
+    config = (ROOT / "mkdocs.yml").read_text()
+    assert re.search(rf"^site_url: {re.escape(SITE)}$", config, re.MULTILINE)
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls["Documentation"] == SITE
+    # No README link to a page's markdown source: on GitHub it shows snippets and the reference unrendered.
+    assert "/blob/main/docs/" not in README.read_text()
