@@ -11,9 +11,8 @@ kinds, and says which to its reader:
   and 3.12 (``code.InteractiveConsole``, with ``await`` allowed), followed by an empty line as a user would type:
   a blank line inside a class or function ends it there, as it does at that prompt, and a compound statement
   needs an empty line before the next top-level statement.
-- **Any other page** holds scripts: each block runs alone, as ``python block.py`` in a new process and an empty
-  folder, with nothing from the page's other blocks (a missing import fails it; top-level ``await`` is a
-  ``SyntaxError``).
+- **Any other page** holds scripts: each block runs alone, as ``python block.py`` runs it in an empty folder, with
+  nothing from the page's other blocks (a missing import fails it; top-level ``await`` is a ``SyntaxError``).
 
 In both, a block that is only ``--8<-- "docs/snippets/<name>.py"`` (pymdownx.snippets) is a script whose
 ``if __name__ == "__main__":`` part needs a server or data: here its definitions run (it is imported, under another
@@ -30,7 +29,6 @@ import inspect
 import os
 import re
 import runpy
-import subprocess
 import sys
 import tempfile
 import types
@@ -141,7 +139,12 @@ def run_snippet_definitions(snippet: str) -> None:
 
 
 def run_scripts(page: Path) -> int:
-    """Run each block of the page alone, as ``python block.py`` in an empty folder; return how many ran."""
+    """Run each block of the page alone, as ``python block.py`` runs it; return how many ran.
+
+    Each block is its own ``__main__`` module, compiled as a file is (top-level ``await`` is a ``SyntaxError``), with
+    nothing of the page's other blocks, in an empty folder of its own. The page's blocks share this process: what
+    an import loads once (torch, TensorFlow) is not loaded again, which a block cannot tell from a new process.
+    """
     ran = 0
     for block in blocks(page):
         if block.not_run is not None:
@@ -149,14 +152,25 @@ def run_scripts(page: Path) -> int:
         if block.snippet is not None:
             run_snippet_definitions(block.snippet)
         else:
-            with tempfile.TemporaryDirectory() as folder:
-                script = Path(folder) / "block.py"
-                script.write_text(block.code)
-                done = subprocess.run([sys.executable, str(script)], cwd=folder, env=os.environ, timeout=240)
-                if done.returncode != 0:
-                    raise RuntimeError(f"{page}:{block.line}: the block failed as a script (exit {done.returncode})")
+            run_script(block.code, f"{page}:{block.line}")
         ran += 1
     return ran
+
+
+def run_script(source: str, where: str) -> None:
+    """Run ``source`` as the script ``block.py`` of an empty folder; its errors propagate, naming ``where``."""
+    code = compile(source, where, "exec")
+    main, cwd = sys.modules["__main__"], os.getcwd()
+    with tempfile.TemporaryDirectory() as folder:
+        module = types.ModuleType("__main__")
+        module.__file__ = str(Path(folder) / "block.py")
+        sys.modules["__main__"] = module
+        os.chdir(folder)
+        try:
+            exec(code, module.__dict__)
+        finally:
+            sys.modules["__main__"] = main
+            os.chdir(cwd)
 
 
 def run(page: Path) -> int:
