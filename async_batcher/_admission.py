@@ -180,9 +180,9 @@ def _inside_own_batch(run: Run) -> bool:
 
 def _reentrant_error(b: Base) -> ReentrantCallError:
     return ReentrantCallError(
-        f"{b.name}: process() called from inside its own process_batch while every slot (concurrency="
-        f"{b._concurrency}) is taken: the item would wait for its own batch forever; raise concurrency, or do the "
-        "work directly"
+        f"{b.name}: an item submitted (process(), process_many() or stream()) from inside its own process_batch "
+        f"while every slot (concurrency={b._concurrency}) is taken would wait for its own batch forever; raise "
+        "concurrency, or do the work directly"
     )
 
 
@@ -200,6 +200,7 @@ async def submit_stream(b: Base, item: Any, *, timeout: float | None, priority: 
         return
     deadline = None if timeout is None else loop.time() + timeout
     key, weight = key_and_weight(b, run, item, 1)
+    refuse_if_reentrant(b, run, 1)
     if _room.no_room(b, run, 1):
         await wait_for_room(b, run, 1, deadline)
     queue = run.queue

@@ -9,6 +9,7 @@ current run, the gate its blocking calls share, and the hooks they call. They ne
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from async_batcher._settings import Settings
@@ -24,6 +25,32 @@ __all__: list[str] = []
 
 #: The hooks a subclass may override; :attr:`Base._overridden` says which it did.
 HOOKS = ("batch_key", "item_weight", "on_start", "on_stop", "abandoned_error")
+#: The hooks the batcher awaits (an ``async def``); the others it calls without awaiting (a plain ``def``).
+AWAITED = ("on_start", "on_stop")
+
+
+def check_hooks(cls: type[Base]) -> None:
+    """Refuse, as the class is defined, an overridden hook of the wrong kind: a plain ``def on_start`` (the batcher
+    would await its ``None``), an ``async def batch_key`` (its coroutine would be each item's key). A callable that
+    is not a plain function is taken as it is: what ``on_start`` and ``on_stop`` return is checked as they run."""
+    for name in cls._overridden:
+        hook = getattr(cls, name)
+        if not inspect.isfunction(inspect.unwrap(hook)):
+            continue
+        is_async = inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(inspect.unwrap(hook))
+        if name in AWAITED and not is_async:
+            raise TypeError(f"{cls.__name__}.{name} must be an async def: the batcher awaits it; got {_kind(hook)}")
+        if name not in AWAITED and (inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook)):
+            raise TypeError(
+                f"{cls.__name__}.{name} must be a plain def: the batcher calls it without awaiting it; got "
+                f"{_kind(hook)}"
+            )
+
+
+def _kind(hook: Any) -> str:
+    if inspect.isasyncgenfunction(hook):
+        return "an async generator function"
+    return "an async def" if inspect.iscoroutinefunction(hook) else "a plain def"
 
 
 class Base(Settings):

@@ -30,14 +30,19 @@ def seconds(name: str, value: object, *, positive: bool = False) -> float:
     return float(value)
 
 
-def count(name: str, value: object, *, zero_means_unlimited: bool = False) -> int:
-    """An integer (numpy's too) >= 1, or -1 for no limit (or 0 too, where ``zero_means_unlimited``)."""
+def count(name: str, value: object, *, zero_means_unlimited: bool = False, unlimited: bool = True) -> int:
+    """An integer (numpy's too) >= 1, or -1 for no limit (or 0 too, where ``zero_means_unlimited``); with
+    ``unlimited=False``, >= 1 only (a size, a bound), and the message offers nothing else."""
     number = None
     if not isinstance(value, bool):
         try:
             number = operator.index(value)  # type: ignore[arg-type]
         except TypeError:
             pass
+    if not unlimited:
+        if number is None or number < 1:
+            raise ValueError(f"{name} must be an int >= 1; got {value!r}")
+        return number
     if number is None or not (number >= 1 or number == -1 or (zero_means_unlimited and number == 0)):
         zero = ", or 0" if zero_means_unlimited else ""
         raise ValueError(f"{name} must be an int >= 1, or -1{zero} for no limit; got {value!r}")

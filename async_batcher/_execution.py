@@ -100,7 +100,8 @@ async def run_batch(b: Base, batch: Batch) -> None:
             # Cancelled from outside: a forced stop (which answered the callers already), or the loop shutting
             # down, whose callers must not be left waiting.
             stopped = BatcherStoppedError(f"{b.name}: batch cancelled")
-            end(b, batch, error=stopped if batch.abandoned else stopped_error(b, batch, stopped), ran=ran)
+            error = stopped if batch.abandoned else stopped_error(b, batch, stopped)
+            end(b, batch, error=error, ran=ran, cut_off=True)
             raise
         end(b, batch, error=exc, ran=ran)
     except BaseException as exc:  # on_start() failed, or process_batch did: its callers get the error
@@ -190,10 +191,19 @@ def _awaited_done(b: Base, batch: Batch, future: asyncio.Future[Any]) -> None:
 # ---------------------------------------------------------------------- the end of a batch
 
 
-def end(b: Base, batch: Batch, *, results: Any = None, error: BaseException | None = None, ran: bool) -> None:
+def end(
+    b: Base,
+    batch: Batch,
+    *,
+    results: Any = None,
+    error: BaseException | None = None,
+    ran: bool,
+    cut_off: bool = False,
+) -> None:
     """A batch has ended with ``results`` or ``error``: answer or fail its callers, then free its slot.
 
-    ``ran``: the batch reached ``process_batch`` (the call counts in the statistics, however it ended). A
+    ``ran``: the batch reached ``process_batch`` (the call counts in the statistics, however it ended).
+    ``cut_off``: ``error`` is not ``process_batch``'s but the batcher's, as its task was cancelled from outside. A
     ``KeyboardInterrupt`` or ``SystemExit`` is raised on once the callers have their answer.
     """
     # The batch's task holds the batch in its context (current_batch): let go of the task, or the two would keep
@@ -208,7 +218,7 @@ def end(b: Base, batch: Batch, *, results: Any = None, error: BaseException | No
         if ran:
             b._recorder.processed += batch.size
         if error is not None:
-            fail(b, batch, error)
+            fail(b, batch, error, cut_off=cut_off)
         else:
             answer(b, batch, results)
     finally:
@@ -227,15 +237,27 @@ def answer(b: Base, batch: Batch, results: Any) -> None:
     deliver(batch.sinks, checked, b._recorder, futures_only=batch.futures_only)
 
 
-def fail(b: Base, batch: Batch, error: BaseException, *, sinks: list[Any] | None = None) -> None:
+def fail(b: Base, batch: Batch, error: BaseException, *, sinks: list[Any] | None = None, cut_off: bool = False) -> None:
     """Give every caller of the batch the error (a ``KeyboardInterrupt`` or ``SystemExit`` is raised on after).
 
     A ``CancelledError`` becomes :class:`ProcessBatchCancelledError`, so that a caller is never mistaken for
     cancelled; a ``BaseException`` that is not an ``Exception`` reaches the callers wrapped. ``sinks``: the callers
-    to fail, when not all of the batch's (a streaming batch's open streams).
+    to fail, when not all of the batch's (a streaming batch's open streams). ``cut_off``: the error is the
+    batcher's, not ``process_batch``'s: the batch's task was cancelled from outside (the event loop shutting down),
+    and the log says so.
     """
     n = batch.size
     reported: BaseException = error
+    if cut_off:
+        logger.warning(
+            "%s: a batch of %d items was cut off, its task cancelled (the event loop shutting down); its callers "
+            "get %s",
+            b.name,
+            n,
+            type(error).__name__,
+        )
+        fail_sinks(batch.sinks if sinks is None else sinks, error, b._recorder)
+        return
     if isinstance(error, asyncio.CancelledError):
         reported = ProcessBatchCancelledError(f"{b.name}: process_batch raised CancelledError on a batch of {n} items")
     elif isinstance(error, KeyboardInterrupt | SystemExit):

@@ -3,13 +3,20 @@
 States (:class:`~async_batcher._run.State`): NEW, then RUNNING once bound to a loop (the first ``process()`` or
 ``start()`` in a loop), STOPPING from ``stop()`` until its drain ends and ``on_stop()`` has run, then STOPPED. A
 stopped batcher starts again as a new run, in the same loop or another.
+
+A hook that would wait for itself is refused at once (:class:`ReentrantCallError`): ``process()``,
+``process_many()``, ``stream()`` or ``stop()`` from inside ``on_start()`` (the first batch waits for it), and
+``stop()`` from inside ``on_stop()`` (the stop waits for it). "Inside" is the hook's task and the tasks it starts,
+while the hook runs (:data:`in_hook`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
+from collections.abc import Awaitable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +32,9 @@ __all__: list[str] = []
 
 logger = logging.getLogger("async_batcher")
 
+#: The hook whose task (or a task it started) this is, and its run.
+in_hook: contextvars.ContextVar[tuple[Run, str] | None] = contextvars.ContextVar("async_batcher_hook", default=None)
+
 
 # ---------------------------------------------------------------------- starting
 
@@ -33,11 +43,25 @@ def admit(b: Base, loop: asyncio.AbstractEventLoop, n: int) -> Run:
     """The run that ``n`` items submitted from ``loop`` join: the running one, or a new one; else refuse them."""
     run = b._run
     if run.loop is loop and run.state is State.RUNNING:
+        if run.startup is not None and inside_hook(run, "on_start"):
+            b._recorder.rejected += n
+            raise ReentrantCallError(
+                f"{b.name}: an item submitted from inside on_start() would wait for on_start() forever (the first "
+                "batch waits for it); warm up by calling process_batch() directly"
+            )
         return run
     if run.state is State.NEW or run.state is State.RUNNING:
         return bind(b, loop)  # (which refuses another loop that still runs)
     b._recorder.rejected += n
     raise BatcherStoppedError(f"{b.name} is {run.state.value}; start() it again to submit items")
+
+
+def inside_hook(run: Run, hook: str) -> bool:
+    """Whether the running code is ``hook`` of ``run`` (its task, or a task it started), while the hook runs."""
+    if in_hook.get() != (run, hook):
+        return False
+    task = run.startup if hook == "on_start" else run.closing
+    return task is not None and not task.done()
 
 
 def bind(b: Base, loop: asyncio.AbstractEventLoop) -> Run:
@@ -67,19 +91,35 @@ def bind(b: Base, loop: asyncio.AbstractEventLoop) -> Run:
         is_stream=inspect.isasyncgenfunction(b.process_batch),
     )
     run.batch_ended = partial(_dispatch.batch_ended, b, run)
+    if "on_start" in overridden:
+        started = _hook_call(b, "on_start")  # (before the run is the batcher's: refused, it stays as it was)
+        run.startup = loop.create_task(_in_hook(run, "on_start", started))
+        run.startup.add_done_callback(partial(_startup_done, b, run))
     choose_fast_path(b, run)
     b._run = run
-    if "on_start" in overridden:
-        run.startup = loop.create_task(b.on_start())
-        run.startup.add_done_callback(partial(_startup_done, b))
     return run
 
 
 def choose_fast_path(b: Base, run: Run) -> None:
     """Whether :meth:`AsyncBatcher.process` may take its short path: running, no key, no weight, no default
-    timeout (each of those needs the long path)."""
+    timeout, on_start() done (each of those needs the long path; a call from inside on_start() is refused there)."""
     plain = not run.keyed and not run.queue.weighted and b._default_timeout is None and not run.is_stream
-    run.fast_loop = run.loop if plain and run.state is State.RUNNING else None
+    started = run.startup is None or run.startup.done()
+    run.fast_loop = run.loop if plain and started and run.state is State.RUNNING else None
+
+
+def _hook_call(b: Base, hook: str) -> Awaitable[None]:
+    """Call ``on_start`` or ``on_stop``: what it returns must be awaitable (an ``async def``), else refuse it."""
+    awaitable = getattr(b, hook)()
+    if not inspect.isawaitable(awaitable):
+        raise TypeError(f"{b.name}: {type(b).__name__}.{hook}() returned {awaitable!r}; it must be an async def")
+    return awaitable
+
+
+async def _in_hook(run: Run, hook: str, awaitable: Awaitable[None]) -> None:
+    """Await a hook in its task, marked as the hook's (:func:`inside_hook`) for what it calls."""
+    in_hook.set((run, hook))
+    await awaitable
 
 
 def _by_keyword(process_batch: Any) -> bool:
@@ -105,18 +145,20 @@ def _account_abandoned(b: Base, run: Run) -> None:
     rec.failed += lost + sum(len(batch.items) for batch in run.batches)
 
 
-def _startup_done(b: Base, task: asyncio.Task[None]) -> None:
+def _startup_done(b: Base, run: Run, task: asyncio.Task[None]) -> None:
     # A failing on_start is reported to the callers of the batches; retrieve it here so that a run with no batch
     # does not end in "exception was never retrieved".
     if not task.cancelled() and task.exception() is not None:
         logger.warning("%s: on_start() failed: %s", b.name, type(task.exception()).__name__)
+    choose_fast_path(b, run)  # the short path opens once on_start() is over
 
 
 # ---------------------------------------------------------------------- stopping
 
 
 async def stop(b: Base, *, force: bool, timeout: float | None) -> None:
-    """The body of :meth:`AsyncBatcher.stop` on the batcher's own loop: every step bounded by ``timeout``."""
+    """The body of :meth:`AsyncBatcher.stop` on the batcher's own loop. ``timeout`` bounds all of it: the drain may
+    take it all, or half of it when the batcher overrides ``on_stop()``, which has the rest."""
     run = b._run
     if run.state is State.NEW or run.state is State.STOPPED:
         return
@@ -132,25 +174,45 @@ async def stop(b: Base, *, force: bool, timeout: float | None) -> None:
             f"{b.name}: stop() awaited inside its own process_batch would wait for that batch forever; "
             "stop it from outside the batch"
         )
-    deadline = None if timeout is None else loop.time() + timeout
+    for hook, waits in (("on_start", "the batches, which wait for on_start()"), ("on_stop", "on_stop()")):
+        if inside_hook(run, hook):
+            raise ReentrantCallError(f"{b.name}: stop() awaited inside {hook}() would wait for {waits} forever")
+    hooked = "on_stop" in b._overridden
+    began = loop.time()
+    deadline = None if timeout is None else began + timeout
+    drain_deadline = None if timeout is None else began + (timeout / 2 if hooked else timeout)
     if run.state is State.RUNNING:
         begin_stop(b, run)
     if force:
         _dispatch.abort(b, run, BatcherStoppedError(f"{b.name} was stopped with force=True"))
-    drained, closing = run.drained, run.closing
+    drained = run.drained
     if drained is not None:  # (awaiting it done costs nothing)
         try:
-            await asyncio.wait_for(asyncio.shield(drained), _left(loop, deadline))
+            await asyncio.wait_for(asyncio.shield(drained), _left(loop, drain_deadline))
         except TimeoutError:
+            logger.warning(
+                "%s: stop(timeout=%s) cut the drain off after %.3g s: %d batches in flight, %d items queued",
+                b.name,
+                timeout,
+                loop.time() - began,
+                run.in_flight,
+                run.queue.waiting,
+            )
             _dispatch.abort(b, run, BatcherStoppedError(f"{b.name} was stopped: stop(timeout={timeout}) expired"))
     closing = run.closing
     if closing is None:  # (an abort always ends the drain, so this is not reached)
         return
     run.stop_waiters += 1
+    given = _left(loop, deadline) if hooked else None  # (without an on_stop() of its own, it ends at once)
     try:
-        await asyncio.wait_for(asyncio.shield(closing), _left(loop, deadline))
+        await asyncio.wait_for(asyncio.shield(closing), given)
     except TimeoutError:
-        logger.warning("%s: on_stop() did not finish within stop(timeout=%s); it is cancelled", b.name, timeout)
+        logger.warning(
+            "%s: on_stop() did not finish within the %.3g s left of stop(timeout=%s) after the drain; it is cancelled",
+            b.name,
+            given,
+            timeout,
+        )
         closing.cancel()
         finish(run)
     except asyncio.CancelledError:
@@ -188,7 +250,8 @@ async def _finish_stop(b: Base, run: Run) -> None:
     try:
         if run.startup is not None and not run.startup.done():
             run.startup.cancel()
-        await b.on_stop()
+        if "on_stop" in b._overridden:
+            await _in_hook(run, "on_stop", _hook_call(b, "on_stop"))
     finally:
         finish(run)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from async_batcher.exceptions import QueueFullException
+
 if TYPE_CHECKING:
     from async_batcher._base import Base
     from async_batcher._run import Run
@@ -24,12 +26,22 @@ def no_room(b: Base, run: Run, n: int) -> bool:
 
 
 def wake_putters(b: Base, run: Run) -> None:
-    """Promise room to the callers in line, in order, as long as the next one fits."""
+    """Promise room to the callers in line, in order, as long as the next one fits. One that can never fit
+    (``max_queue_size`` was lowered under it) is refused: it would hold the line forever."""
     putters = run.putters
     while putters:
         waiter, n = putters[0]
         if waiter.done():  # it gave up while waiting: skip it
             putters.popleft()
+            continue
+        if n > b._room_limit:
+            putters.popleft()
+            waiter.set_exception(
+                QueueFullException(
+                    f"{b.name}: a call of {n} items can never fit in max_queue_size={b._max_queue_size}, lowered "
+                    "while it waited for room"
+                )
+            )
             continue
         if run.queue.waiting + run.reserved + n > b._room_limit:
             return  # the head of the line does not fit yet; nobody may overtake it

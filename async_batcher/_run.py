@@ -193,7 +193,6 @@ class Batch:
         "futures_only",
         "handle",
         "items",
-        "joined",
         "lane",
         "run",
         "sinks",
@@ -209,11 +208,12 @@ class Batch:
         self.items = taken.items
         self.sinks = taken.sinks
         self.futures_only = taken.futures_only  # every sink is a single caller's future (no bulk call)
-        self.size = len(taken.items)  # as handed to process_batch, which may keep or mutate the list
+        # As handed to process_batch, which may keep or mutate the list (a streaming batch: the most items it held
+        # at once, as items join and leave it).
+        self.size = len(taken.items)
         self.started = started  # on the loop's clock, when the batch was formed
         self.waited = started - taken.oldest  # how long its oldest item waited for it
         self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
-        self.joined = 0  # items that joined a streaming batch while it ran (continuous batching)
         self.weights = taken.weights  # each item's weight, when weights are kept (a streaming batch's budget)
         # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
         # now, and if it has not started in its thread, it will not.

@@ -35,6 +35,7 @@ class Settings:
     _weight_limit: float  # max_batch_weight, or inf
     _adaptive: AdaptiveWait | None  # the adaptive wait, when max_latency is set
     _preferred: tuple[int, ...]  # preferred_batch_sizes, smallest first; () when none
+    _stall_limit: float  # stream_stall_timeout, or inf
 
     def _settings_changed(self, *, weights: bool = False, room: bool = False) -> None:
         """Overridden by the batcher: a setting changed; ``weights``: weights came into play; ``room``: the queue
@@ -72,11 +73,11 @@ class Settings:
     def preferred_batch_sizes(self, value: Iterable[int]) -> None:
         if isinstance(value, str | bytes) or not isinstance(value, Iterable):
             raise TypeError(f"preferred_batch_sizes must be an iterable of ints, got {value!r}")
-        sizes = tuple(sorted({count("preferred_batch_sizes", size) for size in value}))
-        if -1 in sizes:
-            raise ValueError(f"preferred_batch_sizes are sizes >= 1, got {value!r}")
+        given = list(value)
+        name = f"each size of preferred_batch_sizes={given!r}"
+        sizes = tuple(sorted({count(name, size, unlimited=False) for size in given}))
         if sizes and self._max_batch_size != -1 and sizes[-1] > self._max_batch_size:
-            raise ValueError(f"preferred_batch_sizes={value!r} has a size above max_batch_size={self._max_batch_size}")
+            raise ValueError(f"preferred_batch_sizes={given!r} has a size above max_batch_size={self._max_batch_size}")
         self._preferred = sizes
         self._size_trigger = sizes[0] if sizes else self._batch_limit
         self._settings_changed()
@@ -191,10 +192,21 @@ class Settings:
 
     @stream_buffer.setter
     def stream_buffer(self, value: int) -> None:
-        limit = count("stream_buffer", value)
-        if limit == -1:
-            raise ValueError(f"stream_buffer must be an int >= 1 (a bound), got {value!r}")
-        self._stream_buffer = limit
+        self._stream_buffer = count("stream_buffer", value, unlimited=False)
+
+    @property
+    def stream_stall_timeout(self) -> float | None:
+        """The most seconds a step of a streaming batch waits for a consumer whose buffer is full (it has taken none
+        of its ``stream_buffer`` parts); that consumer is then treated as having left, its stream ending with
+        ``TimeoutError`` after the parts buffered, and the batch goes on without it. ``None``: wait for it as long
+        as it takes."""
+        return self._stream_stall_timeout
+
+    @stream_stall_timeout.setter
+    def stream_stall_timeout(self, value: float | None) -> None:
+        limit = math.inf if value is None else seconds("stream_stall_timeout", value)
+        self._stream_stall_timeout = None if value is None else limit
+        self._stall_limit = limit
 
     @property
     def executor(self) -> concurrent.futures.Executor | None:

@@ -15,13 +15,20 @@ whose consumers left are removed, and, with ``continuous_batching``, items waiti
 
 Backpressure: each stream buffers at most ``stream_buffer`` parts its consumer has not taken yet; the generator is
 not advanced while a stream's buffer is full, so a batch moves at the pace of its slowest consumer, and memory stays
-bounded. A consumer that stops reading without leaving holds its batch: leave the stream (``break``, cancel, a
-``timeout=``) to release it.
+bounded. A step waits at most ``stream_stall_timeout`` for the consumers whose buffers are full: one that has taken
+nothing by then is treated as having left (its stream ends with ``TimeoutError`` after the parts buffered), so that
+a consumer that stopped reading without leaving (a ``break`` out of a stream still referenced) holds neither the
+other streams of its batch nor a stop for longer.
+
+The generator is closed (its ``finally`` runs) before the batch frees its slot; a generator that fails to close
+(its ``finally`` raises, or it ignores ``GeneratorExit``) is logged, and the batch ends all the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +43,8 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
+logger = logging.getLogger("async_batcher")
+
 
 class StreamSink(asyncio.Future[None]):
     """One caller's stream: the parts delivered and not yet taken, in order, then its end.
@@ -49,7 +58,8 @@ class StreamSink(asyncio.Future[None]):
         self._parts: deque[Any] = deque()
         self._limit = limit  # the most parts buffered: the producer waits for room beyond
         self._recorder = recorder
-        self._signal: asyncio.Future[None] | None = None  # what the consumer awaits while nothing is buffered
+        # What the consumer awaits while nothing is buffered; None while it is not waiting.
+        self._signal: asyncio.Future[None] | None = None
         self._room: asyncio.Future[None] | None = None  # what the producer awaits while the buffer is full
 
     # -- the producer's side (the batch)
@@ -85,11 +95,22 @@ class StreamSink(asyncio.Future[None]):
     def full(self) -> bool:
         return len(self._parts) >= self._limit and not self.done()
 
-    async def room(self) -> None:
-        """Wait until the consumer has taken a part, or the stream is over."""
+    async def room(self, deadline: float) -> bool:
+        """Wait until the consumer has taken a part, or the stream is over: True; False once ``deadline`` (on the
+        loop's clock; ``inf``: none) has come, its buffer still full and its consumer not about to take a part (a
+        consumer woken by the last part, which the loop has not run yet, is not stalled)."""
+        loop = self.get_loop()
         while self.full():
-            self._room = self.get_loop().create_future()
-            await self._room
+            self._room = waiter = loop.create_future()
+            timer = None if deadline == math.inf else loop.call_at(deadline, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            if self.full() and self._signal is None and loop.time() >= deadline:
+                return False
+        return True
 
     # -- the consumer's side (stream())
 
@@ -104,7 +125,10 @@ class StreamSink(asyncio.Future[None]):
                     raise error
                 return END
             self._signal = self.get_loop().create_future()
-            await self._signal
+            try:
+                await self._signal
+            finally:
+                self._signal = None  # (not waiting any more: see room())
         part = self._parts.popleft()
         self._wake_producer()
         return part
@@ -114,52 +138,70 @@ class StreamSink(asyncio.Future[None]):
             self._signal.set_result(None)
 
     def _wake_producer(self) -> None:
-        if self._room is not None and not self._room.done():
-            self._room.set_result(None)
+        if self._room is not None:
+            _wake(self._room)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 # ---------------------------------------------------------------------- the producer's side
 
 
 async def run_stream_batch(b: Base, batch: Batch) -> None:
-    """A streaming batch as a task: step the generator, hand out the parts, edit the batch between steps."""
+    """A streaming batch as a task: step the generator, hand out the parts, edit the batch between steps; close
+    the generator, and free the slot whatever happens on the way."""
     run = batch.run
-    ran = False
+    entered = 0  # items that reached process_batch: those it started with, then those that joined
     steps: Any = None
     try:
-        if run.startup is not None:
-            await _execution.wait_for_start(run)
-        _compact(batch)
-        if not batch.items:
-            return
-        _execution.current_batch.set(batch)
-        ran = batch.entered = True
-        steps = _execution.call_process_batch(b, run, batch.items)
-        async for parts in steps:
-            _deliver(batch, as_results(parts, len(batch.items)))
-            for sink in batch.sinks:
-                await sink.room()  # backpressure: the slowest consumer sets the pace
+        try:
+            if run.startup is not None:
+                await _execution.wait_for_start(run)
             _compact(batch)
-            if b.continuous_batching:
-                _join(b, run, batch)
             if not batch.items:
-                break
-        for sink in batch.sinks:
-            sink.end()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():  # a forced stop, or the loop shutting down
-            if not batch.abandoned:  # (a forced stop answered its callers already)
-                stopped = BatcherStoppedError(f"{b.name}: stream batch cancelled")
-                _fail(b, batch, _execution.stopped_error(b, batch, stopped))
-            raise
-        _fail(b, batch, asyncio.CancelledError())
-    except BaseException as exc:  # process_batch raised, or its results did not fit (a KeyboardInterrupt goes on)
-        _fail(b, batch, exc)
+                return
+            # Its size: the most items it holds at once (items join and leave a stream batch as it runs).
+            entered = batch.size = len(batch.items)
+            _execution.current_batch.set(batch)
+            batch.entered = True
+            steps = _execution.call_process_batch(b, run, batch.items)
+            async for parts in steps:
+                _deliver(batch, as_results(parts, len(batch.items)))
+                await _wait_for_consumers(b, batch)
+                _compact(batch)
+                if b.continuous_batching:
+                    entered += _join(b, run, batch)
+                if not batch.items:
+                    break
+            for sink in batch.sinks:
+                sink.end()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # a forced stop, or the loop shutting down
+                if not batch.abandoned:  # (a forced stop answered its callers already)
+                    stopped = BatcherStoppedError(f"{b.name}: stream batch cancelled")
+                    _fail(b, batch, _execution.stopped_error(b, batch, stopped), cut_off=True)
+                raise
+            _fail(b, batch, asyncio.CancelledError())
+        except BaseException as exc:  # process_batch raised, or its results did not fit (a KeyboardInterrupt goes on)
+            _fail(b, batch, exc)
+        finally:
+            if steps is not None:
+                await _close(b, steps)
     finally:
-        if steps is not None:
-            await steps.aclose()
-        _end(b, batch, ran=ran)
+        _end(b, batch, entered)
+
+
+async def _close(b: Base, steps: Any) -> None:
+    """Close the generator: its ``finally`` runs. Every stream of the batch has ended by then; a generator that fails
+    to close (its ``finally`` raises, or it ignores ``GeneratorExit`` and yields again) is only logged."""
+    try:
+        await steps.aclose()
+    except Exception as exc:
+        logger.warning("%s: process_batch's generator raised %s as it was closed", b.name, type(exc).__name__)
 
 
 def _deliver(batch: Batch, parts: Any) -> None:
@@ -175,6 +217,24 @@ def _deliver(batch: Batch, parts: Any) -> None:
             sink.put(part)
 
 
+async def _wait_for_consumers(b: Base, batch: Batch) -> None:
+    """Backpressure: wait while a stream's buffer is full, at most ``stream_stall_timeout`` for the step; a consumer
+    that has taken nothing by then is treated as having left."""
+    deadline = math.inf
+    for sink in batch.sinks:
+        if sink.full():
+            if deadline == math.inf:
+                deadline = batch.run.loop.time() + b._stall_limit
+            if not await sink.room(deadline):
+                b._recorder.timed_out += 1
+                sink.set_exception(
+                    TimeoutError(
+                        f"{b.name}: the stream's consumer took none of its {b._stream_buffer} buffered parts within "
+                        f"stream_stall_timeout={b._stream_stall_timeout} s; it was dropped from its batch"
+                    )
+                )
+
+
 def _compact(batch: Batch) -> None:
     """Keep, in place, only the items whose streams are still open (and their weights)."""
     if any(sink.done() for sink in batch.sinks):
@@ -185,13 +245,13 @@ def _compact(batch: Batch) -> None:
             batch.weights[:] = [batch.weights[i] for i in kept]
 
 
-def _join(b: Base, run: Run, batch: Batch) -> None:
+def _join(b: Base, run: Run, batch: Batch) -> int:
     """Continuous batching: items waiting in the batch's lane join it, up to ``max_batch_size`` and
-    ``max_batch_weight``."""
+    ``max_batch_weight``; return how many did."""
     room = b._batch_limit - len(batch.items)
     lane = batch.lane
-    if room <= 0 or lane is None or not lane.count:
-        return
+    if room <= 0 or not lane.count:
+        return 0
     budget = b._weight_limit
     if run.queue.weighted:
         budget -= sum(batch.weights) if batch.weights is not None else len(batch.items)
@@ -199,28 +259,30 @@ def _join(b: Base, run: Run, batch: Batch) -> None:
         lane, room, budget, now=run.loop.time(), max_priority_wait=b._max_priority_wait, overflow=False
     )
     if taken is None:
-        return
+        return 0
     batch.items.extend(taken.items)
     batch.sinks.extend(taken.sinks)
     if batch.weights is not None:
         batch.weights.extend(taken.weights or [1.0] * len(taken.items))
-    batch.joined += len(taken.items)
+    batch.size = max(batch.size, len(batch.items))
     if run.putters:
         _room.wake_putters(b, run)
+    return len(taken.items)
 
 
-def _fail(b: Base, batch: Batch, error: BaseException) -> None:
+def _fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False) -> None:
     if batch.abandoned:
         return
     open_sinks = [sink for sink in batch.sinks if not sink.done()]
     if open_sinks:
-        _execution.fail(b, batch, error, sinks=open_sinks)
+        _execution.fail(b, batch, error, sinks=open_sinks, cut_off=cut_off)
 
 
-def _end(b: Base, batch: Batch, *, ran: bool) -> None:
+def _end(b: Base, batch: Batch, entered: int) -> None:
+    """The batch is over: its statistics (if it reached process_batch), then its slot."""
     batch.handle = None
-    if ran:
+    if entered:
         _execution.record(b, batch)
         if not batch.abandoned:
-            b._recorder.processed += batch.size + batch.joined
+            b._recorder.processed += entered
     _execution.release(b, batch)

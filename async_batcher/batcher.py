@@ -12,7 +12,7 @@ from threading import get_ident
 from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
 from async_batcher import _admission, _checks, _execution, _lifecycle, _room, _sync
-from async_batcher._base import HOOKS, Base
+from async_batcher._base import HOOKS, Base, check_hooks
 from async_batcher._dispatch import repump, scheduled_pump
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
@@ -52,21 +52,18 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
        answers before them, as such callers do (independent arrivals turn it off).
        ``max_queue_time=0`` sends whatever is waiting the moment a slot is free (items that arrive in the same
        loop iteration share the batch). Items go out in arrival order. An idle batcher schedules no wake-ups.
-    2. **Results.** ``process_batch`` returns a sequence of the same length and order as its batch (any ordered
-       iterable: a list, a tuple, a numpy array, a generator), or ``None`` (every caller gets ``None``). An
-       element that is an ``Exception`` instance is raised to that caller only. Results of the wrong length or
-       kind (a set, a dict, a string, a number) give every caller of the batch a
-       :class:`BatchSizeMismatchError` or a ``TypeError`` saying what was returned. An exception raised by
-       ``process_batch`` goes to every caller of the batch; a ``CancelledError`` raised by it becomes
-       :class:`ProcessBatchCancelledError`, so a caller is never mistaken for cancelled. The batcher keeps
-       serving after any of these. A ``process_batch`` that is an async generator streams: each step gives
-       every item a part, :data:`END` or an ``Exception``, and each caller iterates its own :meth:`stream`,
-       under these rules per stream.
+    2. **Results.** ``process_batch`` returns one result per item, in order (any ordered iterable), or ``None``
+       (``None`` for each). An ``Exception`` element is raised to its caller only; results of the wrong length
+       or kind give every caller of the batch a :class:`BatchSizeMismatchError` or a ``TypeError``; an exception
+       raised goes to every caller of the batch (a ``CancelledError`` as :class:`ProcessBatchCancelledError`).
+       The batcher serves on. An async generator ``process_batch`` streams (:meth:`stream`): each step gives
+       every item a part, :data:`END` or an ``Exception``, under these rules per stream.
     3. **Sync process_batch.** A plain ``def process_batch`` runs in ``executor`` (the loop's default executor
        if ``None``), never on the event loop.
-    4. **Concurrency.** At most ``concurrency`` batches are in flight (``-1``: no limit). A call from inside
-       ``process_batch`` that would wait for its own batch's slot (or for room in the queue, which frees only as
-       batches go) raises :class:`ReentrantCallError`.
+    4. **Concurrency.** At most ``concurrency`` batches are in flight (``-1``: no limit). A call that would wait
+       for itself raises :class:`ReentrantCallError` at once: from inside ``process_batch``, an item that would
+       wait for its own batch's slot (or for room in the queue); from inside :meth:`on_start`, any item or a
+       stop; from inside :meth:`on_stop`, a stop.
     5. **Admission.** With ``max_queue_size`` set, :meth:`process` on a full queue raises
        :class:`QueueFullException` at once, or, with ``wait_when_full=True``, waits its turn for room (first
        come, first served).
@@ -85,16 +82,14 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
        :meth:`on_start` and :meth:`on_stop` open and close what it needs.
     9. **Stop.** ``await stop()`` refuses new items (:class:`BatcherStoppedError`), processes everything already
        accepted without waiting for ``max_queue_time``, waits for the batches in flight, runs :meth:`on_stop`,
-       then returns. ``stop(timeout=s)`` returns after about ``s`` seconds at most, ``on_stop`` included;
-       whatever is unfinished then fails with :class:`BatcherStoppedError`. ``stop(force=True)`` fails every
-       queued and in-flight caller at once with :class:`BatcherStoppedError` and cancels the batches in flight
-       (a sync ``process_batch`` already running in a thread runs to its end, its result dropped; one still
-       waiting for a thread never starts); a caller whose batch was cut off inside ``process_batch`` gets what
-       :meth:`abandoned_error` returns (``OutcomeUnknownError`` for batchers that write or send). Stop is
-       idempotent and safe to call concurrently.
+       then returns. ``stop(timeout=s)`` returns within about ``s`` seconds: the drain has them all, or half when
+       the batcher overrides :meth:`on_stop`, which has the rest; what is unfinished fails with
+       :class:`BatcherStoppedError`. ``stop(force=True)`` fails every queued and in-flight caller at once and
+       cancels the batches in flight; a caller whose batch was cut off inside ``process_batch`` gets what
+       :meth:`abandoned_error` returns. Idempotent and safe to call concurrently.
     10. **Statistics.** :attr:`stats` is a frozen :class:`BatcherStats` snapshot; recording costs one tuple per
         batch, nothing per item. Its counters add up: every submitted item is counted once as succeeded,
-        failed, cancelled or timed out.
+        failed, cancelled or timed out. A streaming batch's size is the most items it held at once.
     11. **Validation.** Bad settings and arguments raise ``ValueError`` or ``TypeError`` naming the value, at
         construction (or when changed live, the old value kept).
     12. **Logging.** Through ``logging.getLogger("async_batcher")`` only; item payloads are never logged.
@@ -117,8 +112,8 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         preferred_batch_sizes: Batch sizes the model runs best at (Triton's ``preferred_batch_size``): a batch
             goes out at the largest one available, else waits for the next one at most ``max_queue_time``.
         default_timeout: Seconds every item may take at most when its call gives no ``timeout=``.
-        stream_buffer: With a streaming ``process_batch``, the most parts a stream buffers for a consumer that
-            has not taken them yet; beyond, the batch waits for it.
+        stream_buffer: The most parts a stream buffers for its consumer; beyond, its batch waits for it.
+        stream_stall_timeout: Seconds a batch waits for a consumer with a full buffer, then drops it (``None``: never).
         name: A name for logs and statistics; the class name by default.
         batch_size: Deprecated synonym of ``max_batch_size`` (async-batcher 0.2.2); warns.
         sleep_time: Deprecated, ignored (async-batcher 0.2.2); warns.
@@ -141,6 +136,7 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         preferred_batch_sizes: Iterable[int] = (),
         default_timeout: float | None = None,
         stream_buffer: int = 16,
+        stream_stall_timeout: float | None = 10.0,
         name: str | None = None,
         batch_size: int | None = None,
         sleep_time: float | None = None,
@@ -180,10 +176,12 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         self.preferred_batch_sizes = preferred_batch_sizes
         self.default_timeout = default_timeout
         self.stream_buffer = stream_buffer
+        self.stream_stall_timeout = stream_stall_timeout
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         cls._overridden = frozenset(name for name in HOOKS if getattr(cls, name) is not getattr(AsyncBatcher, name))
+        check_hooks(cls)
 
     # ------------------------------------------------------------------ the part users write
 
@@ -202,13 +200,10 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
     ):
         r"""Process a batch; return one result per item, in order (an ``Exception`` element fails that item).
 
-        Override with ``async def`` (awaited on the event loop) or with a plain ``def`` (run in ``executor``). A
-        parameter named ``batch`` (or ``**kwargs`` alone) is passed by keyword, as async-batcher 0.2.2 did; any
-        other name, by position. The list is the batcher's no more: keep it or change it at will.
-
-        Or stream: an async generator (an ``async def`` with ``yield``), each step a sequence with one element per
-        item of the batch as it is at that step (a part of that item's results, :data:`~async_batcher.END`, or an
-        ``Exception``). Callers then iterate :meth:`stream`; see :mod:`async_batcher` streaming in the guide.
+        An ``async def`` (awaited on the event loop) or a plain ``def`` (run in ``executor``); or an async generator
+        that streams (each step one element per item of the batch as it is then: a part, :data:`END`, or an
+        ``Exception``; callers iterate :meth:`stream`). A parameter named ``batch`` (or ``**kwargs`` alone) is
+        passed by keyword, as in 0.2.2; any other name, by position. Keep or change the list at will.
         """
 
     def batch_key(self, item: T) -> Hashable:
@@ -227,24 +222,23 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         return 1.0
 
     async def on_start(self) -> None:
-        """Overridable hook: runs once each time the batcher starts; the first batch waits for it.
+        """Overridable hook (an ``async def``): runs once each time the batcher starts; the first batch waits for it.
 
-        Open clients here. If it raises, the callers of that run's batches get the error.
+        Open clients here; warm a model up with ``process_batch`` itself (an item submitted from here would wait
+        for this hook: it raises :class:`ReentrantCallError`). If it raises, that run's callers get the error.
         """
 
     async def on_stop(self) -> None:
-        """Overridable hook: runs once at the end of :meth:`stop`, after the drain. Close clients here."""
+        """Overridable hook (an ``async def``): runs once at the end of :meth:`stop`, after the drain. Close clients
+        here."""
 
     def abandoned_error(self, batch: list[T], error: BaseException) -> BaseException:
-        """Overridable hook: what the callers of a batch get when a stop cuts it off while ``process_batch`` works
-        on it (``stop(force=True)``, an expired ``stop(timeout=...)``, the event loop shutting down).
+        """Overridable hook: what the callers of a batch get when a stop (forced, timed out, the loop shutting down)
+        cuts it off while ``process_batch`` works on it; ``batch`` is the list it was given.
 
-        ``batch`` is the list ``process_batch`` was given; ``error`` the stop's :class:`BatcherStoppedError`,
-        which it returns by default: right for a ``process_batch`` without effects (a model), whose callers may
-        simply try again. A ``process_batch`` that writes or sends should return an
-        :class:`~async_batcher.OutcomeUnknownError` for the items it may have written or sent, so that nobody
-        retries them blindly. Called on the event loop, once per batch; it must not block. Callers whose batch
-        never reached ``process_batch`` get ``error`` without asking.
+        By default ``error``, the stop's :class:`BatcherStoppedError`: right without effects (a model). One that
+        writes or sends returns :class:`~async_batcher.OutcomeUnknownError`, so that nobody retries blindly.
+        Called on the event loop, once per batch; it must not block.
         """
         return error
 
@@ -335,21 +329,20 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
     def stream(self, item: T, *, timeout: float | None = None, priority: float = 0) -> AsyncIterator[R]:
         """Submit one item and iterate its results as a streaming ``process_batch`` yields them.
 
-        ``async for part in batcher.stream(item)``: the parts of this item, in order, until its stream is
-        complete; an ``Exception`` the generator gave for this item, or raised, is raised here after the parts
-        delivered before it. Leaving the loop early (``break``, cancellation) drops the item from the batch's
-        later steps; the other streams go on. ``timeout`` bounds the whole stream. The item is submitted at the
-        first iteration. On a batcher whose ``process_batch`` returns one result per item, the stream has one part.
+        ``async for part in batcher.stream(item)``: this item's parts, in order, until its stream is complete; an
+        ``Exception`` for it is raised after the parts before it. It is left (its item drops out of the batch at
+        the next step) when closed (``contextlib.aclosing``), cancelled, or let go (a ``break`` out of ``async
+        for`` over ``stream()`` itself); a consumer that stops reading is dropped after ``stream_stall_timeout``.
+        ``timeout`` bounds the whole stream. The item is submitted at the first iteration. Without a streaming
+        ``process_batch``, the stream has one part.
         """
         return _admission.submit_stream(self, item, timeout=timeout, priority=priority)
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start the batcher on the running event loop (optional: the first :meth:`process` does it).
-
-        Idempotent. Called with no running loop, it only marks a stopped batcher to start at first use.
-        """
+        """Start the batcher on the running event loop (optional: the first :meth:`process` does it); idempotent.
+        Called with no running loop, it only marks a stopped batcher to start at first use."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -369,8 +362,9 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         Args:
             force: Fail every queued and in-flight caller at once with :class:`BatcherStoppedError` and cancel
                 the batches in flight.
-            timeout: Return after this many seconds at most: when the drain takes longer, act as ``force``; when
-                ``on_stop()`` does, cancel it.
+            timeout: Return after this many seconds at most: the drain has them all (half if ``on_stop()`` is
+                overridden), then what is left is failed as by ``force``; ``on_stop()`` has the rest, then is
+                cancelled.
 
         Idempotent and safe to call concurrently: every call returns once the batcher is stopped (or once its
         own ``timeout`` has expired).
@@ -424,12 +418,7 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         return _sync.call(self, self.process(item, priority=priority), n=1, timeout=timeout, what="process_sync()")
 
     def process_many_sync(
-        self,
-        items: Iterable[T],
-        *,
-        timeout: float | None = None,
-        priority: float = 0,
-        return_exceptions: bool = False,
+        self, items: Iterable[T], *, timeout: float | None = None, priority: float = 0, return_exceptions: bool = False
     ) -> list[R]:
         """:meth:`process_many` for sync code, as :meth:`process_sync`."""
         batch = list(items)

@@ -335,6 +335,7 @@ class BatchDecorator:
         preferred_batch_sizes: Iterable[int] = ...,
         default_timeout: float | None = ...,
         stream_buffer: int = ...,
+        stream_stall_timeout: float | None = ...,
         name: str | None = ...,
         key: Callable[[Any], Hashable] | None = ...,
         weight: Callable[[Any], float] | None = ...,
@@ -351,7 +352,8 @@ class BatchDecorator:
             **options: The keyword arguments of :class:`~async_batcher.AsyncBatcher` (``max_batch_size``,
                 ``max_queue_time``, ``concurrency``, ``max_queue_size``, ``executor``, ``wait_when_full``,
                 ``max_batch_weight``, ``max_priority_wait``, ``max_latency``, ``preferred_batch_sizes``,
-                ``default_timeout``, ``stream_buffer``, ``name``: the function's qualified name by default),
+                ``default_timeout``, ``stream_buffer``, ``stream_stall_timeout``, ``name``: the function's
+                qualified name by default),
                 ``key`` / ``weight``: callables of one item that become the batcher's ``batch_key`` (items with
                 different keys never share a batch) and ``item_weight`` hooks, and ``continuous``: for an async
                 generator function, let waiting items join a running batch between its steps.

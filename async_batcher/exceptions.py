@@ -55,4 +55,5 @@ class ProcessBatchCancelledError(AsyncBatchException):
 
 
 class ReentrantCallError(AsyncBatchException, RuntimeError):
-    """A call from inside ``process_batch`` would wait for its own batch (a deadlock): it is refused."""
+    """A call that would wait for itself (a deadlock) is refused: from inside ``process_batch``, one that would wait
+    for its own batch; from inside ``on_start``, an item or a stop; from inside ``on_stop``, a stop."""

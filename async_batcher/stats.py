@@ -70,7 +70,8 @@ class BatcherStats:
     batches: int
     #: Items accepted: into the queue, or into the line for room in a full queue (``wait_when_full``).
     submitted: int
-    #: Items that went through ``process_batch`` and whose callers got its outcome (not a stop's).
+    #: Items that went through ``process_batch`` and whose callers got its outcome (not a stop's); a streaming
+    #: batch's items all count, those that joined it as it ran included.
     processed: int
     #: Items whose caller got its result.
     succeeded: int
@@ -87,7 +88,9 @@ class BatcherStats:
     queued: int
     #: Batches being processed now.
     in_flight: int
-    #: ``processed / batches``, 0.0 before the first batch.
+    #: The mean size of the batches counted in ``batches``, 0.0 before the first one. A streaming batch's size is
+    #: the most items it held at once (at most ``max_batch_size``): with continuous batching, items join and leave
+    #: it as it runs, and ``processed`` counts every one of them.
     mean_batch_size: float
     queue_wait: LatencySummary
     process_time: LatencySummary
@@ -104,6 +107,7 @@ class _Recorder:
         "observers",
         "processed",
         "rejected",
+        "sized",
         "succeeded",
         "timed_out",
         "window",
@@ -111,6 +115,7 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.batches = 0
+        self.sized = 0  # the sizes of those batches, summed
         # Submitted items that are no longer waiting in the queue nor in the line for room (sent, withdrawn, or
         # given up); with those still waiting, every item submitted. Counted per batch, not per item, to keep the
         # hot path short.
@@ -131,6 +136,7 @@ class _Recorder:
         """One call of ``process_batch`` ended: ``size`` items, its oldest item ``waited`` seconds for it, and it
         took ``elapsed`` seconds. Feeds the observers; one that raises is logged, never propagated."""
         self.batches += 1
+        self.sized += size
         self.window.append((waited, elapsed))
         if self.observers:
             for observer in self.observers:
@@ -164,7 +170,7 @@ class _Recorder:
             rejected=self.rejected,
             queued=queued,
             in_flight=in_flight,
-            mean_batch_size=self.processed / self.batches if self.batches else 0.0,
+            mean_batch_size=self.sized / self.batches if self.batches else 0.0,
             queue_wait=LatencySummary.of([w for w, _ in window]),
             process_time=LatencySummary.of([p for _, p in window]),
         )

@@ -501,3 +501,24 @@ async def test_a_caller_woken_for_room_as_a_stop_begins_is_refused_and_counted()
     await asyncio.gather(first, *waiting)
     s = b.stats
     assert (s.submitted, s.failed) == (6, 3) and settled(b)
+
+
+async def test_lowering_max_queue_size_refuses_the_callers_in_line_that_can_never_fit_and_serves_the_rest() -> None:
+    b = Recording(max_queue_size=10, wait_when_full=True, max_batch_size=10, max_queue_time=0, delay=0.1)
+    async with asyncio.timeout(100):
+        first = asyncio.ensure_future(b.process_many(range(10)))  # in flight
+        await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(b.process_many(range(10, 20)))  # queued: the queue is full
+        await asyncio.sleep(0.01)
+        third = asyncio.ensure_future(b.process_many(range(20, 28)))  # in line for room
+        fourth = asyncio.ensure_future(b.process(99))  # in line behind it
+        await asyncio.sleep(0.01)
+        b.max_queue_size = 5
+        with pytest.raises(QueueFullException, match="8 items can never fit in max_queue_size=5"):
+            await third  # at once
+        assert b._run.awaiting_room == 1 and not fourth.done()
+        assert await fourth == 198 and await second == [x * 2 for x in range(10, 20)] and len(await first) == 10
+    assert not set(range(20, 28)) & set(b.sent)
+    s = b.stats
+    assert (s.failed, s.succeeded, s.rejected) == (8, 21, 0) and s.submitted == s.succeeded + s.failed
+    await b.stop()

@@ -111,7 +111,7 @@ async def test_a_stop_with_a_timeout_returns_in_time_when_on_stop_hangs(
         await b.stop(force=force, timeout=0.2)
     assert loop.time() == pytest.approx(0.2)
     assert [r.getMessage() for r in caplog.records] == [
-        "Hanging: on_stop() did not finish within stop(timeout=0.2); it is cancelled"
+        "Hanging: on_stop() did not finish within the 0.2 s left of stop(timeout=0.2) after the drain; it is cancelled"
     ]
     assert not await b.is_running()
     with pytest.raises(BatcherStoppedError):

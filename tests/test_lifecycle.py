@@ -379,6 +379,22 @@ def test_bad_settings_are_refused_naming_the_value(kwargs: dict[str, Any], named
     assert named in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"preferred_batch_sizes": [0]}, "[0]"),
+        ({"preferred_batch_sizes": (4, -1)}, "-1"),
+        ({"preferred_batch_sizes": [2.5]}, "2.5"),
+        ({"stream_buffer": 0}, "0"),
+        ({"stream_buffer": -1}, "-1"),
+    ],
+)
+def test_a_size_with_no_unlimited_value_is_refused_without_offering_one(kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))) as info:
+        Recording(max_batch_size=8, **kwargs)
+    assert named in str(info.value) and "no limit" not in str(info.value) and ">= 1" in str(info.value)
+
+
 def test_a_bad_setting_on_a_running_batcher_is_refused_and_the_old_one_kept() -> None:
     b = Recording(max_batch_size=4)
     with pytest.raises(ValueError, match="max_batch_size"):

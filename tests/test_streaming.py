@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from async_batcher import END, AsyncBatcher, BatcherStoppedError, BatchSizeMismatchError, batch
+from async_batcher import (
+    END,
+    AsyncBatcher,
+    BatcherStoppedError,
+    BatchSizeMismatchError,
+    OutcomeUnknownError,
+    QueueFullException,
+    ReentrantCallError,
+    batch,
+)
 from tests.batchers import until
+
+# Every wait of these tests is bounded on the loop's (virtual) clock: a batcher that hangs fails the test.
+WAIT = 1000.0
 
 pytestmark = pytest.mark.virtual_time
 
@@ -146,7 +160,7 @@ async def test_a_stop_drains_the_streams_and_a_forced_stop_ends_them() -> None:
 
 
 async def test_a_slow_consumer_holds_its_batch_within_its_buffer() -> None:
-    b = Counter(max_queue_time=0, stream_buffer=2)
+    b = Counter(max_queue_time=0, stream_buffer=2, stream_stall_timeout=60)
     b.step_delay = 0.0
     slow = b.stream(50)
     first = await anext(slow)  # then it stops reading for a while
@@ -262,3 +276,303 @@ async def test_items_that_join_a_running_batch_stay_within_max_batch_weight() ->
 
 async def joined(stream: AsyncIterator[str]) -> str:
     return "".join([p async for p in stream])
+
+
+# ---------------------------------------------------------------------- hangs that were (issue 25)
+
+
+class Endless(AsyncBatcher[int, int]):
+    """Streams ``0, 1, 2, ...`` to every item, one part per step of 1 s, until its consumers leave."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.steps: list[list[int]] = []
+
+    async def process_batch(self, batch: list[int]) -> AsyncIterator[list[int]]:
+        k = 0
+        while True:
+            self.steps.append(list(batch))
+            await asyncio.sleep(1)
+            yield [k] * len(batch)
+            k += 1
+
+
+# A generator that ignores GeneratorExit stays suspended: Python reports it again as it is collected.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("how", ["finally_raises", "ignores_generator_exit"])
+async def test_a_generator_that_fails_to_close_still_frees_its_slot(
+    how: str, caplog: pytest.LogCaptureFixture, loop_errors: list[dict[str, Any]]
+) -> None:
+    class Unclosable(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> AsyncIterator[list[Any]]:
+            if how == "finally_raises":
+                try:
+                    while True:
+                        yield [END] * len(batch)
+                finally:
+                    raise RuntimeError("cleanup failed")
+            else:
+                while True:
+                    try:
+                        yield [END] * len(batch)
+                    except GeneratorExit:
+                        pass  # and yields again
+
+    b = Unclosable(max_queue_time=0)
+    async with asyncio.timeout(WAIT):
+        with caplog.at_level(logging.WARNING, logger="async_batcher"):
+            assert await collect(b.stream(1)) == []
+            assert b.stats.in_flight == 0  # its slot is free
+            assert await collect(b.stream(2)) == []  # the next batch runs
+        await b.stop()
+    assert "Unclosable: process_batch's generator raised RuntimeError as it was closed" in caplog.messages
+    assert b.stats.batches == 2 and b.stats.succeeded == 2 and settled(b)
+    assert all("asynchronous generator" in str(error.get("message")) for error in loop_errors), loop_errors
+
+
+async def test_stream_called_inside_its_own_streaming_batch_is_refused() -> None:
+    class Nested(AsyncBatcher[int, Any]):
+        async def process_batch(self, batch: list[int]) -> AsyncIterator[list[Any]]:
+            yield [[p async for p in self.stream(0)] for _ in batch]
+
+    b = Nested(max_queue_time=0)
+    async with asyncio.timeout(WAIT):
+        with pytest.raises(ReentrantCallError, match="stream"):
+            await collect(b.stream(1))
+        await b.stop()
+    assert b.stats.queued == 0 and settled(b)
+
+
+async def test_a_consumer_that_stops_reading_without_leaving_is_dropped_after_the_stall_timeout() -> None:
+    loop = asyncio.get_running_loop()
+    b = Endless(max_queue_time=0, stream_buffer=3, stream_stall_timeout=5)
+    kept = b.stream(1)
+    other = b.stream(2)
+    async with asyncio.timeout(WAIT):
+        reader = asyncio.ensure_future(anext(other))
+        async for part in kept:  # a break does not close an async generator still referenced: it stays open
+            assert part == 0
+            break
+        await reader
+        got = []
+        async for part in other:
+            got.append(part)
+            if part == 12:
+                break
+        # Its buffer was full at 4.0 (parts 1 to 3); the step waited for it until 9.0, then went on without it.
+        assert loop.time() == 18.0 and 1 not in b.steps[-1]
+        assert b.stats.timed_out == 1
+        await other.aclose()
+        await b.stop()  # nothing is held back
+        with pytest.raises(TimeoutError, match="stream_stall_timeout=5"):
+            async for part in kept:  # its buffered parts, then the error
+                got.append(part)
+    assert got[-3:] == [1, 2, 3]
+    assert settled(b)
+
+
+async def test_a_stall_timeout_of_zero_never_waits_and_none_waits_as_long_as_it_takes() -> None:
+    never = Endless(max_queue_time=0, stream_buffer=1, stream_stall_timeout=0)
+    patient = Endless(max_queue_time=0, stream_buffer=1, stream_stall_timeout=None)
+    async with asyncio.timeout(WAIT):
+        for b in (never, patient):
+            stalled = b.stream(1)
+            assert await anext(stalled) == 0
+            await asyncio.sleep(20)  # it reads nothing for a while
+            if b is never:
+                with pytest.raises(TimeoutError):
+                    await anext(stalled)  # its one buffered part, then the error
+                    await anext(stalled)
+            else:
+                assert [await anext(stalled) for _ in range(3)] == [1, 2, 3]
+                await stalled.aclose()
+            await b.stop()
+    assert (never.stats.timed_out, patient.stats.timed_out) == (1, 0)
+    assert len(never.steps) == 2 and len(patient.steps) == 4
+
+
+@pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), "5"])
+def test_a_bad_stall_timeout_is_refused_naming_it(value: Any) -> None:
+    with pytest.raises(ValueError, match=r"stream_stall_timeout.*" + str(value)):
+        Endless(stream_stall_timeout=value)
+    b = Endless(stream_stall_timeout=None)
+    assert b.stream_stall_timeout is None and Endless().stream_stall_timeout == 10.0
+    b.stream_stall_timeout = 0
+    assert b.stream_stall_timeout == 0.0
+
+
+async def test_aclosing_leaves_a_stream_at_once() -> None:
+    b = Endless(max_queue_time=0, stream_buffer=1)
+    other = b.stream(2)  # kept open: the batch goes on
+    async with asyncio.timeout(WAIT):
+        reader = asyncio.ensure_future(anext(other))
+        async with contextlib.aclosing(b.stream(1)) as parts:
+            async for part in parts:
+                assert part == 0
+                break
+        assert await reader == 0 and await anext(other) == 1
+        assert b.steps[:2] == [[1, 2], [2]] and b.stats.cancelled == 1  # gone at the next step, no stall
+        await other.aclose()
+        await b.stop()
+    assert settled(b)
+
+
+async def test_a_stop_does_not_wait_for_a_stalled_consumer_longer_than_the_stall_timeout() -> None:
+    loop = asyncio.get_running_loop()
+    b = Endless(max_queue_time=0, stream_buffer=2, stream_stall_timeout=3)
+    kept = b.stream(1)
+    async with asyncio.timeout(WAIT):
+        assert await anext(kept) == 0
+        await b.stop()  # no other consumer: the batch ends as its only stream is dropped
+    assert loop.time() == 6.0 and b.stats.timed_out == 1
+    await kept.aclose()
+    assert settled(b)
+
+
+# ---------------------------------------------------------------------- statistics of a stream batch
+
+
+async def test_a_continuous_batch_counts_every_item_and_its_size_is_the_most_it_held_at_once() -> None:
+    class Continuous(Counter):
+        continuous_batching = True
+
+    sizes: list[int] = []
+    b = Continuous(max_queue_time=0, max_batch_size=2)
+    b._recorder.add_observer(lambda size, waited, elapsed: sizes.append(size))
+    async with asyncio.timeout(WAIT):
+        assert [len(r) for r in await asyncio.gather(*(collect(b.stream(n)) for n in (1, 2, 3, 4, 5, 6)))] == [
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+        ]
+    s = b.stats
+    assert s.processed == 6 and s.succeeded == 6  # the items that joined it included
+    assert s.batches == 1 and sizes == [2] and s.mean_batch_size == 2.0
+    await b.stop()
+
+
+async def test_a_stream_batch_whose_consumers_left_before_it_started_counts_only_the_others() -> None:
+    class Starting(Counter):
+        async def on_start(self) -> None:
+            await asyncio.sleep(1)  # the batch is formed, and waits for it
+
+    b = Starting(max_queue_time=0)
+    leaving = asyncio.ensure_future(collect(b.stream(3)))
+    staying = asyncio.ensure_future(collect(b.stream(2)))
+    await asyncio.sleep(0.5)
+    assert b.stats.in_flight == 1
+    leaving.cancel()
+    async with asyncio.timeout(WAIT):
+        assert await staying == ["2.0", "2.1"]
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+    assert (b.stats.processed, b.stats.mean_batch_size, b.steps[0]) == (1, 1.0, [2])
+    await b.stop()
+
+
+# ---------------------------------------------------------------------- what a mutation spot-check let through
+
+
+async def test_an_exception_for_a_consumer_who_left_during_the_step_is_dropped_and_the_others_get_theirs() -> None:
+    step = asyncio.Event()
+
+    class Failing(AsyncBatcher[int, Any]):
+        async def process_batch(self, batch: list[int]) -> AsyncIterator[list[Any]]:
+            yield [f"{n}.0" for n in batch]
+            await step.wait()  # the first consumer leaves meanwhile
+            yield [ValueError(f"bad {n}") for n in batch]
+
+    b = Failing(max_queue_time=0)
+    first, second = b.stream(1), b.stream(2)
+    async with asyncio.timeout(WAIT):
+        assert await asyncio.gather(anext(first), anext(second)) == ["1.0", "2.0"]
+        await first.aclose()
+        step.set()
+        with pytest.raises(ValueError, match="bad 2"):
+            await anext(second)
+        await b.stop()
+    assert (b.stats.cancelled, b.stats.failed) == (1, 1) and settled(b)
+
+
+@pytest.mark.parametrize("buffer", [1, 2, 5])
+async def test_the_generator_runs_ahead_of_a_consumer_by_exactly_its_buffer(buffer: int) -> None:
+    b = Endless(max_queue_time=0, stream_buffer=buffer)
+    stream = b.stream(1)
+    async with asyncio.timeout(WAIT):
+        assert await anext(stream) == 0
+        await asyncio.sleep(buffer + 3)  # (less than the stall timeout)
+        # One part taken, `buffer` more waiting: the generator is suspended after yielding the last of them.
+        assert len(b.steps) == buffer + 1
+        assert [await anext(stream) for _ in range(buffer)] == list(range(1, buffer + 1))
+        await stream.aclose()
+        await b.stop()
+
+
+async def test_a_stream_that_leaves_while_queued_gives_its_room_back() -> None:
+    b = Counter(max_queue_time=0, max_queue_size=1, wait_when_full=True)
+    async with asyncio.timeout(WAIT):
+        running = asyncio.ensure_future(collect(b.stream(3)))
+        await until(lambda: b.steps)
+        queued = asyncio.ensure_future(collect(b.stream(2)))  # the queue is full
+        await until(lambda: b.stats.queued == 1)
+        waiting = asyncio.ensure_future(collect(b.stream(1)))  # waits for room
+        await until(lambda: b.stats.submitted == 3)
+        queued.cancel()
+        await until(lambda: b.stats.queued == 1 and b.stats.submitted == 3 and not b._run.putters)
+        assert b.stats.queued == 1  # the one that waited took its room at once
+        assert await waiting == ["1.0"] and await running == ["3.0", "3.1", "3.2"]
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        await b.stop()
+    assert settled(b)
+
+
+async def test_items_that_join_a_running_batch_make_room_for_the_callers_waiting_for_it() -> None:
+    class Continuous(Counter):
+        continuous_batching = True
+
+    b = Continuous(max_queue_time=0, max_queue_size=1, wait_when_full=True, max_batch_size=4)
+    async with asyncio.timeout(WAIT):
+        first = asyncio.ensure_future(collect(b.stream(5)))
+        await until(lambda: b.steps)
+        later = [asyncio.ensure_future(collect(b.stream(n))) for n in (2, 1)]  # one queued, one waiting for room
+        assert [len(r) for r in await asyncio.gather(first, *later)] == [5, 2, 1]
+    assert b.stats.batches == 1  # both joined the running batch: the first to join made room for the second
+    await b.stop()
+
+
+async def test_a_forced_stop_asks_abandoned_error_once_for_a_stream_batch() -> None:
+    asked: list[list[int]] = []
+
+    class Writer(Endless):
+        def abandoned_error(self, batch: list[int], error: BaseException) -> BaseException:
+            asked.append(list(batch))
+            return OutcomeUnknownError("may have been sent")
+
+    b = Writer(max_queue_time=0)
+    streams = [asyncio.ensure_future(collect(b.stream(n))) for n in (1, 2)]
+    async with asyncio.timeout(WAIT):
+        await asyncio.sleep(1.5)
+        assert len(b.steps) == 2
+        await b.stop(force=True)
+        for stream in streams:
+            with pytest.raises(OutcomeUnknownError):
+                await stream
+    assert asked == [[1, 2]] and b.stats.failed == 2 and settled(b)
+
+
+async def test_a_stream_refused_by_a_full_queue_is_never_sent() -> None:
+    b = Counter(max_queue_time=0, max_queue_size=1)
+    async with asyncio.timeout(WAIT):
+        running = asyncio.ensure_future(collect(b.stream(2)))
+        await until(lambda: b.steps)
+        queued = asyncio.ensure_future(collect(b.stream(1)))
+        await until(lambda: b.stats.queued == 1)
+        with pytest.raises(QueueFullException):
+            await collect(b.stream(9))
+        assert await running == ["2.0", "2.1"] and await queued == ["1.0"]
+    assert all(9 not in step for step in b.steps)
+    await b.stop()
