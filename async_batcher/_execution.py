@@ -86,7 +86,7 @@ async def run_batch(b: Base, batch: Batch) -> None:
         batch.items, batch.sinks = without_departed(batch.items, batch.sinks, futures_only=batch.futures_only)
         batch.size = len(batch.items)
         if not batch.items:
-            release(b, batch)
+            release(batch)
             return
         if not run.is_coroutine:  # a plain process_batch that had to wait for on_start(): on to the executor
             to_executor(b, batch)
@@ -222,7 +222,7 @@ def end(
         else:
             answer(b, batch, results)
     finally:
-        release(b, batch)
+        release(batch)
 
 
 def answer(b: Base, batch: Batch, results: Any) -> None:
@@ -237,14 +237,14 @@ def answer(b: Base, batch: Batch, results: Any) -> None:
     deliver(batch.sinks, checked, b._recorder, futures_only=batch.futures_only)
 
 
-def fail(b: Base, batch: Batch, error: BaseException, *, sinks: list[Any] | None = None, cut_off: bool = False) -> None:
-    """Give every caller of the batch the error (a ``KeyboardInterrupt`` or ``SystemExit`` is raised on after).
+def fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False) -> None:
+    """Give every caller of the batch still waiting the error (a ``KeyboardInterrupt`` or ``SystemExit`` is raised
+    on after).
 
     A ``CancelledError`` becomes :class:`ProcessBatchCancelledError`, so that a caller is never mistaken for
-    cancelled; a ``BaseException`` that is not an ``Exception`` reaches the callers wrapped. ``sinks``: the callers
-    to fail, when not all of the batch's (a streaming batch's open streams). ``cut_off``: the error is the
-    batcher's, not ``process_batch``'s: the batch's task was cancelled from outside (the event loop shutting down),
-    and the log says so.
+    cancelled; a ``BaseException`` that is not an ``Exception`` reaches the callers wrapped. ``cut_off``: the error
+    is the batcher's, not ``process_batch``'s: the batch's task was cancelled from outside (the event loop shutting
+    down), and the log says so.
     """
     n = batch.size
     reported: BaseException = error
@@ -256,7 +256,7 @@ def fail(b: Base, batch: Batch, error: BaseException, *, sinks: list[Any] | None
             n,
             type(error).__name__,
         )
-        fail_sinks(batch.sinks if sinks is None else sinks, error, b._recorder)
+        fail_sinks(batch.sinks, error, b._recorder)
         return
     if isinstance(error, asyncio.CancelledError):
         reported = ProcessBatchCancelledError(f"{b.name}: process_batch raised CancelledError on a batch of {n} items")
@@ -267,11 +267,13 @@ def fail(b: Base, batch: Batch, error: BaseException, *, sinks: list[Any] | None
             f"{b.name}: process_batch raised {type(error).__name__}, which is not an Exception, on a batch of {n} items"
         )
         reported.__cause__ = error
-    if reported is error:
+    if not batch.entered:  # on_start() failed, or the executor refused the batch: not process_batch's doing
+        logger.warning("%s: a batch of %d items failed before process_batch: %s", b.name, n, type(error).__name__)
+    elif reported is error:
         logger.warning("%s: process_batch raised %s on a batch of %d items", b.name, type(error).__name__, n)
     else:
         logger.warning("%s", reported)  # its message names the batcher
-    fail_sinks(batch.sinks if sinks is None else sinks, reported, b._recorder)
+    fail_sinks(batch.sinks, reported, b._recorder)
     if isinstance(error, KeyboardInterrupt | SystemExit):
         raise error
 
@@ -299,7 +301,7 @@ def stopped_error(b: Base, batch: Batch, error: BaseException) -> BaseException:
     return chosen
 
 
-def release(b: Base, batch: Batch) -> None:
+def release(batch: Batch) -> None:
     """Free the batch's slot (unless a stop already did) and let the dispatcher look again: a free slot never idles
     while a batch is due."""
     if batch.abandoned:

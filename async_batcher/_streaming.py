@@ -33,7 +33,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from async_batcher import _execution, _room
-from async_batcher._sinks import END, as_results
+from async_batcher._sinks import END, as_results, future_done
 from async_batcher.exceptions import BatcherStoppedError
 
 if TYPE_CHECKING:
@@ -263,7 +263,7 @@ def _join(b: Base, run: Run, batch: Batch) -> int:
     batch.items.extend(taken.items)
     batch.sinks.extend(taken.sinks)
     if batch.weights is not None:
-        batch.weights.extend(taken.weights or [1.0] * len(taken.items))
+        batch.weights.extend(taken.weights or ())  # (a list: the queue was weighted when the batch formed)
     batch.size = max(batch.size, len(batch.items))
     if run.putters:
         _room.wake_putters(b, run)
@@ -271,11 +271,9 @@ def _join(b: Base, run: Run, batch: Batch) -> int:
 
 
 def _fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False) -> None:
-    if batch.abandoned:
-        return
-    open_sinks = [sink for sink in batch.sinks if not sink.done()]
-    if open_sinks:
-        _execution.fail(b, batch, error, sinks=open_sinks, cut_off=cut_off)
+    """The streams of the batch still open end with ``error`` (unless a forced stop answered them already)."""
+    if not batch.abandoned and not all(map(future_done, batch.sinks)):
+        _execution.fail(b, batch, error, cut_off=cut_off)
 
 
 def _end(b: Base, batch: Batch, entered: int) -> None:
@@ -285,4 +283,4 @@ def _end(b: Base, batch: Batch, entered: int) -> None:
         _execution.record(b, batch)
         if not batch.abandoned:
             b._recorder.processed += entered
-    _execution.release(b, batch)
+    _execution.release(batch)

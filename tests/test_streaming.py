@@ -16,6 +16,7 @@ from async_batcher import (
     BatcherStoppedError,
     BatchSizeMismatchError,
     OutcomeUnknownError,
+    ProcessBatchCancelledError,
     QueueFullException,
     ReentrantCallError,
     batch,
@@ -240,15 +241,14 @@ async def test_a_decorated_async_generator_streams_and_can_batch_continuously() 
         batch(continuous=True)(lambda xs: xs)
 
 
-class Letters(AsyncBatcher[str, str]):
+class Spelled(AsyncBatcher[str, str]):
+    """Streams each text's letters, one per step of 1 s, batching continuously; records each step's batch."""
+
     continuous_batching = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.steps: list[list[str]] = []
-
-    def item_weight(self, item: str) -> float:
-        return len(item)
 
     async def process_batch(self, batch: list[str]) -> AsyncIterator[list[Any]]:
         sent: dict[str, int] = {}
@@ -263,6 +263,13 @@ class Letters(AsyncBatcher[str, str]):
             yield parts
 
 
+class Letters(Spelled):
+    """Each text weighs its length."""
+
+    def item_weight(self, item: str) -> float:
+        return len(item)
+
+
 async def test_items_that_join_a_running_batch_stay_within_max_batch_weight() -> None:
     b = Letters(max_queue_time=0, max_batch_weight=10)
     first = asyncio.ensure_future(joined(b.stream("aaaaaa")))  # weight 6
@@ -271,6 +278,7 @@ async def test_items_that_join_a_running_batch_stay_within_max_batch_weight() ->
     assert await asyncio.gather(first, *later) == ["aaaaaa", "bbbb", "cccccc"]
     weights = [sum(len(t) for t in step) for step in b.steps]
     assert max(weights) <= 10, b.steps
+    assert b.stats.processed == 3  # each once, however many steps passed while "cccccc" could not join
     await b.stop()
 
 
@@ -575,4 +583,132 @@ async def test_a_stream_refused_by_a_full_queue_is_never_sent() -> None:
             await collect(b.stream(9))
         assert await running == ["2.0", "2.1"] and await queued == ["1.0"]
     assert all(9 not in step for step in b.steps)
+    await b.stop()
+
+
+# ---------------------------------------------------------------------- what mutation testing let through
+
+
+async def test_a_stream_batch_that_never_reached_process_batch_counts_no_batch_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Unstartable(Counter):
+        async def on_start(self) -> None:
+            raise ConnectionRefusedError("no model")
+
+    b = Unstartable(max_queue_time=0)
+    async with asyncio.timeout(WAIT):
+        with caplog.at_level(logging.WARNING, logger="async_batcher"):
+            results = await asyncio.gather(collect(b.stream(1)), collect(b.stream(2)), return_exceptions=True)
+            await b.stop()
+    assert all(isinstance(r, ConnectionRefusedError) for r in results), results
+    assert caplog.messages == [
+        "Unstartable: on_start() failed: ConnectionRefusedError",
+        "Unstartable: a batch of 2 items failed before process_batch: ConnectionRefusedError",
+    ]
+    s = b.stats
+    assert (s.batches, s.processed, s.failed, s.mean_batch_size) == (0, 0, 2, 0.0) and b.steps == [] and settled(b)
+
+
+async def test_a_generator_that_raises_is_logged_as_such_and_one_that_raises_cancelled_error_cancels_no_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Raising(Counter):
+        async def process_batch(self, batch: list[int]) -> AsyncIterator[list[Any]]:
+            yield [f"{n}.0" for n in batch]
+            raise asyncio.CancelledError if 0 in batch else KeyError("model died")
+
+    b = Raising(max_queue_time=0)
+    async with asyncio.timeout(WAIT):
+        with caplog.at_level(logging.WARNING, logger="async_batcher"):
+            raised = await asyncio.gather(collect(b.stream(1)), collect(b.stream(2)), return_exceptions=True)
+            cancelled = await asyncio.gather(collect(b.stream(0)), return_exceptions=True)
+        await b.stop()
+    assert all(isinstance(r, KeyError) for r in raised), raised
+    assert isinstance(cancelled[0], ProcessBatchCancelledError), cancelled  # not mistaken for a cancelled caller
+    assert caplog.messages == [
+        "Raising: process_batch raised KeyError on a batch of 2 items",
+        "Raising: process_batch raised CancelledError on a batch of 1 items",
+    ]
+    assert b.stats.failed == 3 and settled(b)
+
+
+async def test_a_stream_batch_whose_task_is_cancelled_from_outside_fails_its_open_streams_and_frees_its_slot(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    asked: list[list[int]] = []
+
+    class Writer(Endless):
+        def abandoned_error(self, batch: list[int], error: BaseException) -> BaseException:
+            asked.append(list(batch))
+            assert isinstance(error, BatcherStoppedError) and "stream batch cancelled" in str(error)
+            return OutcomeUnknownError("may have been sent")
+
+    b = Writer(max_queue_time=0)
+    streams = [asyncio.ensure_future(collect(b.stream(n))) for n in (1, 2)]
+    async with asyncio.timeout(WAIT):
+        await asyncio.sleep(1.5)
+        (batch,) = b._run.batches  # as the event loop's shutdown would: its task cancelled, no stop
+        with caplog.at_level(logging.WARNING, logger="async_batcher"):
+            batch.handle.cancel()
+            for stream in streams:
+                with pytest.raises(OutcomeUnknownError):
+                    await stream
+        assert b.stats.in_flight == 0 and asked == [[1, 2]]
+        assert caplog.messages == [
+            "Writer: a batch of 2 items was cut off, its task cancelled (the event loop shutting down); its callers "
+            "get OutcomeUnknownError"
+        ]
+        nxt = b.stream(3)
+        assert await anext(nxt) == 0  # it serves on
+        await nxt.aclose()
+        await b.stop()
+    assert b.stats.failed == 2 and settled(b)
+
+
+async def test_each_error_and_each_stall_is_counted() -> None:
+    class Failing(Counter):
+        async def process_batch(self, batch: list[int]) -> AsyncIterator[list[Any]]:
+            yield [ValueError(n) if n % 2 else f"{n}.0" for n in batch]
+            yield [END] * len(batch)
+
+    b = Failing(max_queue_time=0)
+    async with asyncio.timeout(WAIT):
+        for _ in range(2):
+            results = await asyncio.gather(*(collect(b.stream(n)) for n in (1, 2, 3)), return_exceptions=True)
+            assert [type(r) for r in results] == [ValueError, list, ValueError]
+        assert (b.stats.failed, b.stats.succeeded, b.stats.processed) == (4, 2, 6)
+        stalled = Endless(max_queue_time=0, stream_buffer=1, stream_stall_timeout=1)
+        kept = [stalled.stream(n) for n in (1, 2)]
+        assert await asyncio.gather(*(anext(k) for k in kept)) == [0, 0]
+        await stalled.stop()  # both stall, and are dropped in the same step
+        assert stalled.stats.timed_out == 2
+        for k in kept:
+            await k.aclose()
+    assert settled(b) and settled(stalled)
+
+
+async def test_weights_come_into_play_on_a_running_continuous_batch() -> None:
+    b = Spelled(max_queue_time=0)  # each item weighs 1, once a weight limit is set
+    async with asyncio.timeout(WAIT):
+        first = asyncio.ensure_future(joined(b.stream("aaaa")))
+        await asyncio.sleep(1.5)
+        b.max_batch_weight = 2  # the running batch was formed without weights: each of its items weighs 1
+        later = [asyncio.ensure_future(joined(b.stream(t))) for t in ("bb", "c")]
+        assert await asyncio.gather(first, *later) == ["aaaa", "bb", "c"]
+    assert max(len(step) for step in b.steps) == 2  # "c" waited for room within the weight limit
+    await b.stop()
+
+
+async def test_joined_items_count_their_weights_for_the_next_to_join() -> None:
+    b = Letters(max_queue_time=0, max_batch_weight=10)
+    async with asyncio.timeout(WAIT):
+        first = asyncio.ensure_future(joined(b.stream("aaaaaa")))  # weight 6
+        await asyncio.sleep(0.5)
+        second = asyncio.ensure_future(joined(b.stream("bb")))  # weight 2: joins (8)
+        await asyncio.sleep(1)
+        third = asyncio.ensure_future(joined(b.stream("ccc")))  # weight 3: would make 11, waits
+        assert await asyncio.gather(first, second, third) == ["aaaaaa", "bb", "ccc"]
+    assert max(sum(len(t) for t in step) for step in b.steps) <= 10, b.steps
+    assert b.stats.processed == 3
     await b.stop()
