@@ -35,6 +35,8 @@ def check_hooks(cls: type[Base]) -> None:
     is not a plain function is taken as it is: what ``on_start`` and ``on_stop`` return is checked as they run."""
     for name in cls._overridden:
         hook = getattr(cls, name)
+        if not callable(hook):
+            raise TypeError(f"{cls.__name__}.{name} must be a method, got {hook!r}")
         if not inspect.isfunction(inspect.unwrap(hook)):
             continue
         is_async = inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(inspect.unwrap(hook))

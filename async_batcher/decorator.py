@@ -121,6 +121,9 @@ def _check_flag(what: str, value: object) -> bool:
 def _check_callable(what: str, value: object) -> None:
     if not callable(value):
         raise TypeError(f"{what} must be callable, got {value!r}")
+    if inspect.iscoroutinefunction(value) or inspect.isasyncgenfunction(value):
+        # Called once per item as it is submitted, never awaited: its coroutine would be the key, or the weight.
+        raise TypeError(f"{what} must be a plain function (it is called, never awaited), got {value!r}")
 
 
 def _required_positionals(func: Callable[..., Any]) -> int:

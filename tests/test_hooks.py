@@ -131,8 +131,15 @@ def test_a_plain_def_on_start_or_on_stop_is_refused_as_the_class_is_defined(hook
     def plain(self: Any) -> None:
         pass
 
+    async def generator(self: Any) -> AsyncIterator[None]:
+        yield None
+
     with pytest.raises(TypeError, match=rf"Bad\.{hook} must be an async def.*got a plain def"):
         type("Bad", (Recording,), {hook: plain})
+    with pytest.raises(TypeError, match=rf"Bad\.{hook} must be an async def.*got an async generator function"):
+        type("Bad", (Recording,), {hook: generator})
+    with pytest.raises(TypeError, match=rf"Bad\.{hook} must be a method, got None"):
+        type("Bad", (Recording,), {hook: None})
 
 
 @pytest.mark.parametrize("hook", ["batch_key", "item_weight", "abandoned_error"])

@@ -10,13 +10,14 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
 from async_batcher import (
+    END,
     AsyncBatcher,
     AsyncBatchException,
     BatcherStoppedError,
@@ -539,3 +540,52 @@ async def test_a_caller_leaving_during_a_stop_lets_the_stop_finish() -> None:
         await queued
     await asyncio.wait_for(stopping, WAIT)
     assert await held == [2 * i for i in range(10)] and settled(b)
+
+
+# ---------------------------------------------------------------------- attacks on the fixes of issue 25
+
+
+class Lockstep(AsyncBatcher[int, int]):
+    """Streams ``0..49`` to every item with no pause between steps: its consumers have only the loop's turns."""
+
+    continuous_batching = True
+
+    async def process_batch(self, batch: list[int]) -> AsyncIterator[list[Any]]:
+        sent: dict[int, int] = {}
+        while batch:
+            parts: list[Any] = []
+            for x in batch:
+                k = sent.get(x, 0)
+                sent[x] = k + 1
+                parts.append(k if k < 50 else END)
+            yield parts
+
+
+async def test_consumers_that_keep_up_are_never_dropped_even_with_a_stall_timeout_of_zero() -> None:
+    b = Lockstep(max_queue_time=0, stream_buffer=1, stream_stall_timeout=0, max_batch_size=8)
+
+    async def read(x: int) -> list[int]:
+        return [p async for p in b.stream(x)]
+
+    results = await asyncio.wait_for(asyncio.gather(*(read(x) for x in range(20))), WAIT)
+    assert all(r == list(range(50)) for r in results)
+    assert b.stats.timed_out == 0 and b.stats.succeeded == 20
+    await asyncio.wait_for(b.stop(), WAIT)
+
+
+async def test_a_consumer_that_stops_reading_on_a_real_loop_is_dropped_and_the_others_finish() -> None:
+    b = Lockstep(max_queue_time=0, stream_buffer=2, stream_stall_timeout=0.05, max_batch_size=8)
+    stuck = b.stream(0)
+    assert await asyncio.wait_for(anext(stuck), WAIT) == 0  # then it reads no more, and is kept
+
+    async def read(x: int) -> list[int]:
+        return [p async for p in b.stream(x)]
+
+    assert await asyncio.wait_for(asyncio.gather(*(read(x) for x in range(1, 5))), WAIT) == [list(range(50))] * 4
+    await asyncio.wait_for(b.stop(), WAIT)
+    assert b.stats.timed_out == 1
+    got = []
+    with pytest.raises(TimeoutError, match="stream_stall_timeout"):
+        async for p in stuck:
+            got.append(p)
+    assert got == [1, 2]  # its buffered parts, then the error

@@ -178,6 +178,13 @@ def test_bad_settings_fail_at_the_decorator() -> None:
         batch(bogus=1)(f)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="key must be callable"):
         batch(key=3)(f)  # type: ignore[arg-type]
+
+    async def awaited(x: int) -> int:
+        return x
+
+    for hook in ("key", "weight"):
+        with pytest.raises(TypeError, match=f"{hook} must be a plain function"):
+            batch(**{hook: awaited})(f)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="got 64"):
         batch(64)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="3 required positional parameters"):
