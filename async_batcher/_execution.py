@@ -53,13 +53,13 @@ def call_process_batch(b: Base, run: Run, items: list[Any]) -> Any:
 # ---------------------------------------------------------------------- the coroutine path
 
 
-async def wait_for_start(run: Run) -> None:
-    """Wait for ``on_start()``, and for the batches formed before this one that wait for it too: a batch formed as
-    ``on_start()`` ends sees it done, but must not reach ``process_batch`` before the batches already in line."""
-    startup, ahead = run.startup, run.start_line
-    if startup is None or (ahead is None and startup.done()):
-        if startup is not None:
-            startup.result()  # on_start() failed: this batch's callers get its error
+async def wait_for_start(run: Run, startup: asyncio.Task[None]) -> None:
+    """Wait for ``on_start()`` (``startup``), and for the batches formed before this one that wait for it too: a
+    batch formed as ``on_start()`` ends sees it done, but must not reach ``process_batch`` before the batches
+    already in line."""
+    ahead = run.start_line
+    if ahead is None and startup.done():
+        startup.result()  # on_start() failed: this batch's callers get its error
         return
     passed = run.loop.create_future()
     run.start_line = passed
@@ -80,7 +80,7 @@ async def run_batch(b: Base, batch: Batch) -> None:
     ran = False
     try:
         if run.startup is not None:
-            await wait_for_start(run)
+            await wait_for_start(run, run.startup)
         # A caller may have left since the batch was formed (this task starts an iteration later): its item must
         # not reach process_batch.
         batch.items, batch.sinks = without_departed(batch.items, batch.sinks, futures_only=batch.futures_only)

@@ -116,13 +116,9 @@ class Bulk:
             self._succeed()
 
     def fail(self, exc: BaseException) -> None:
-        """The whole call fails with ``exc`` (with ``return_exceptions``: every item still without a result)."""
+        """The whole call fails with ``exc`` (without ``return_exceptions``: with it, a failure takes its items'
+        places, :meth:`fail_chunk`)."""
         if self.future.done():
-            return
-        if self.return_exceptions and isinstance(exc, Exception):
-            self.results = [exc if r is PENDING else r for r in self.results]
-            self.left = 0
-            self._succeed()
             return
         self.recorder.failed += len(self.items)
         self.future.set_exception(exc)

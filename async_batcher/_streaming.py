@@ -159,7 +159,7 @@ async def run_stream_batch(b: Base, batch: Batch) -> None:
     try:
         try:
             if run.startup is not None:
-                await _execution.wait_for_start(run)
+                await _execution.wait_for_start(run, run.startup)
             _compact(batch)
             if not batch.items:
                 return

@@ -165,3 +165,54 @@ async def test_a_failing_hook_is_reported_and_the_callers_get_the_stop_error(
     expected = KeyError if hook == "raises" else TypeError
     assert isinstance(loop_errors[0]["exception"], expected)
     loop_errors.clear()
+
+
+@pytest.mark.virtual_time
+async def test_what_a_hook_returning_no_exception_reports_names_the_hook_and_what_it_returned(
+    loop_errors: list[dict[str, Any]],
+) -> None:
+    class Broken(Recording):
+        def abandoned_error(self, batch: list[int], error: BaseException) -> Any:
+            return 42
+
+    b = Broken(max_queue_time=0, delay=10.0)
+    call = asyncio.ensure_future(b.process(1))
+    await until(lambda: b.batches)
+    await b.stop(force=True)
+    with pytest.raises(BatcherStoppedError) as stopped:
+        await call
+    (report,) = loop_errors
+    assert report["message"] == f"Broken: Broken.abandoned_error() failed; its callers get {stopped.value!r}"
+    assert str(report["exception"]) == "abandoned_error() must return an exception instance, got 42"
+    loop_errors.clear()
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize("returns", ["the_stop_error", "its_own_cause", "a_new_error"])
+async def test_the_error_a_hook_returns_is_chained_to_the_stop_unless_it_is_the_stop_or_has_a_cause(
+    returns: str,
+) -> None:
+    own = OSError("the disk")
+
+    class Chaining(Recording):
+        def abandoned_error(self, batch: list[int], error: BaseException) -> BaseException:
+            if returns == "the_stop_error":
+                return error
+            unknown = OutcomeUnknownError("may have been written")
+            if returns == "its_own_cause":
+                unknown.__cause__ = own
+            return unknown
+
+    b = Chaining(max_queue_time=0, delay=10.0)
+    call = asyncio.ensure_future(b.process(1))
+    await until(lambda: b.batches)
+    await b.stop(force=True)
+    with pytest.raises((BatcherStoppedError, OutcomeUnknownError)) as got:
+        await call
+    cause = got.value.__cause__
+    if returns == "the_stop_error":
+        assert isinstance(got.value, BatcherStoppedError) and cause is None  # not its own cause
+    elif returns == "its_own_cause":
+        assert cause is own
+    else:
+        assert isinstance(cause, BatcherStoppedError) and "force=True" in str(cause)

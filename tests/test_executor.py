@@ -295,3 +295,28 @@ async def test_an_awaitable_the_loop_cannot_await_fails_its_callers() -> None:
         await b.stop()
     finally:
         other.close()
+
+
+async def test_every_outcome_of_an_awaitable_returned_from_the_thread_reaches_the_callers_and_the_statistics(
+    pool: Any,
+) -> None:
+    async def fails(batch: list[int]) -> list[int]:
+        raise KeyError("no such row")
+
+    async def cancels(batch: list[int]) -> list[int]:
+        raise asyncio.CancelledError  # the awaitable cancels itself: no caller may look cancelled
+
+    async def answers(batch: list[int]) -> list[int]:
+        return [x * 3 for x in batch]
+
+    b = Scripted(executor=pool, max_queue_time=0)
+    outcomes: list[Any] = []
+    for answer in (fails, cancels, answers):
+        b.answer = answer
+        outcomes.append(await asyncio.gather(b.process(1), b.process(2), return_exceptions=True))
+    assert [type(r) for r in outcomes[0]] == [KeyError, KeyError]
+    assert [type(r) for r in outcomes[1]] == [ProcessBatchCancelledError] * 2
+    assert outcomes[2] == [3, 6]
+    s = b.stats
+    assert (s.batches, s.processed, s.failed, s.succeeded) == (3, 6, 4, 2)  # each reached process_batch
+    await b.stop()

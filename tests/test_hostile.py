@@ -210,7 +210,10 @@ async def test_results_with_no_order_or_no_items_are_refused_naming_what_was_ret
     calls = await asyncio.gather(*(b.process(i) for i in range(3)), return_exceptions=True)
     for call in calls:
         assert isinstance(call, TypeError)
-        assert f"process_batch returned {named}" in str(call) and "sequence of 3 results" in str(call)
+        assert str(call) == (
+            f"process_batch returned {named}; expected a sequence of 3 results in the order of the batch (a list, a "
+            "tuple, a numpy array, a generator), or None"
+        )
     assert settled(b)
     await b.stop()
 

@@ -190,9 +190,11 @@ async def test_batches_formed_while_on_start_runs_keep_their_order(kind: str) ->
         b = cls(max_batch_size=3, max_queue_time=0.01, concurrency=2, executor=executor)
         if kind == "stream":
             assert await asyncio.gather(*(streamed(b, i) for i in [1, 2, 3, 4])) == [1, 2, 3, 4]
+            assert await streamed(b, 5) == 5  # and the batches after them, once they have all passed
         else:
             assert await b.process_many([1, 2, 3, 4]) == [1, 2, 3, 4]
-        assert order == [1, 2, 3, 4]
+            assert await b.process_many([5]) == [5]
+        assert order == [1, 2, 3, 4, 5]
         await b.stop()
 
 

@@ -345,10 +345,16 @@ async def test_stream_called_inside_its_own_streaming_batch_is_refused() -> None
 
     b = Nested(max_queue_time=0)
     async with asyncio.timeout(WAIT):
-        with pytest.raises(ReentrantCallError, match="stream"):
+        with pytest.raises(ReentrantCallError) as refused:
             await collect(b.stream(1))
         await b.stop()
-    assert b.stats.queued == 0 and settled(b)
+    assert str(refused.value) == (
+        "Nested: an item submitted (process(), process_many() or stream()) from inside its own process_batch while "
+        "every slot (concurrency=1) is taken would wait for its own batch forever; raise concurrency, or do the work "
+        "directly"
+    )
+    s = b.stats
+    assert (s.submitted, s.failed, s.queued) == (2, 2, 0) and settled(b)  # the stream, and the one it refused
 
 
 async def test_a_consumer_that_stops_reading_without_leaving_is_dropped_after_the_stall_timeout() -> None:
@@ -711,4 +717,89 @@ async def test_joined_items_count_their_weights_for_the_next_to_join() -> None:
         assert await asyncio.gather(first, second, third) == ["aaaaaa", "bb", "ccc"]
     assert max(sum(len(t) for t in step) for step in b.steps) <= 10, b.steps
     assert b.stats.processed == 3
+    await b.stop()
+
+
+# ---------------------------------------------------------------------- a stream's admission and timeouts
+
+
+def test_end_says_what_it_is() -> None:
+    assert repr(END) == "async_batcher.END"
+
+
+async def test_default_timeout_bounds_streams_and_each_timeout_is_counted() -> None:
+    loop = asyncio.get_running_loop()
+    b = Counter(max_queue_time=0, default_timeout=2.5)
+    got: list[list[str]] = [[], []]
+
+    async def read(n: int, into: list[str]) -> None:
+        async for part in b.stream(n):
+            into.append(part)
+
+    async with asyncio.timeout(WAIT):
+        results = await asyncio.gather(read(10, got[0]), read(9, got[1]), return_exceptions=True)
+    assert [str(r) for r in results] == ["Counter: the stream did not end within the timeout"] * 2
+    assert all(isinstance(r, TimeoutError) for r in results)
+    assert loop.time() == 2.5 and got == [["10.0", "10.1"], ["9.0", "9.1"]]
+    await b.stop()
+    assert b.stats.timed_out == 2 and settled(b)
+
+
+async def test_a_stream_from_a_batcher_with_one_result_per_item_keeps_its_timeout() -> None:
+    loop = asyncio.get_running_loop()
+
+    class Slow(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            await asyncio.sleep(10)
+            return batch
+
+    b = Slow(max_queue_time=0)
+    async with asyncio.timeout(WAIT):
+        with pytest.raises(TimeoutError):
+            await collect(b.stream(1, timeout=1))
+    assert loop.time() == 1.0
+    await b.stop()
+
+
+async def test_a_stream_item_too_heavy_for_any_batch_is_refused_and_counted_once() -> None:
+    b = Letters(max_queue_time=0, max_batch_weight=3)
+    with pytest.raises(ValueError, match="weight 4"):
+        await collect(b.stream("abcd"))
+    s = b.stats
+    assert (s.rejected, s.submitted) == (1, 0)
+    await b.stop()
+
+
+async def test_a_stream_waiting_for_room_times_out_and_one_timing_out_in_the_queue_gives_its_room_back() -> None:
+    loop = asyncio.get_running_loop()
+    b = Counter(max_queue_time=0, max_queue_size=1, wait_when_full=True)
+    async with asyncio.timeout(WAIT):
+        running = asyncio.ensure_future(collect(b.stream(3)))
+        await asyncio.sleep(0)
+        queued = asyncio.ensure_future(collect(b.stream(2, timeout=0.5)))  # times out in the queue
+        await asyncio.sleep(0)
+        waiting = asyncio.ensure_future(collect(b.stream(1)))  # in line for room
+        await asyncio.sleep(0)
+        impatient = asyncio.ensure_future(collect(b.stream(4, timeout=0.2)))  # in line too, and gives up
+        await asyncio.sleep(0.3)
+        with pytest.raises(TimeoutError, match="within the timeout"):
+            await impatient
+        await asyncio.sleep(0.3)
+        with pytest.raises(TimeoutError):
+            await queued
+        assert loop.time() == 0.6 and b.stats.queued == 1 and b._run.awaiting_room == 0  # the room went on
+        assert await running == ["3.0", "3.1", "3.2"] and await waiting == ["1.0"]
+    assert all(2 not in step and 4 not in step for step in b.steps)
+    assert b.stats.timed_out == 2 and settled(b)
+    await b.stop()
+
+
+async def test_a_stream_arriving_while_the_dispatcher_waits_for_a_deadline_joins_its_batch() -> None:
+    b = Counter(max_queue_time=1.0)
+    async with asyncio.timeout(WAIT):
+        first = asyncio.ensure_future(collect(b.stream(1)))
+        await asyncio.sleep(0.5)  # a timer is armed for 1.0
+        second = asyncio.ensure_future(collect(b.stream(2)))
+        assert await asyncio.gather(first, second) == [["1.0"], ["2.0", "2.1"]]
+    assert b.steps[0] == [1, 2]
     await b.stop()
