@@ -43,7 +43,8 @@ def admit(b: Base, loop: asyncio.AbstractEventLoop, n: int) -> Run:
     """The run that ``n`` items submitted from ``loop`` join: the running one, or a new one; else refuse them."""
     run = b._run
     if run.loop is loop and run.state is State.RUNNING:
-        if run.startup is not None and inside_hook(run, "on_start"):
+        startup = run.startup
+        if startup is not None and not startup.done() and inside_hook(run, "on_start"):
             b._recorder.rejected += n
             raise ReentrantCallError(
                 f"{b.name}: an item submitted from inside on_start() would wait for on_start() forever (the first "

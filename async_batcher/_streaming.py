@@ -33,7 +33,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from async_batcher import _execution, _room
-from async_batcher._sinks import END, as_results, future_done
+from async_batcher._sinks import END, as_results
 from async_batcher.exceptions import BatcherStoppedError
 
 if TYPE_CHECKING:
@@ -271,8 +271,8 @@ def _join(b: Base, run: Run, batch: Batch) -> int:
 
 
 def _fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False) -> None:
-    """The streams of the batch still open end with ``error`` (unless a forced stop answered them already)."""
-    if not batch.abandoned and not all(map(future_done, batch.sinks)):
+    """The streams of the batch still open end with ``error``, logged (unless a forced stop answered them already)."""
+    if not batch.abandoned:
         _execution.fail(b, batch, error, cut_off=cut_off)
 
 
