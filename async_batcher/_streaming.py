@@ -175,8 +175,8 @@ async def run_stream_batch(b: Base, batch: Batch) -> None:
                 if b.continuous_batching:
                     entered += _join(b, run, batch)
                 if not batch.items:
-                    break
-            for sink in batch.sinks:
+                    return  # every stream has ended (the generator is closed on the way out)
+            for sink in batch.sinks:  # the generator returned: the streams still open are complete
                 sink.end()
         except asyncio.CancelledError:
             task = asyncio.current_task()
