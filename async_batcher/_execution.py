@@ -50,6 +50,7 @@ class Batch:
 
     __slots__ = (
         "abandoned",
+        "entered",
         "futures_only",
         "handle",
         "items",
@@ -78,6 +79,10 @@ class Batch:
         # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
         # now, and if it has not started in its thread, it will not.
         self.abandoned = False
+        # process_batch was called (or is about to be, in its thread): what it did for the items is unknown until
+        # it returns. In a thread it is set before abandoned is read, and a stop sets abandoned before it reads
+        # this: whichever comes first, a batch that runs is never reported as not run.
+        self.entered = False
 
     def is_live(self) -> bool:
         """Still in flight in its run: its slot is taken."""
@@ -149,14 +154,15 @@ async def run_batch(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
             to_executor(b, batch)
             return
         current_batch.set(batch)
-        ran = True
+        ran = batch.entered = True
         results = await call_process_batch(b, run, batch.items)
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             # Cancelled from outside: a forced stop (which answered the callers already), or the loop shutting
             # down, whose callers must not be left waiting.
-            end(b, batch, error=BatcherStoppedError(f"{b.name}: batch cancelled"), ran=ran)
+            stopped = BatcherStoppedError(f"{b.name}: batch cancelled")
+            end(b, batch, error=stopped if batch.abandoned else stopped_error(b, batch, stopped), ran=ran)
             raise
         end(b, batch, error=exc, ran=ran)
     except BaseException as exc:  # on_start() failed, or process_batch did: its callers get the error
@@ -190,6 +196,7 @@ def to_executor(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
 
 def in_thread(b: AsyncBatcher[Any, Any], batch: Batch) -> Any:
     """What the executor runs: ``process_batch``, unless a forced stop answered the callers before it started."""
+    batch.entered = True  # (before abandoned is read: see Batch.entered)
     if batch.abandoned:
         return _ABANDONED
     thread_batch.batch = batch
@@ -309,6 +316,29 @@ def fail(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException, *, sinks
     fail_sinks(batch.sinks if sinks is None else sinks, reported, b._recorder)
     if isinstance(error, KeyboardInterrupt | SystemExit):
         raise error
+
+
+def stopped_error(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException) -> BaseException:
+    """What the callers of a batch cut off by a stop get: ``error`` if ``process_batch`` never started on it, else
+    what :meth:`AsyncBatcher.abandoned_error` says (its outcome may be unknown). A hook that fails is reported
+    through the loop's exception handler, and ``error`` is used."""
+    if not batch.entered:
+        return error
+    try:
+        chosen = b.abandoned_error(batch.items, error)
+        if not isinstance(chosen, BaseException):
+            raise TypeError(f"abandoned_error() must return an exception instance, got {chosen!r}")
+    except Exception as exc:
+        batch.run.loop.call_exception_handler(
+            {
+                "message": f"{b.name}: {type(b).__name__}.abandoned_error() failed; its callers get {error!r}",
+                "exception": exc,
+            }
+        )
+        return error
+    if chosen is not error and chosen.__cause__ is None:
+        chosen.__cause__ = error
+    return chosen
 
 
 def release(b: AsyncBatcher[Any, Any], batch: Batch) -> None:

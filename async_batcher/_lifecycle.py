@@ -13,7 +13,7 @@ import logging
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from async_batcher import _admission, _dispatch
+from async_batcher import _admission, _dispatch, _execution
 from async_batcher import batcher as batcher_module
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
@@ -223,7 +223,7 @@ def abort(b: AsyncBatcher[Any, Any], run: Run, exc: AsyncBatchException) -> None
     _admission.fail_putters(run, exc)
     for batch in run.batches:
         batch.abandoned = True
-        fail_sinks(batch.sinks, exc, rec)
+        fail_sinks(batch.sinks, _execution.stopped_error(b, batch, exc), rec)
         if isinstance(batch.handle, asyncio.Task):
             batch.handle.cancel()
     run.batches.clear()

@@ -177,7 +177,7 @@ async def run_stream_batch(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
         if not batch.items:
             return
         _execution.current_batch.set(batch)
-        ran = True
+        ran = batch.entered = True
         steps = _execution.call_process_batch(b, run, batch.items)
         async for parts in steps:
             _deliver(batch, as_results(parts, len(batch.items)))
@@ -193,7 +193,9 @@ async def run_stream_batch(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None and task.cancelling():  # a forced stop, or the loop shutting down
-            _fail(b, batch, BatcherStoppedError(f"{b.name}: stream batch cancelled"))
+            if not batch.abandoned:  # (a forced stop answered its callers already)
+                stopped = BatcherStoppedError(f"{b.name}: stream batch cancelled")
+                _fail(b, batch, _execution.stopped_error(b, batch, stopped))
             raise
         _fail(b, batch, asyncio.CancelledError())
     except BaseException as exc:  # process_batch raised, or its results did not fit (a KeyboardInterrupt goes on)

@@ -87,7 +87,9 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
        whatever is unfinished then fails with :class:`BatcherStoppedError`. ``stop(force=True)`` fails every
        queued and in-flight caller at once with :class:`BatcherStoppedError` and cancels the batches in flight
        (a sync ``process_batch`` already running in a thread runs to its end, its result dropped; one still
-       waiting for a thread never starts). Stop is idempotent and safe to call concurrently.
+       waiting for a thread never starts); a caller whose batch was cut off inside ``process_batch`` gets what
+       :meth:`abandoned_error` returns (``OutcomeUnknownError`` for batchers that write or send). Stop is
+       idempotent and safe to call concurrently.
     10. **Statistics.** :attr:`stats` is a frozen :class:`BatcherStats` snapshot; recording costs one tuple per
         batch, nothing per item. Its counters add up: every submitted item is counted once as succeeded,
         failed, cancelled or timed out.
@@ -226,6 +228,19 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
 
     async def on_stop(self) -> None:
         """Overridable hook: runs once at the end of :meth:`stop`, after the drain. Close clients here."""
+
+    def abandoned_error(self, batch: list[T], error: BaseException) -> BaseException:
+        """Overridable hook: what the callers of a batch get when a stop cuts it off while ``process_batch`` works
+        on it (``stop(force=True)``, an expired ``stop(timeout=...)``, the event loop shutting down).
+
+        ``batch`` is the list ``process_batch`` was given; ``error`` the stop's :class:`BatcherStoppedError`,
+        which it returns by default: right for a ``process_batch`` without effects (a model), whose callers may
+        simply try again. A ``process_batch`` that writes or sends should return an
+        :class:`~async_batcher.OutcomeUnknownError` for the items it may have written or sent, so that nobody
+        retries them blindly. Called on the event loop, once per batch; it must not block. Callers whose batch
+        never reached ``process_batch`` get ``error`` without asking.
+        """
+        return error
 
     # ------------------------------------------------------------------ submitting
 

@@ -10,6 +10,7 @@ __all__ = [
     "AsyncBatchException",
     "BatchSizeMismatchError",
     "BatcherStoppedError",
+    "OutcomeUnknownError",
     "ProcessBatchCancelledError",
     "QueueFullException",
     "ReentrantCallError",
@@ -26,6 +27,17 @@ class QueueFullException(AsyncBatchException):
 
 class BatcherStoppedError(AsyncBatchException, RuntimeError):
     """The batcher is stopping or stopped: the item was refused, or was abandoned by a forced or timed-out stop."""
+
+
+class OutcomeUnknownError(AsyncBatchException):
+    """The item's batch was cut off while ``process_batch`` worked on it (a forced stop, an expired
+    ``stop(timeout=...)``, the event loop shutting down): what it did for this item, a write or a send, is unknown.
+
+    Not a :class:`BatcherStoppedError`, which says the item was not processed: retrying this one may do it twice.
+    Check first (read it back), or retry only what is idempotent. Raised by batchers whose
+    :meth:`~async_batcher.AsyncBatcher.abandoned_error` says so (the SQL and AWS batchers do); ``__cause__`` is the
+    stop's :class:`BatcherStoppedError`.
+    """
 
 
 class BatchSizeMismatchError(AsyncBatchException, ValueError):
