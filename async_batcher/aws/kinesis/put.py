@@ -11,8 +11,13 @@ Each caller's ``await batcher.process(KinesisRecord(data=..., partition_key=...)
 * the service's error (botocore ``ClientError``) when Kinesis refused the call for a reason of this record's
   (``ValidationException``, ``InvalidArgumentException``: isolated by bisection) or of its stream
   (``ResourceNotFoundException``, KMS errors: every record for that stream);
-* the transport error when Kinesis did not answer even after botocore's retries; the record may or may not
-  have been put.
+* :class:`~async_batcher.aws.errors.AwsOutcomeUnknownError` when Kinesis may or may not have put it: the
+  connection was lost or timed out after the request may have left, or the batcher gave up after a call that
+  answered 5xx; :class:`~async_batcher.aws.errors.AbandonedBatchError` when a stop cut its batch off while some
+  of it may have been put (``outcome_of(item)`` says what became of each item);
+* the transport error when the connection could not be opened (refused, DNS, connect timeout), even after
+  botocore's retries, or its call was never made because an earlier call of the batch got no answer: the
+  record was not put.
 
 A call carries records for one stream only, at most 500 of them and at most 5 MiB (data plus partition keys).
 The calls of a batch go one after the other, so the records of a partition key keep their order inside a
@@ -166,7 +171,8 @@ class AsyncKinesisPutBatcher(TargetedBatcher[KinesisRecord, KinesisPutResult]):
         response = await self.client.put_records(StreamName=entries[0].target, Records=[e.entry for e in entries])
         answers = response.get("Records") or []
         if len(answers) != len(entries):
-            # Kinesis answers every record, in order; without that, none of them counts as put.
+            # Kinesis answers every record, in order; without that, none of them counts as put, and any may be.
+            outcomes.may_have_applied(put.index for put in entries)
             return entries
         left: list[Entry] = []
         for put, answer in zip(entries, answers, strict=True):
