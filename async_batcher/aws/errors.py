@@ -5,7 +5,8 @@ The rule for a caller of a batcher that writes or sends (DynamoDB writes, SQS, S
 * a result: the service applied the item;
 * an :class:`~async_batcher.OutcomeUnknownError` (here :class:`AwsOutcomeUnknownError` or
   :class:`AbandonedBatchError`): the service may or may not have applied it;
-* any other exception: it did not apply it.
+* any other exception: it did not apply it; but for the ``TimeoutError`` of the caller's own ``timeout=`` (or a
+  cancellation), which says only that the caller stopped waiting: an item already sent runs on with its batch.
 
 The service's own errors (botocore ``ClientError``) reach the caller unchanged when the service refused that
 item (a ``ValidationException`` isolated to it, a table that does not exist). A transport error (botocore's

@@ -118,9 +118,9 @@ async def test_a_stop_while_the_first_call_is_under_way(
         if forward:  # (a request held before the server stays so: the proxy drops it when it closes)
             hold.release()
         stored = await service.stored()
+    check_outcomes(service, items, outcomes, stored)
     assert_abandoned(outcomes)
     assert states(service, items, outcomes) == ["unknown"] * 5
-    check_outcomes(service, items, outcomes, stored)
     assert sum(stored.counts.values()) == (5 if forward else 0)  # issue 26: all five were there
 
 
@@ -132,12 +132,12 @@ async def test_a_stop_in_the_wait_after_a_partial_failure(kind: str, request: py
         batcher = service.batcher(proxy.url, retry=RETRY, max_batch_size=6)
         outcomes = await stopped_when(batcher, items, gate.waiting, gate=gate)
         stored = await service.stored()
+    check_outcomes(service, items, outcomes, stored)
     assert_abandoned(outcomes)
     # The items the service applied and answered are "applied", with what their callers would have got; those it
     # left unprocessed are "not applied": they may be sent again.
     expected = ["not applied" if stuck(service.key(item)) else "applied" for item in items]
     assert states(service, items, outcomes) == expected
-    check_outcomes(service, items, outcomes, stored)
     assert sum(stored.counts.values()) == 4
 
 
@@ -172,10 +172,10 @@ async def test_a_stop_while_a_retry_is_under_way(kind: str, request: pytest.Fixt
         outcomes = await stopped_when(service.batcher(proxy.url, retry=RETRY, max_batch_size=6), items, hold.reached)
         hold.release()
         stored = await service.stored()
+    check_outcomes(service, items, outcomes, stored)
     assert_abandoned(outcomes)
     expected = ["unknown" if stuck(service.key(item)) else "applied" for item in items]
     assert states(service, items, outcomes) == expected
-    check_outcomes(service, items, outcomes, stored)
     assert sum(stored.counts.values()) == 6
 
 
@@ -190,9 +190,9 @@ async def test_an_expired_stop_timeout_is_a_stop_too(kind: str, request: pytest.
         )
         hold.release()
         stored = await service.stored()
+    check_outcomes(service, items, outcomes, stored)
     assert_abandoned(outcomes)
     assert "stop(timeout=0.05) expired" in str(outcomes[0].__cause__)  # type: ignore[union-attr]
-    check_outcomes(service, items, outcomes, stored)
     assert sum(stored.counts.values()) == 3
 
 
@@ -235,9 +235,9 @@ async def test_a_stop_with_calls_at_their_size_limit(kind: str, request: pytest.
         outcomes = await stopped_when(batcher, items, ready)
         hold.release()
         stored = await service.stored()
+    check_outcomes(service, items, outcomes, stored)
     assert_abandoned(outcomes)
     found = states(service, items, outcomes)
-    check_outcomes(service, items, outcomes, stored)
     assert watcher.done()
     if kind == "kinesis":  # 5 records per 5 MiB call: the first call answered, the second held
         assert found == ["applied"] * 5 + ["unknown"]
