@@ -133,7 +133,9 @@ class AwsBatcher(AsyncBatcher[T, R]):
         self._client: Any = None
         self._client_stack: contextlib.AsyncExitStack | None = None
         # The outcomes of each batch in process_batch, by id() of its list: what abandoned_error() reads.
-        self._batches: dict[int, tuple[list[Any], Outcomes[Any]]] = {}
+        # (the list, its items as given, their outcomes): a process_batch that reorders or empties its list must not
+        # change which item an outcome belongs to.
+        self._batches: dict[int, tuple[list[Any], tuple[Any, ...], Outcomes[Any]]] = {}
 
     @property
     def client(self) -> Any:
@@ -182,7 +184,7 @@ class AwsBatcher(AsyncBatcher[T, R]):
         """Keep ``outcomes`` where :meth:`abandoned_error` finds them while ``process_batch`` works on ``batch``.
 
         Kept after a cancellation: the loop shutting down cancels the batch before asking the hook."""
-        self._batches[id(batch)] = (batch, outcomes)
+        self._batches[id(batch)] = (batch, tuple(batch), outcomes)
         try:
             yield
         except asyncio.CancelledError:
@@ -199,12 +201,15 @@ class AwsBatcher(AsyncBatcher[T, R]):
         kept = self._batches.pop(id(batch), None)
         if not self.has_effects:
             return error
-        if kept is None or kept[0] is not batch:
-            # Not a batch this class tracked (a subclass's own process_batch): nothing says what it did.
-            unknown = AwsOutcomeUnknownError(self.service_name, "the batcher was stopped while its batch was under way")
-            unknown.__cause__ = error
-            return unknown
-        return kept[1].abandoned(batch, error)
+        if kept is not None and kept[0] is batch:
+            try:
+                return kept[2].abandoned(kept[1], error)
+            except Exception:  # a bug here must not turn into the core's default, the plain stop
+                logger.exception("%s: could not tell what the stop cut off; its callers are told 'unknown'", self.name)
+        # Not a batch this class tracked (a subclass's own process_batch): nothing says what it did.
+        unknown = AwsOutcomeUnknownError(self.service_name, "the batcher was stopped while its batch was under way")
+        unknown.__cause__ = error
+        return unknown
 
     async def _run_calls(
         self,

@@ -27,9 +27,9 @@ from async_batcher import BatcherStoppedError, OutcomeUnknownError
 from async_batcher.aws.base import AwsBatcher
 from async_batcher.aws.dynamodb.get import AsyncDynamoDbGetBatcher, GetItem
 from async_batcher.aws.dynamodb.write import WriteOperation
-from async_batcher.aws.errors import AbandonedBatchError
+from async_batcher.aws.errors import AbandonedBatchError, AwsOutcomeUnknownError, EntryOutcome
 from async_batcher.aws.retry import RetryPolicy
-from async_batcher.aws.sqs import SqsMessage
+from async_batcher.aws.sqs import AsyncSqsSendBatcher, SqsMessage
 from tests.aws.faultproxy import FaultProxy, Hold, Reply, Rule, Withhold, first_calls
 from tests.aws.helpers import NO_BOTOCORE_RETRY, create_queue, receive_all
 from tests.aws.services import KINDS, SESSION, Service, Stored, check_outcomes, server_for, state_of, stuck
@@ -396,3 +396,77 @@ def _without(stored: Any, service: Service, items: list[Any], indices: tuple[int
             kept.counts[key] = count
             kept.results[key] = stored.results[key]
     return kept
+
+
+async def test_a_batcher_stopped_mid_call_starts_again_and_sends(kind: str, request: pytest.FixtureRequest) -> None:
+    endpoint = server_for(kind, request)
+    async with asyncio.timeout(60), FaultProxy(endpoint) as proxy, Service(kind, endpoint).opened() as service:
+        hold = Hold(forward=True)
+        proxy.rules.append(first_calls(service.operation, 1, hold))
+        first, again = service.items(3, prefix="a"), service.items(3, prefix="b")
+        batcher = service.batcher(proxy.url, retry=RETRY)
+        cut = await stopped_when(batcher, first, hold.reached)
+        hold.release()
+        async with batcher:  # a new client; nothing of the batch cut off is left
+            later = await asyncio.wait_for(asyncio.gather(*(batcher.process(item) for item in again)), WAIT)
+        stored = await service.stored()
+    check_outcomes(service, first + again, cut + list(later), stored)
+    assert_abandoned(cut)
+    assert batcher._batches == {}
+
+
+async def test_sqs_a_stop_while_a_refused_call_is_bisected(moto_server: Any) -> None:
+    """moto refuses a whole call for one message's bogus attribute type; the batcher sends the halves one after
+    the other. The stop comes while the first half is under way: the second half was never sent."""
+    endpoint = moto_server.endpoint_url
+    async with asyncio.timeout(60), FaultProxy(endpoint) as proxy, Service("sqs", endpoint).opened() as service:
+        hold = Hold(forward=True)
+        proxy.rules.append(nth_call("SendMessageBatch", 2, hold))
+        messages = service.items(8)
+        messages[6] = SqsMessage(body="m006", attributes={"a": {"DataType": "Bogus", "StringValue": "1"}})
+        outcomes = await stopped_when(service.batcher(proxy.url, retry=RETRY, max_batch_size=8), messages, hold.reached)
+        hold.release()
+        stored = await service.stored()
+    check_outcomes(service, messages, outcomes, stored)
+    assert states(service, messages, outcomes) == ["unknown"] * 4 + ["not applied"] * 4
+    assert sorted(stored.counts) == ["m000", "m001", "m002", "m003"]
+
+
+# ---------------------------------------------------------------- the hook itself, without a server
+
+
+def test_the_hook_knows_the_items_as_process_batch_was_given_them() -> None:
+    """A process_batch that reorders or empties its list does not change which item an outcome belongs to."""
+    batcher = AsyncSqsSendBatcher(queue_url="http://q")
+    first, second = SqsMessage(body="1"), SqsMessage(body="2")
+    batch = [first, second]
+    outcomes = batcher._outcomes(2, "SendMessageBatch")
+    with batcher._tracking(batch, outcomes):
+        outcomes.succeed(0, "id-1")
+        outcomes.calls_started([1])
+        batch.reverse()
+        error = batcher.abandoned_error(batch, BatcherStoppedError("stopped"))
+    assert isinstance(error, AbandonedBatchError)
+    assert error.outcome_of(first) == EntryOutcome("applied", "id-1")
+    assert error.outcome_of(second).state == "unknown"
+
+
+def test_the_hook_never_falls_back_to_the_plain_stop_for_a_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    batcher = AsyncSqsSendBatcher(queue_url="http://q")
+    stopped = BatcherStoppedError("stopped")
+    # A batch the class did not track (a subclass's own process_batch): unknown.
+    untracked = batcher.abandoned_error([SqsMessage(body="x")], stopped)
+    assert isinstance(untracked, AwsOutcomeUnknownError) and untracked.__cause__ is stopped
+    # A bug while reading the outcomes: unknown too, not the core's default.
+    batch = [SqsMessage(body="x")]
+    outcomes = batcher._outcomes(1, "SendMessageBatch")
+
+    def broken(*args: object) -> BaseException:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(outcomes, "abandoned", broken)
+    with batcher._tracking(batch, outcomes):
+        assert isinstance(batcher.abandoned_error(batch, stopped), AwsOutcomeUnknownError)
+    # A reader's batch: the plain stop, whatever it holds.
+    reader = AsyncDynamoDbGetBatcher()
+    assert reader.abandoned_error([GetItem(table_name="t", key={"pk": "a"})], stopped) is stopped
