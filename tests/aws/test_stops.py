@@ -470,3 +470,26 @@ def test_the_hook_never_falls_back_to_the_plain_stop_for_a_writer(monkeypatch: p
     # A reader's batch: the plain stop, whatever it holds.
     reader = AsyncDynamoDbGetBatcher()
     assert reader.abandoned_error([GetItem(table_name="t", key={"pk": "a"})], stopped) is stopped
+
+
+async def test_process_many_with_return_exceptions_gets_each_item_its_outcome(moto_server: Any) -> None:
+    """A bulk caller holds every item: one AbandonedBatchError in each place, which tells each item apart."""
+    endpoint = moto_server.endpoint_url
+    async with asyncio.timeout(60), FaultProxy(endpoint) as proxy, Service("sqs", endpoint).opened() as service:
+        proxy.rules.append(
+            first_calls("SendMessageBatch", 1, lambda body: Withhold(service.entries_where(stuck)(body)))
+        )
+        messages, gate = service.items(6), Gate()
+        batcher = service.batcher(proxy.url, retry=RETRY)
+        batcher._sleep = gate.sleep
+        async with batcher:
+            bulk = asyncio.ensure_future(batcher.process_many(messages, return_exceptions=True))
+            await asyncio.wait_for(gate.waiting.wait(), WAIT)
+            await asyncio.wait_for(batcher.stop(force=True), WAIT)
+            outcomes = list(await asyncio.wait_for(bulk, WAIT))
+        stored = await service.stored()
+    check_outcomes(service, messages, outcomes, stored)
+    assert_abandoned(outcomes)
+    assert states(service, messages, outcomes) == [
+        "not applied" if stuck(service.key(m)) else "applied" for m in messages
+    ]
