@@ -221,8 +221,8 @@ class AwsBatcher(AsyncBatcher[T, R]):
     ) -> bool:
         """Deliver ``calls`` concurrently, or one after the other with ``in_order`` (a FIFO queue or topic, whose
         message groups keep their order only so). When the service gives no answer (connection refused,
-        timeout, after botocore's retries), every item still without an outcome gets that error; returns False
-        then."""
+        timeout, after botocore's retries), every item still without an outcome gets that error, or an
+        ``AwsOutcomeUnknownError`` caused by it if a call may have applied the item; returns False then."""
         if in_order:
             answers: list[BaseException | None] = []
             for call in calls:
