@@ -6,10 +6,10 @@ Two drivers share it:
   or not earlier ones were answered. A thread of its own keeps the time (``time.sleep`` has microsecond resolution,
   an event loop's timers a millisecond's) and hands each due request to the loop. The request takes an idle
   connection; when none is idle a new one is opened, up to ``max_connections``; beyond that it waits in the client,
-  in arrival order. Its latency runs from its **intended** send time to its answer, so neither a busy connection nor
-  a late client hides a slow server (no coordinated omission). A request not answered ``timeout`` seconds after its
-  intended time is a timeout; its connection stays open (its late answer is read and dropped) as a user's browser
-  would leave it.
+  in arrival order. Its latency runs from its **intended** send time to its answer, so neither a busy connection
+  nor a late client hides a slow server (no coordinated omission). A request not answered ``timeout`` seconds after
+  its intended time is a timeout; its connection stays open (its late answer is read and dropped) as a user's
+  browser would leave it. A connection idle for 4 s is closed, before the server's keep-alive limit closes it.
 - :func:`closed_loop`: ``connections`` clients, each sending its next request when the last is answered (after
   ``think`` seconds): the shape of wrk, of a batch job, of a fixed client population.
 
@@ -30,19 +30,21 @@ from dataclasses import dataclass, field
 __all__ = ["CONN_ERROR", "HTTP_ERROR", "OK", "TIMEOUT", "ClosedResult", "OpenResult", "closed_loop", "open_loop"]
 
 OK, HTTP_ERROR, CONN_ERROR, TIMEOUT = 1, 2, 3, 4
+IDLE_CLOSE = 4.0  # seconds an idle connection is kept
 _perf = time.perf_counter
 
 
 class _Conn(asyncio.Protocol):
     """One keep-alive connection; ``on_answer(conn, status)`` when a whole answer is in."""
 
-    __slots__ = ("_buf", "_lost", "_on_answer", "req", "transport")
+    __slots__ = ("_buf", "_lost", "_on_answer", "idle_since", "req", "transport")
 
     def __init__(self, on_answer: Callable[[_Conn, int], None], lost: Callable[[_Conn], None]) -> None:
         self._on_answer = on_answer
         self._lost = lost
         self._buf = b""
         self.req = -1  # the request in flight on it, -1 when none
+        self.idle_since = 0.0
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -170,6 +172,7 @@ class _OpenPool:
             if not self.r.outcome[i]:  # not timed out while it waited
                 self._send(conn, i)
                 return
+        conn.idle_since = _perf()
         self.idle.append(conn)
 
     def _send(self, conn: _Conn, i: int) -> None:
@@ -216,6 +219,12 @@ class _OpenPool:
             i = self.waiting.popleft()
             if not outcome[i]:
                 self._finish(i, TIMEOUT, now)
+        # Close what has idled nearly as long as uvicorn keeps an idle connection (5 s): a request sent on one the
+        # server is closing at that moment would fail for the client's reason, not the server's.
+        while self.idle and self.idle[0].idle_since < now - IDLE_CLOSE:
+            conn = self.idle.pop(0)  # the oldest: the list is a stack
+            if conn.transport is not None:
+                conn.transport.close()
 
     def close(self) -> None:
         for conn in [*self.idle, *self.busy]:

@@ -426,7 +426,12 @@ def read_csv(path: Path) -> list[OpenStep]:
     return steps
 
 
-def write_png(path: Path, steps: list[OpenStep], variants: list[str], shapes: dict[str, str], slo_ms: float) -> None:
+def _short(shape: str) -> str:
+    """A chart's title for a shape: ``Poisson``, ``on/off 50/150 ms``."""
+    return "Poisson" if shape == "poisson" else shape.replace("onoff:", "on/off ") + " ms"
+
+
+def write_png(path: Path, steps: list[OpenStep], variants: list[str], slo_ms: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -457,7 +462,7 @@ def write_png(path: Path, steps: list[OpenStep], variants: list[str], shapes: di
         ax.axhline(slo_ms, color="grey", linestyle="--", linewidth=1)
         ax.set_yscale("log")
         ax.set_xlabel("offered rate, requests/s")
-        ax.set_title(f"p99 ms, {shapes.get(shape, shape)} (x: generator lagged)", fontsize=9)
+        ax.set_title(f"p99 ms, {_short(shape)} (log; x: the generator lagged)", fontsize=9)
         ax.grid(alpha=0.3)
     ax = axes[0][-1]
     for v in variants:
@@ -475,7 +480,7 @@ def write_png(path: Path, steps: list[OpenStep], variants: list[str], shapes: di
         if pts:
             ax.plot([s.rate for s in pts], [s.items_per_call for s in pts], marker="o", label=v)
     ax.set_xlabel("offered rate, requests/s")
-    ax.set_title(f"items per model call, {shapes.get(names[0], names[0]) if names else ''}", fontsize=9)
+    ax.set_title(f"items per model call, {_short(names[0]) if names else ''}", fontsize=9)
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)

@@ -152,7 +152,7 @@ def parse_args(argv: Sequence[str] | None, defaults: Defaults = Defaults()) -> a
     args.seconds = args.seconds or (1 if quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if quick else 3)
     args.rounds = args.rounds or (1 if quick else 2)
-    args.fractions = args.fractions or ([0.3, 1.0] if quick else [0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.4])
+    args.fractions = args.fractions or ([0.3, 1.0] if quick else [0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.3])
     args.open_seconds = args.open_seconds or (1.0 if quick else 5.0)
     args.open_warmup = args.open_warmup if args.open_warmup is not None else (0.5 if quick else 1.0)
     args.mixed_connections = args.mixed_connections if args.mixed_connections is not None else (4 if quick else 8)
@@ -488,7 +488,7 @@ def main(argv: Sequence[str] | None = None, defaults: Defaults = Defaults()) -> 
         report.write_png(args.out_dir / f"{name}.png", closed, names, args.connections)
     if open_steps:
         open_report.write_csv(args.out_dir / f"{open_name}.csv", open_steps)
-        open_report.write_png(args.out_dir / f"{open_name}.png", open_steps, names, shapes, args.slo_ms)
+        open_report.write_png(args.out_dir / f"{open_name}.png", open_steps, names, args.slo_ms)
     print(f"wrote {args.out_dir / name}.md and its CSV and charts", file=sys.stderr)
     return 0
 

@@ -139,6 +139,18 @@ def test_the_closed_loop_waits_for_answers() -> None:
     assert server.connections == 4
 
 
+def test_answers_split_over_reads_are_framed_and_non_2xx_are_errors() -> None:
+    with tiny_server(delay=0.001) as server:
+        server.split = True
+        r = _generate(server.url, "--rate", "200", "--seconds", "0.5", "--warmup", "0")
+        assert r["ok"] == r["scheduled"] > 0 and r["errors"] == 0
+        assert r["p50_ms"] >= 2  # the server's 1 ms, then 1 ms more for the rest of the answer
+        server.split, server.status = False, 503
+        r = _generate(server.url, "--rate", "200", "--seconds", "0.5", "--warmup", "0")
+    assert r["ok"] == 0 and r["errors"] == r["scheduled"] > 0 and r["timeouts"] == 0
+    assert r["p50_ms"] == math.inf  # an error is no answer: it counts as slower than any
+
+
 def test_an_unreachable_server_gives_errors_not_a_hang() -> None:
     with tiny_server() as server:
         url = server.url  # its port, free again once it stops
@@ -275,7 +287,7 @@ def test_the_report_renders_both_modes_and_round_trips_its_csv(tmp_path: Path) -
     assert [(s.variant, s.rate, s.scenario, s.held) for s in back] == [(s.variant, s.rate, s.scenario, s.held)
                                                                        for s in opened]  # fmt: skip
     assert back[6].p99_ms == math.inf and back[0].closed_rps is None and back[10].closed_rps == 900.0
-    open_report.write_png(tmp_path / "open.png", opened, variants, shapes, 25.0)
+    open_report.write_png(tmp_path / "open.png", opened, variants, 25.0)
     assert (tmp_path / "open.png").read_bytes().startswith(b"\x89PNG")
 
 

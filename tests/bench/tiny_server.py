@@ -1,6 +1,7 @@
 """A tiny HTTP/1.1 server for the load client's tests, in a thread of the test process with its own event loop: it
 answers every request after ``delay`` seconds, holds every answer until ``stall_until`` (a ``perf_counter`` time;
-the ``stall_after``-th request sets it ``stall_for`` seconds ahead), and counts what it got."""
+the ``stall_after``-th request sets it ``stall_for`` seconds ahead) with ``status``, in two writes if ``split``,
+and counts what it got."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["TinyServer", "tiny_server"]
 
-ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-type: application/json\r\n\r\n1.5"
+BODY = b"1.5"
 
 
 @dataclass
@@ -24,6 +25,8 @@ class TinyServer:
     stall_after: int | None = None  # the request that starts a stall of stall_for seconds
     stall_for: float = 0.0
     stalled_at: float | None = None
+    status: int = 200
+    split: bool = False  # each answer in two writes, 1 ms apart, cut inside its head
     requests: int = 0
     connections: int = 0
     arrivals: list[float] = field(default_factory=list)  # perf_counter of each request's arrival
@@ -67,8 +70,21 @@ class _Handler(asyncio.Protocol):
                 self._answer()
 
     def _answer(self) -> None:
+        head = (
+            f"HTTP/1.1 {self.server.status} X\r\ncontent-length: {len(BODY)}\r\ncontent-type: application/json\r\n\r\n"
+        )
+        answer = head.encode() + BODY
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self.server.split:
+            self.transport.write(answer[:20])
+            asyncio.get_running_loop().call_later(0.001, self._rest, answer[20:])
+        else:
+            self.transport.write(answer)
+
+    def _rest(self, rest: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(ANSWER)
+            self.transport.write(rest)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
