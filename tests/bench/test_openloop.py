@@ -215,6 +215,7 @@ def test_open_loop_targets_are_computed_as_the_issue_states() -> None:
         ("ours-greedy", "Poisson, p99 ≤ 25 ms", "goodput ≥ 1.1x the best peer's", "FAIL"),  # 500 vs 500
         ("ours-greedy", "mixed: 300/s (30 %) + 8 closed-loop connections", "p99 ≤ 1.2x alone", "FAIL"),  # 9 > 4.8
     ]
+    assert rows[0][3] == "p99 4.00 vs 3.90 ms (1.03x)" and rows[1][3] == "p99 4.00 vs 5.00 ms (0.80x) (batched)"
     goodput_row = next(r for r in rows if r[0] == "ours-greedy" and r[2].startswith("goodput"))
     assert goodput_row[3] == "500 vs 500 req/s (batched): 1.00x"
     # A faster goodput passes: ours-greedy at 1400/s within 25 ms, batched only up to 500/s.
@@ -222,6 +223,24 @@ def test_open_loop_targets_are_computed_as_the_issue_states() -> None:
     rows = open_report.open_target_rows(faster, ["ours-greedy", "batched"], slo_ms=25.0)
     goodput_row = next(r for r in rows if r[2].startswith("goodput"))
     assert goodput_row[3] == "1 400 vs 500 req/s (batched): 2.80x" and goodput_row[4] == "PASS"
+
+
+def test_two_p99s_beyond_the_timeout_compare_their_failures() -> None:
+    # At 90 % of saturation both time out at the p99: the one with fewer failures has the lower tail.
+    def dead(variant: str, failed: int) -> OpenStep:
+        step = _open(variant, 900, math.inf)
+        step.timeouts, step.ok = failed, step.scheduled - failed
+        return step
+
+    steps = [dead("ours", 500), dead("ours-greedy", 100), dead("batched", 600), dead("async-batcher-0.2.2", 400)]
+    rows = open_report.open_target_rows(steps, ["ours", "ours-greedy", "batched", "async-batcher-0.2.2"], 25.0)
+    mine = [r for r in rows if r[0] == "ours" and r[1].startswith("Poisson 900")]
+    assert [(r[3], r[4]) for r in mine] == [
+        ("p99 timeout vs timeout: 11 % vs 2 % failed", "FAIL"),  # 500 of 4500 vs 100 of 4500
+        ("p99 timeout vs timeout: 11 % vs 9 % failed (async-batcher-0.2.2)", "FAIL"),  # the peer that failed least
+    ]
+    greedy = [r for r in rows if r[0] == "ours-greedy" and r[1].startswith("Poisson 900")]
+    assert [r[4] for r in greedy] == ["PASS"]
 
 
 def test_goodput_is_the_highest_rate_meeting_the_slo_at_every_rate_below() -> None:
