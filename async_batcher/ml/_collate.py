@@ -155,6 +155,27 @@ class Selection:
         return bool(self.columns)
 
 
+def uniform(items: list[Any], column: Callable[[list[Any]], list[Any] | None]) -> Selection | None:
+    """The common case, checked without :func:`select`'s bookkeeping (which costs as much as the stack): every
+    item an array, or every item a mapping with the same features, each of whose columns ``column`` takes
+    (converted, all of one signature) or refuses with None. None when an item is odd, for ``select`` to find it
+    and name it."""
+    everything = list(range(len(items)))
+    if not isinstance(items[0], Mapping):
+        values = column(items)
+        return None if values is None else Selection(everything, values, {}, {})
+    names = items[0].keys()
+    if not all(isinstance(item, Mapping) and item.keys() == names for item in items):
+        return None
+    columns = {}
+    for name in names:
+        values = column([item[name] for item in items])
+        if values is None:
+            return None
+        columns[name] = values
+    return Selection(everything, [], columns, {})
+
+
 # An item's signature: an array item's, or ("dict", the features' names and signatures) for a dict item.
 _ItemSignature: TypeAlias = "Signature | tuple[str, frozenset[tuple[Any, Signature]]]"
 

@@ -49,6 +49,7 @@ from async_batcher.ml._collate import (
     pad_value_for,
     select,
     split_structure,
+    uniform,
 )
 
 __all__ = ["Batch", "Lists", "OddItems", "PadValue", "check_buckets", "collate", "split_outputs"]
@@ -119,7 +120,8 @@ def collate(
         selection = Selection(list(range(len(items))), [], {}, {})
         columns: Mapping[Any, _Column] = stacked
     else:
-        selection = select(items, functools.partial(_convert, dtype=dtype, pad=pad_sequences), odd_items=odd)
+        same = uniform(items, functools.partial(_uniform_column, dtype=dtype, pad=pad_sequences))
+        selection = same or select(items, functools.partial(_convert, dtype=dtype, pad=pad_sequences), odd_items=odd)
         if not selection.kept:
             return Batch(inputs=np.empty((0,)), size=0, padded_size=0, left_out=selection.left_out)
         if selection.dicts:
@@ -239,6 +241,28 @@ def _stack_at_once(items: list[Any], dtype: npt.DTypeLike | None) -> dict[Any, _
     return columns
 
 
+def _uniform_column(values: list[Any], dtype: npt.DTypeLike | None, pad: bool) -> list[_Array] | None:
+    """``values`` as arrays if they all convert, hold numbers (or all strings) and have one shape (but for the
+    first axis when padding); else None."""
+    try:
+        arrays = [np.asarray(value, dtype=dtype) for value in values]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    kinds = {array.dtype.kind for array in arrays}
+    if not (kinds <= _NUMBERS or kinds <= _STRINGS):
+        return None
+    if pad:
+        if not arrays[0].ndim or len({(array.ndim, array.shape[1:]) for array in arrays}) != 1:
+            return None
+    elif len({array.shape for array in arrays}) != 1:
+        return None
+    return arrays
+
+
+_NUMBERS = frozenset("biufc")
+_STRINGS = frozenset("US")
+
+
 def _convert(
     value: Any, key: Any, index: int, *, dtype: npt.DTypeLike | None, pad: bool
 ) -> tuple[_Array, Signature, tuple[int, ...]]:
@@ -251,7 +275,7 @@ def _convert(
     if array.dtype == np.object_:
         raise TypeError(f"{describe(key)}: item {index} is not a rectangular array of numbers")
     kind = array.dtype.kind
-    what = "numbers" if kind in "biufc" else "strings" if kind in "US" else str(array.dtype)
+    what = "numbers" if kind in _NUMBERS else "strings" if kind in _STRINGS else str(array.dtype)
     shape = pad_signature(array.shape, key, index) if pad else array.shape
     return array, Signature(shape, what), array.shape
 

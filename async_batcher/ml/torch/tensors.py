@@ -47,6 +47,7 @@ from async_batcher.ml._collate import (
     pad_value_for,
     select,
     split_structure,
+    uniform,
 )
 
 __all__ = [
@@ -258,15 +259,15 @@ def split_outputs(
 
     def rows(value: Any, name: str) -> Sequence[Any]:
         tensor = value if isinstance(value, torch.Tensor) else _output_tensor(value, name)
-        if tensor.layout not in (torch.strided, torch.jagged):
-            raise TypeError(
-                f"{name} is a sparse tensor ({tensor.layout}): splitting it per item is not supported; make it"
-                " dense (.to_dense()) in predict_fn"
-            )
         if tensor.is_nested:
             check_rows((tensor.size(0), *([1] if tensor.dim() > 1 else [])), size, padded_size, name)
             nested = to_device(tensor, target).unbind(0)[:size]
             return nested if keep is None else _trimmed(nested, keep, None, side, name)
+        if tensor.layout != torch.strided:
+            raise TypeError(
+                f"{name} is a sparse tensor ({tensor.layout}): splitting it per item is not supported; make it"
+                " dense (.to_dense()) in predict_fn"
+            )
         check_rows(tuple(tensor.shape), size, padded_size, name)
         if keep is None:
             return to_device(tensor[:size], target).unbind(0)
@@ -332,6 +333,8 @@ def _select(
     items: list[Any], dtype: torch.dtype | None, pad: _Padding | None, target: torch.device | None, odd: OddItems
 ) -> Selection:
     """The items that stack, as tensors, and the errors of the others (see ``select``)."""
+    if (same := uniform(items, functools.partial(_uniform_column, dtype=dtype, pad=pad is not None))) is not None:
+        return same
     convert = functools.partial(_convert, dtype=dtype, pad=pad is not None, target=target)
     selection = select(items, convert, odd_items=odd)
     if target is None:
@@ -347,6 +350,28 @@ def _select(
             selection.left_out,
         )
     return selection
+
+
+def _uniform_column(values: list[Any], dtype: torch.dtype | None, pad: bool) -> list[torch.Tensor] | None:
+    """``values`` if they are dense tensors of one shape (but for the first axis when padding), dtype (unless
+    ``dtype`` casts them) and device; else None."""
+    # Sets over the batch, not one loop comparing each item: half the cost, for the common case.
+    # type() is, not isinstance: subclasses (a Parameter, a nested tensor) go the careful way.
+    if any(type(value) is not torch.Tensor for value in values):
+        return None
+    if len({value.device for value in values}) != 1 or len({value.layout for value in values}) != 1:
+        return None
+    if dtype is None and len({value.dtype for value in values}) != 1:
+        return None
+    first = values[0]
+    if first.layout != torch.strided or first.is_nested:
+        return None
+    if pad:
+        if not first.dim() or len({(value.dim(), value.shape[1:]) for value in values}) != 1:
+            return None
+    elif len({value.shape for value in values}) != 1:
+        return None
+    return values if dtype is None else [value.to(dtype) for value in values]
 
 
 def _convert(
