@@ -351,7 +351,7 @@ def split_structure(
     if size < 0:
         raise ValueError(f"size must be >= 0, got {size}")
     lists = check_lists(lists)
-    return _split(outputs, "the output", size, rows, padded_size, lists)
+    return _Splitter(size, rows, padded_size, lists).split(outputs, "the output")
 
 
 def _child(path: str, key: Any, *, attribute: bool = False) -> str:
@@ -364,95 +364,115 @@ def _child(path: str, key: Any, *, attribute: bool = False) -> str:
     return f"{path}[{key!r}]"
 
 
-def _split(
-    value: Any,
-    path: str,
-    size: int,
-    rows: Callable[[Any, str], Sequence[Any]],
-    padded_size: int | None,
-    lists: Lists,
-) -> list[Any]:
-    def split(part: Any, child: str) -> list[Any]:
-        return _split(part, child, size, rows, padded_size, lists)
+class _CyclicOutputError(ValueError):
+    """An output that holds itself (raised as it is, without a hint about lists)."""
 
-    if value is None:
-        return [None] * size
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        names = [f.name for f in dataclasses.fields(value) if f.init]
-        fields = {name: split(getattr(value, name), _child(path, name, attribute=True)) for name in names}
+
+@dataclasses.dataclass
+class _Splitter:
+    """One walk over a model's outputs (see :func:`split_structure`)."""
+
+    size: int
+    rows: Callable[[Any, str], Sequence[Any]]
+    padded_size: int | None
+    lists: Lists
+    #: The ids of the containers being walked: one met again inside itself is a cycle, refused (it would recurse
+    #: until Python's recursion limit).
+    active: set[int] = dataclasses.field(default_factory=set)
+
+    def split(self, value: Any, path: str) -> list[Any]:
+        if value is None:
+            return [None] * self.size
+        if isinstance(value, _SCALARS):
+            raise TypeError(
+                f"{path} is {a_type(value)} ({_short(value)}), not a batch of {self.size} rows: a value for the"
+                " whole batch cannot be split per item"
+            )
+        container = isinstance(value, Mapping | list | tuple) or (
+            dataclasses.is_dataclass(value) and not isinstance(value, type)
+        )
+        if not container:
+            return list(self.rows(value, path))
+        if id(value) in self.active:
+            raise _CyclicOutputError(f"{path} holds itself: a cyclic output cannot be split")
+        self.active.add(id(value))
         try:
-            return [dataclasses.replace(value, **{n: f[i] for n, f in fields.items()}) for i in range(size)]
+            return self._split_container(value, path)
+        finally:
+            self.active.discard(id(value))
+
+    def _split_container(self, value: Any, path: str) -> list[Any]:
+        size = self.size
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            names = [f.name for f in dataclasses.fields(value) if f.init]
+            fields = {name: self.split(getattr(value, name), _child(path, name, attribute=True)) for name in names}
+            try:
+                return [dataclasses.replace(value, **{n: f[i] for n, f in fields.items()}) for i in range(size)]
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"{path}: cannot rebuild {a_type(value)} per item: {error}") from None
+        if isinstance(value, Mapping):
+            columns = {key: self.split(part, _child(path, key)) for key, part in value.items()}
+            return [{key: column[i] for key, column in columns.items()} for i in range(size)]
+        if isinstance(value, tuple):
+            if hasattr(value, "_fields"):  # a namedtuple: its fields by name, and it takes them as arguments
+                pairs = zip(value._fields, value, strict=True)
+                named = [self.split(part, _child(path, name, attribute=True)) for name, part in pairs]
+                return [type(value)(*(part[i] for part in named)) for i in range(size)]
+            parts = [self.split(part, _child(path, n)) for n, part in enumerate(value)]
+            return [type(value)(part[i] for part in parts) for i in range(size)]
+        return self._split_list(value, path)
+
+    def _split_list(self, value: list[Any], path: str) -> list[Any]:
+        """A list as several outputs, or as one element per item (see :data:`Lists`); refused when ambiguous."""
+        size, lists = self.size, self.lists
+        per_item: ValueError | None = None
+        try:
+            check_rows((len(value),), size, self.padded_size, f"{path} (a list read as one element per item)")
+        except ValueError as error:
+            per_item = error
+        if lists == "items" or (lists == "auto" and _plain(value, set())):
+            if per_item is not None:
+                raise per_item
+            return value[:size]
+        try:
+            several = [self.split(part, _child(path, n)) for n, part in enumerate(value)]
         except (TypeError, ValueError) as error:
-            raise TypeError(f"{path}: cannot rebuild {a_type(value)} per item: {error}") from None
-    if isinstance(value, Mapping):
-        columns = {key: split(part, _child(path, key)) for key, part in value.items()}
-        return [{key: column[i] for key, column in columns.items()} for i in range(size)]
-    if isinstance(value, tuple):
-        if hasattr(value, "_fields"):  # a namedtuple: its fields by name, and it takes them as arguments
-            pairs = zip(value._fields, value, strict=True)
-            named = [split(part, _child(path, name, attribute=True)) for name, part in pairs]
-            return [type(value)(*(part[i] for part in named)) for i in range(size)]
-        parts = [split(part, _child(path, n)) for n, part in enumerate(value)]
-        return [type(value)(part[i] for part in parts) for i in range(size)]
-    if isinstance(value, list):
-        return _split_list(value, path, size, rows, padded_size, lists)
-    if isinstance(value, _SCALARS):
-        raise TypeError(
-            f"{path} is {a_type(value)} ({_short(value)}), not a batch of {size} rows: a value for the"
-            " whole batch cannot be split per item"
-        )
-    return list(rows(value, path))
+            if lists == "outputs" or per_item is not None or isinstance(error, _CyclicOutputError):
+                raise
+            raise type(error)(
+                f"{error} ({path}, a list that holds arrays, was read as several outputs: pass lists='items' if"
+                " it holds one result per item)"
+            ) from None
+        if lists == "auto" and per_item is None:
+            raise ValueError(
+                f"{path} is ambiguous: a list of {len(value)} elements that hold arrays ({_shapes(value)}), as"
+                f" many as the batch has rows, and each splits into {size} rows: it reads as {len(value)} outputs"
+                " and as one result per item. Return a tuple or a dict for several outputs or one stacked array"
+                " for one row per item, or say which with lists='outputs' or lists='items'"
+            )
+        return [[part[i] for part in several] for i in range(size)]
 
 
-def _split_list(
-    value: list[Any],
-    path: str,
-    size: int,
-    rows: Callable[[Any, str], Sequence[Any]],
-    padded_size: int | None,
-    lists: Lists,
-) -> list[Any]:
-    """A list as several outputs, or as one element per item (see :data:`Lists`); refused when ambiguous."""
-    per_item: ValueError | None = None
-    try:
-        check_rows((len(value),), size, padded_size, f"{path} (a list read as one element per item)")
-    except ValueError as error:
-        per_item = error
-    if lists == "items" or (lists == "auto" and _plain(value)):
-        if per_item is not None:
-            raise per_item
-        return value[:size]
-    try:
-        several = [_split(part, _child(path, n), size, rows, padded_size, lists) for n, part in enumerate(value)]
-    except (TypeError, ValueError) as error:
-        if lists == "outputs" or per_item is not None:
-            raise
-        raise type(error)(
-            f"{error} ({path} is a list of arrays, read as several outputs: pass lists='items' if it holds one"
-            " result per item)"
-        ) from None
-    if lists == "auto" and per_item is None:
-        raise ValueError(
-            f"{path} is ambiguous: a list of {len(value)} elements that hold arrays ({_shapes(value)}), as many"
-            f" as the batch has rows, and each splits into {size} rows: it reads as {len(value)} outputs and as"
-            " one result per item. Return a tuple or a dict for several outputs or one stacked array for one"
-            " row per item, or say which with lists='outputs' or lists='items'"
-        )
-    return [[part[i] for part in several] for i in range(size)]
-
-
-def _plain(value: Any) -> bool:
+def _plain(value: Any, active: set[int]) -> bool:
     """Whether ``value`` holds no array that could be split: only ``None``, Python and numpy scalars, 0-d
-    arrays, and lists, tuples, mappings and dataclasses of them."""
+    arrays, and lists, tuples, mappings and dataclasses of them. (A cycle is not plain: the walk refuses it.)"""
     if value is None or isinstance(value, _SCALARS) or getattr(value, "ndim", None) == 0:
         return True
     if isinstance(value, list | tuple):
-        return all(_plain(part) for part in value)
-    if isinstance(value, Mapping):
-        return all(_plain(part) for part in value.values())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return all(_plain(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return False
+        parts: Any = value
+    elif isinstance(value, Mapping):
+        parts = value.values()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        parts = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    else:
+        return False
+    if id(value) in active:
+        return False
+    active.add(id(value))
+    try:
+        return all(_plain(part, active) for part in parts)
+    finally:
+        active.discard(id(value))
 
 
 def _shapes(values: list[Any]) -> str:

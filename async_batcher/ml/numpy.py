@@ -249,7 +249,7 @@ def _uniform_column(values: list[Any], dtype: npt.DTypeLike | None, pad: bool) -
     except (TypeError, ValueError, OverflowError):
         return None
     kinds = {array.dtype.kind for array in arrays}
-    if not (kinds <= _NUMBERS or kinds <= _STRINGS):
+    if not (kinds <= _NUMBERS or (len({_KINDS.get(kind) for kind in kinds}) == 1 and kinds <= _KINDS.keys())):
         return None
     if pad:
         if not arrays[0].ndim or len({(array.ndim, array.shape[1:]) for array in arrays}) != 1:
@@ -260,7 +260,8 @@ def _uniform_column(values: list[Any], dtype: npt.DTypeLike | None, pad: bool) -
 
 
 _NUMBERS = frozenset("biufc")
-_STRINGS = frozenset("US")
+# What numpy promotes into one dtype, besides numbers: strings of any length, datetimes or timedeltas of any unit.
+_KINDS = {"U": "strings", "S": "strings", "M": "datetimes", "m": "timedeltas"}
 
 
 def _convert(
@@ -275,7 +276,7 @@ def _convert(
     if array.dtype == np.object_:
         raise TypeError(f"{describe(key)}: item {index} is not a rectangular array of numbers")
     kind = array.dtype.kind
-    what = "numbers" if kind in _NUMBERS else "strings" if kind in _STRINGS else str(array.dtype)
+    what = _KINDS.get(kind, "numbers" if kind in _NUMBERS else str(array.dtype))
     shape = pad_signature(array.shape, key, index) if pad else array.shape
     return array, Signature(shape, what), array.shape
 

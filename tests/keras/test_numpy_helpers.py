@@ -199,3 +199,51 @@ def test_split_namedtuple_outputs_keep_their_type() -> None:
     rows = split_outputs(point(np.array([1, 2]), np.array([3, 4])), 2)
     assert all(isinstance(row, point) for row in rows)
     assert [(int(row.x), int(row.y)) for row in rows] == [(1, 3), (2, 4)]
+
+
+def test_the_batch_is_what_most_items_are_and_odd_items_are_left_out_on_request() -> None:
+    items = [np.zeros(2), np.zeros(3), np.zeros(3), "abc", np.array([1, "a"], dtype=object), [2**70, 1], np.ones(3)]
+    with pytest.raises(
+        ValueError, match=r"item 0 has shape \(2,\) of numbers, where the batch's items have shape \(3,"
+    ):
+        collate(items)
+    batch = collate(items, odd_items="exclude", buckets=(4,))
+    assert (batch.size, batch.padded_size) == (3, 4) and sorted(batch.left_out) == [0, 3, 4, 5]
+    assert "item 3 has shape () of strings, where the batch's items have shape (3,) of numbers" in str(
+        batch.left_out[3]
+    )
+    assert "item 4 is not a rectangular array of numbers" in str(batch.left_out[4])
+    results = batch.split(batch.inputs.sum(axis=1))
+    assert [float(results[n]) for n in (1, 2, 6)] == [0.0, 0.0, 3.0]
+    assert results[5] is batch.left_out[5]
+    with pytest.raises(ValueError, match="odd_items must be 'raise' or 'exclude'"):
+        collate(items, odd_items="drop")  # type: ignore[arg-type]
+
+
+def test_what_numpy_promotes_stacks_together() -> None:
+    # Found: datetimes of two units were taken for two dtypes, though numpy promotes them.
+    dates = collate([np.datetime64("2020-01-01"), np.datetime64("2020-01-02T03:04", "m")])
+    assert dates.inputs.dtype == np.dtype("datetime64[m]") and dates.size == 2
+    assert collate([[True, False], [0.5, 1.0]]).inputs.dtype == np.float64
+    assert collate(["ab", "cde"]).inputs.tolist() == ["ab", "cde"]
+    mixed = collate([np.datetime64("2020-01-01"), 1.5, np.datetime64("2020-01-03")], odd_items="exclude")
+    assert list(mixed.left_out) == [1] and "of numbers, where the batch's items have shape () of datetimes" in str(
+        mixed.left_out[1]
+    )
+
+
+def test_dict_items_with_an_odd_feature_or_a_nested_dict_are_left_out() -> None:
+    items = [{"a": [1.0, 2.0]}, {"a": {"b": 1}}, {"a": [3.0, 4.0]}, {"a": [5.0]}, {"b": [1.0, 2.0]}, [1.0, 2.0]]
+    batch = collate(items, odd_items="exclude")
+    assert isinstance(batch.inputs, dict) and batch.inputs["a"].tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    assert sorted(batch.left_out) == [1, 3, 4, 5]
+    assert "feature 'a': item 1 is not a rectangular array of numbers" in str(batch.left_out[1])
+    assert "feature 'a' of different shapes: item 3 has shape (1,)" in str(batch.left_out[3])
+    assert "missing ['a'], unexpected ['b']" in str(batch.left_out[4])
+    assert "item 5 is a list, where the batch's items are mappings of features ['a']" in str(batch.left_out[5])
+
+
+def test_nothing_left_gives_an_empty_batch_whose_split_reads_no_output() -> None:
+    batch = collate([None, "x"], odd_items="exclude", pad_sequences=True)
+    assert (batch.size, batch.padded_size, batch.inputs.size) == (0, 0, 0)
+    assert [type(r) for r in batch.split(object())] == [TypeError, ValueError]

@@ -76,7 +76,7 @@ def test_a_list_of_arrays_is_several_outputs_when_it_cannot_be_one_per_item() ->
     outputs = [np.array([[1], [2], [3]]), np.array([4, 5, 6])]
     assert [(a.tolist(), int(b)) for a, b in split_outputs(outputs, 3)] == [([1], 4), ([2], 5), ([3], 6)]
     # rows of another width than the batch: an error that says how the list was read, and how to say otherwise
-    with pytest.raises(ValueError, match=r"output\[0\] has 3 rows for a batch of 2 rows .*pass lists='items'"):
+    with pytest.raises(ValueError, match=r"output\[0\] has 3 rows for a batch of 2 rows .*outputs: pass lists='items'"):
         split_outputs(list(np.zeros((2, 3))), 2, padded_size=2)
     assert [r.shape for r in split_outputs(list(np.zeros((2, 3))), 2, padded_size=2, lists="items")] == [(3,), (3,)]
     with pytest.raises(ValueError, match="lists must be 'auto', 'outputs' or 'items', got 'rows'"):

@@ -103,9 +103,9 @@ class Batch:
         outputs there first (one copy of the real rows, say to ``"cpu"``, instead of one per item). ``lists``:
         how a list in the outputs is read (:data:`~async_batcher.ml.torch.Lists`).
         """
-        lengths = self._trim_lengths(trim)
-        if not self.size:
+        if not self.size:  # every item was left out: nothing to read, nor lengths to trim by
             return merge_left_out([], self.left_out)
+        lengths = self._trim_lengths(trim)
         rows = split_outputs(
             outputs,
             self.size,
