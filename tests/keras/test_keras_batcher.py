@@ -182,3 +182,26 @@ async def test_a_multi_output_model_with_as_many_outputs_as_items_splits_its_lis
         assert isinstance(result, list) and len(result) == 2
         np.testing.assert_allclose(result[0], first[n], rtol=RTOL)
         np.testing.assert_allclose(result[1], second[n], rtol=RTOL)
+
+
+async def test_with_buckets_the_batch_is_padded_from_the_items_that_stack(regressor: Any) -> None:
+    shapes: list[tuple[int, ...]] = []
+
+    def predict(x: Any) -> Any:
+        shapes.append(x.shape)
+        return regressor.predict_on_batch(x)
+
+    rows = _rows(4)
+    items: list[Any] = [*rows[:2], np.zeros(3), *rows[2:]]
+    batcher = KerasAsyncBatcher(
+        model=regressor, predict_fn=predict, buckets=(4, 8), max_batch_size=8, max_queue_time=0.05
+    )
+    async with batcher:
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(batcher.process(i) for i in items), return_exceptions=True), 60
+        )
+    assert shapes == [(4, 10)]  # the four rows that stack, in a bucket of 4, not 5 rows in a bucket of 8
+    np.testing.assert_allclose(
+        np.stack([outcomes[n] for n in (0, 1, 3, 4)]), regressor.predict_on_batch(rows), rtol=RTOL
+    )
+    assert isinstance(outcomes[2], ValueError) and "item 2 has shape (3,)" in str(outcomes[2])

@@ -119,6 +119,20 @@ async def test_rows_of_another_width_fail_alone_with_a_model_that_does_not_say_i
     assert isinstance(outcomes[1], ValueError) and "item 1 has shape (3,)" in str(outcomes[1])
 
 
+async def test_a_custom_estimator_returning_a_list_of_labels_gives_each_caller_its_label() -> None:
+    model, features = iris_classifier()
+
+    class Named:  # a custom estimator whose predict returns a plain list, as scikit-learn's array-like allows
+        n_features_in_ = 4
+
+        def predict(self, x: np.ndarray[Any, Any]) -> list[str]:
+            return [["setosa", "versicolor", "virginica"][label] for label in model.predict(x)]
+
+    async with SklearnAsyncBatcher(model=Named(), max_batch_size=3, max_queue_time=0.05) as batcher:
+        labels = await asyncio.wait_for(asyncio.gather(*(batcher.process(row) for row in features[[0, 60, 120]])), 60)
+    assert labels == Named().predict(features[[0, 60, 120]]) == ["setosa", "versicolor", "virginica"]
+
+
 def test_a_model_without_the_method_is_refused() -> None:
     model, _ = iris_classifier()
     with pytest.raises(TypeError, match="model Pipeline has no method 'transform'"):
