@@ -179,6 +179,8 @@ def test_dict_items_with_other_keys_or_a_misspelt_pad_value_are_refused() -> Non
         collate([{"input_ids": [1]}], pad_sequences=True, pad_value={"input_id": 0})
     with pytest.raises(TypeError, match="pad_value mapping"):
         collate([[1], [2]], pad_sequences=True, pad_value={"a": 0})
+    with pytest.raises(TypeError, match="pad_value mapping"):
+        collate([[1], [2]], dtype=torch.float32, pad_value={"a": 0})
 
 
 def test_buckets_repeat_the_last_item_and_split_drops_them() -> None:

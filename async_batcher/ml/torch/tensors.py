@@ -185,6 +185,7 @@ def collate(
         except (TypeError, ValueError, RuntimeError, OverflowError):
             pass
         else:
+            check_array_pad_value(pad_value)
             padded_size = bucket_size(len(items), buckets)
             inputs = to_device(
                 _pad_rows(stacked, padded_size), target, non_blocking=non_blocking, pin_memory=pin_memory
