@@ -4,6 +4,9 @@
 (asyncpg's pipelined ``executemany``; with ``RETURNING``, SQLAlchemy's ``insertmanyvalues``, several rows per
 ``INSERT``, its rows back in parameter order). ``update`` sets the given columns of the row with the given
 primary key. An upsert is the dialect's ``INSERT ... ON CONFLICT`` (PostgreSQL and SQLite).
+
+:meth:`Statements.matching` finds which rows of an update have a row to update (PostgreSQL: and locks those, in key
+order), comparing on the server as the ``UPDATE``'s ``WHERE`` does.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Table, and_, bindparam, insert, update
+from sqlalchemy import Integer, Select, Table, and_, bindparam, column, insert, select, update, values
 from sqlalchemy.sql.dml import Insert, Update
 
 Operation = Literal["insert", "update"]
@@ -19,6 +22,9 @@ OnConflict = Literal["nothing", "update"]
 
 _KEY = "_key_"  # the update's WHERE parameters: the row's primary key
 _SET = "_set_"  # its SET parameters
+_POSITION = "_position_"  # the column of :meth:`Statements.matching`'s rows that says whose row it is
+# Bind parameters per statement: asyncpg (PostgreSQL's protocol) takes at most 32767; SQLite 32766.
+MAX_PARAMETERS = 30_000
 
 
 def dialect_insert(dialect: str) -> Any:
@@ -75,7 +81,14 @@ class Statements:
         statement: Any = self._insert(self.table)
         if self.on_conflict is not None:
             updates = sorted(columns - set(self.conflict_columns))
-            if self.on_conflict == "nothing" or not updates:
+            if not updates and self.on_conflict == "update" and self.returning:
+                # A row that gives only its key: left as it is, but a row skipped by DO NOTHING would return
+                # nothing, so it is "updated" to its own key, which returns it.
+                statement = statement.on_conflict_do_update(
+                    index_elements=list(self.conflict_columns),
+                    set_={name: statement.excluded[name] for name in self.conflict_columns},
+                )
+            elif self.on_conflict == "nothing" or not updates:
                 statement = statement.on_conflict_do_nothing(index_elements=list(self.conflict_columns))
             else:
                 statement = statement.on_conflict_do_update(
@@ -92,3 +105,38 @@ class Statements:
         where = and_(*(table.c[name] == bindparam(_KEY + name) for name in self.key_columns))
         values: dict[str, Any] = {name: bindparam(_SET + name) for name in sorted(columns - set(self.key_columns))}
         return update(table).where(where).values(values)
+
+    def matching(self, keys: Sequence[tuple[Any, ...]]) -> Select[Any]:
+        """A ``SELECT`` of the positions of ``keys`` (each a primary key's values) that name a row of the table,
+        compared on the server (``JOIN (VALUES ...) ON``, as the update's ``WHERE``), those rows locked
+        (``FOR UPDATE``) in primary key order: no other transaction can delete them before the update, and two
+        batches lock their common rows in the same order. PostgreSQL's SQL (SQLite has no ``VALUES`` with column
+        names, nor ``FOR UPDATE``)."""
+        table = self.table
+        given = values(
+            column(_POSITION, Integer),
+            *(column(name, table.c[name].type) for name in self.key_columns),
+            name="given",
+        ).data([(position, *key) for position, key in enumerate(keys)])
+        on = and_(*(table.c[name] == given.c[name] for name in self.key_columns))
+        order = [table.c[name] for name in self.key_columns]
+        return select(given.c[_POSITION]).select_from(table.join(given, on)).order_by(*order).with_for_update(of=table)
+
+    def key_of(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        """The primary key of an update's parameters, as the row gave it (column key to value)."""
+        return {name: parameters[_KEY + name] for name in self.key_columns}
+
+
+def sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The order rows are written in: by their key's values, ``None`` first (see :func:`in_key_order`)."""
+    return tuple((value is not None, value) for value in key)
+
+
+def in_key_order(rows: list[Any], key: Any) -> list[Any]:
+    """``rows`` sorted by ``key(row)`` (a tuple of a key's values), so that two batches writing common rows take
+    their locks in the same order and cannot deadlock each other; in their order if their keys do not compare
+    (values of mixed types), which only loses that guarantee."""
+    try:
+        return sorted(rows, key=lambda row: sort_key(key(row)))
+    except TypeError:
+        return list(rows)
