@@ -37,7 +37,7 @@ from async_batcher.batcher import AsyncBatcher
 from async_batcher.exceptions import AsyncBatchException, OutcomeUnknownError
 
 try:
-    from sqlalchemy import inspect
+    from sqlalchemy import event, inspect
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
 except ImportError as error:  # pragma: no cover - exercised in a subprocess by tests/sqlalchemy/test_packaging.py
@@ -182,6 +182,7 @@ class AsyncSqlalchemyWriteBatcher(AsyncBatcher[Mapping[str, Any], Any]):
             dialect=async_engine.dialect.name,
         )
         self._progress: dict[int, _Progress] = {}  # by id() of the batch list
+        _roll_back_before_close(async_engine)
         # 0.2.2's attribute, for reading back: ``async with batcher.async_session_maker() as session``.
         self.async_session_maker = async_sessionmaker(bind=async_engine, expire_on_commit=False)
 
@@ -474,6 +475,25 @@ async def _invalidate(connection: AsyncConnection) -> None:
         await connection.invalidate()
     except Exception as error:  # already broken: nothing left to roll back
         logger.debug("closing a connection after a failed transaction failed: %s", type(error).__name__)
+
+
+def _roll_back_before_close(engine: AsyncEngine) -> None:
+    """On SQLite, roll a connection back before the pool closes it as invalid (once per engine).
+
+    SQLAlchemy closes the connection of a statement cut off by a cancellation (a stop); sqlite3 then keeps the
+    connection's transaction, and the file's lock, for as long as a cursor of it lives (the cancelled statement's,
+    held by its traceback until the garbage collector runs): every other writer would wait. A rollback first ends
+    the transaction at once (after the statement, which aiosqlite's thread runs to its end)."""
+    sync_engine = engine.sync_engine
+    if sync_engine.dialect.name == "sqlite" and not event.contains(sync_engine, "invalidate", _roll_back):
+        event.listen(sync_engine, "invalidate", _roll_back)
+
+
+def _roll_back(dbapi_connection: Any, _record: Any, _exception: BaseException | None) -> None:
+    try:
+        dbapi_connection.rollback()
+    except Exception as error:  # closed already, or called outside SQLAlchemy's greenlet: the close goes on
+        logger.debug("rollback before closing an invalidated connection failed: %s", type(error).__name__)
 
 
 def _state_of(error: BaseException) -> str:
