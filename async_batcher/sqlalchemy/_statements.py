@@ -5,8 +5,8 @@
 ``INSERT``, its rows back in parameter order). ``update`` sets the given columns of the row with the given
 primary key. An upsert is the dialect's ``INSERT ... ON CONFLICT`` (PostgreSQL and SQLite).
 
-:meth:`Statements.matching` finds which rows of an update have a row to update (PostgreSQL: and locks those, in key
-order), comparing on the server as the ``UPDATE``'s ``WHERE`` does.
+:meth:`Statements.locking` (PostgreSQL) and :meth:`Statements.sqlite_matching` find which rows of an update have a
+row to update (PostgreSQL: and lock those, in key order), comparing on the server as the ``UPDATE``'s ``WHERE`` does.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Integer, Select, Table, and_, bindparam, column, insert, select, update, values
+from sqlalchemy import Integer, Select, Table, and_, bindparam, column, func, insert, select, update
 from sqlalchemy.sql.dml import Insert, Update
 
 Operation = Literal["insert", "update"]
@@ -23,7 +23,7 @@ OnConflict = Literal["nothing", "update"]
 _KEY = "_key_"  # the update's WHERE parameters: the row's primary key
 _SET = "_set_"  # its SET parameters
 _POSITION = "_position_"  # the column of :meth:`Statements.matching`'s rows that says whose row it is
-# Bind parameters per statement: asyncpg (PostgreSQL's protocol) takes at most 32767; SQLite 32766.
+# Bind parameters per statement: SQLite takes at most 32766 (since 3.32).
 MAX_PARAMETERS = 30_000
 
 
@@ -61,6 +61,7 @@ class Statements:
         self.key_columns = tuple(column.key for column in table.primary_key.columns)
         self._insert: Any = dialect_insert(dialect) if on_conflict is not None else insert
         self._built: dict[frozenset[str], Insert | Update] = {}
+        self._locking: Select[Any] | None = None
 
     def statement(self, columns: frozenset[str]) -> Insert | Update:
         """The statement for rows that give exactly ``columns``."""
@@ -106,21 +107,60 @@ class Statements:
         values: dict[str, Any] = {name: bindparam(_SET + name) for name in sorted(columns - set(self.key_columns))}
         return update(table).where(where).values(values)
 
-    def matching(self, keys: Sequence[tuple[Any, ...]]) -> Select[Any]:
-        """A ``SELECT`` of the positions of ``keys`` (each a primary key's values) that name a row of the table,
-        compared on the server (``JOIN (VALUES ...) ON``, as the update's ``WHERE``), those rows locked
-        (``FOR UPDATE``) in primary key order: no other transaction can delete them before the update, and two
-        batches lock their common rows in the same order. PostgreSQL's SQL (SQLite has no ``VALUES`` with column
-        names, nor ``FOR UPDATE``)."""
-        table = self.table
-        given = values(
-            column(_POSITION, Integer),
-            *(column(name, table.c[name].type) for name in self.key_columns),
-            name="given",
-        ).data([(position, *key) for position, key in enumerate(keys)])
-        on = and_(*(table.c[name] == given.c[name] for name in self.key_columns))
-        order = [table.c[name] for name in self.key_columns]
-        return select(given.c[_POSITION]).select_from(table.join(given, on)).order_by(*order).with_for_update(of=table)
+    def locking(self) -> Select[Any]:
+        """PostgreSQL: a ``SELECT`` of the positions of the given keys that name a row of the table, those rows
+        locked (``FOR UPDATE``) in primary key order, so that no other transaction deletes them before the
+        update, and two batches lock their common rows in the same order. The keys are compared on the server,
+        as the update's ``WHERE`` does. Its parameters (see :meth:`locking_parameters`) are arrays: one
+        statement, prepared once, for batches of any size."""
+        if self._locking is None:
+            from sqlalchemy.dialects.postgresql import ARRAY
+
+            table = self.table
+            arrays = [bindparam(_POSITION, type_=ARRAY(Integer))]
+            arrays += [
+                bindparam(f"{_KEY}{i}", type_=ARRAY(table.c[name].type)) for i, name in enumerate(self.key_columns)
+            ]
+            given = (
+                func.unnest(*arrays)
+                .table_valued(
+                    column(_POSITION, Integer),
+                    *(column(f"{_KEY}{i}", table.c[name].type) for i, name in enumerate(self.key_columns)),
+                )
+                .render_derived(name="given")
+            )
+            on = and_(*(table.c[name] == given.c[f"{_KEY}{i}"] for i, name in enumerate(self.key_columns)))
+            order = [table.c[name] for name in self.key_columns]
+            self._locking = (
+                select(given.c[_POSITION]).select_from(table.join(given, on)).order_by(*order).with_for_update(of=table)
+            )
+        return self._locking
+
+    def locking_parameters(self, keys: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+        """The parameters of :meth:`locking` for ``keys``: a position's row comes back if its key names a row."""
+        parameters: dict[str, list[Any]] = {_POSITION: list(range(len(keys)))}
+        for i in range(len(self.key_columns)):
+            parameters[f"{_KEY}{i}"] = [key[i] for key in keys]
+        return parameters
+
+    def sqlite_matching(self, dialect: Any, count: int) -> str:
+        """SQLite: a ``SELECT`` of the positions of ``count`` given keys (``?`` parameters: position, then the
+        key's values, per key) that name a row of the table, compared as the update's ``WHERE`` does: a value of
+        ``VALUES`` has no affinity, as a parameter has none, and the table's column, on the left, gives the
+        collation. Plain SQL, not compiled by SQLAlchemy: a compiled ``VALUES`` of thousands of rows takes seconds.
+        """
+        quote = dialect.identifier_preparer.quote
+        names = [_POSITION, *(f"{_KEY}{i}" for i in range(len(self.key_columns)))]
+        row = "(" + ", ".join("?" for _ in names) + ")"
+        target = dialect.identifier_preparer.format_table(self.table)
+        on = " AND ".join(
+            f"{target}.{quote(self.table.c[name].name)} = given.{quote(f'{_KEY}{i}')}"
+            for i, name in enumerate(self.key_columns)
+        )
+        return (
+            f"WITH given({', '.join(quote(name) for name in names)}) AS (VALUES {', '.join([row] * count)}) "
+            f"SELECT given.{quote(_POSITION)} FROM given JOIN {target} ON {on}"
+        )
 
     def key_of(self, parameters: dict[str, Any]) -> dict[str, Any]:
         """The primary key of an update's parameters, as the row gave it (column key to value)."""

@@ -250,12 +250,13 @@ class AsyncSqlalchemyWriteBatcher(AsyncBatcher[Mapping[str, Any], Any]):
         return outcomes
 
     def _prepare(self, batch: list[Mapping[str, Any]], outcomes: list[Any]) -> list[_Row]:
-        """A :class:`_Row` per valid item (its outcome pending); a ``ValueError``/``TypeError`` for the others."""
+        """A :class:`_Row` per valid item (its outcome pending); for the others, why (``ValueError``,
+        ``TypeError``, or what reading the item raised)."""
         rows: list[_Row] = []
         for index, item in enumerate(batch):
             try:
                 rows.append(self._row(index, item))
-            except (TypeError, ValueError) as error:
+            except Exception as error:  # (a mapping that fails when read: its caller's error, no one else's)
                 outcomes[index] = error
                 continue
             outcomes[index] = _PENDING
@@ -401,16 +402,24 @@ class AsyncSqlalchemyWriteBatcher(AsyncBatcher[Mapping[str, Any], Any]):
     async def _update(self, connection: AsyncConnection, rows: list[_Row], *, row_by_row: bool) -> list[Any]:
         """Update ``rows``; each gets None, or :class:`RowNotFoundError` if its key names no row.
 
-        PostgreSQL: first ``SELECT ... FOR UPDATE`` the rows the keys name, in key order (comparing on the server,
-        as the ``UPDATE`` does), then update those: found and locked, they are the rows updated; a row inserted
-        meanwhile by another transaction is not (as if this update came first). Elsewhere: the ``UPDATE`` s, then
-        their count of rows matched (each key names at most one row: it is the primary key); if short, again in
-        a new transaction, one statement per row, each with its own count.
+        Which keys name a row is asked of the server, comparing as the ``UPDATE``'s ``WHERE`` does (a key given
+        as ``"5"`` for an integer column, a case-insensitive collation). PostgreSQL: first
+        ``SELECT ... FOR UPDATE`` those rows, in key order, then update them: found and locked, they are the rows
+        updated (a row inserted meanwhile by another transaction is not: as if this update came first). SQLite:
+        the ``UPDATE`` s, then, if they matched fewer rows than given, the ``SELECT``: the file's write lock, taken
+        by the first ``UPDATE``, keeps the table as it was. Elsewhere: the ``UPDATE`` s and their count of rows
+        matched (each key names at most one row: it is the primary key); if short, again in a new transaction,
+        one statement per row, each with its own count.
         """
         statements = self._statements
-        if connection.dialect.name == "postgresql":
-            found = await self._matching(connection, rows)
+        dialect = connection.dialect.name
+        if dialect == "postgresql":
+            found = await self._locked(connection, rows)
             await self._execute_groups(connection, [row for row in rows if row.index in found])
+        elif dialect == "sqlite":
+            if await self._execute_groups(connection, rows) == len(rows):
+                return [None] * len(rows)
+            found = await self._sqlite_matching(connection, rows)
         elif row_by_row or not connection.dialect.supports_sane_multi_rowcount:
             found = set()
             for row in in_key_order(rows, key=lambda row: row.order):
@@ -426,15 +435,24 @@ class AsyncSqlalchemyWriteBatcher(AsyncBatcher[Mapping[str, Any], Any]):
             for row in rows
         ]
 
-    async def _matching(self, connection: AsyncConnection, rows: list[_Row]) -> set[int]:
-        """The indexes of ``rows`` whose key names a row of the table, now locked (PostgreSQL)."""
+    async def _locked(self, connection: AsyncConnection, rows: list[_Row]) -> set[int]:
+        """PostgreSQL: the indexes of ``rows`` whose key names a row of the table, now locked, in key order."""
         ordered = in_key_order(rows, key=lambda row: row.key)
+        parameters = self._statements.locking_parameters([row.key for row in ordered])
+        found = await connection.execute(self._statements.locking(), parameters)
+        return {ordered[position].index for position in found.scalars()}
+
+    async def _sqlite_matching(self, connection: AsyncConnection, rows: list[_Row]) -> set[int]:
+        """SQLite: the indexes of ``rows`` whose key names a row of the table (in chunks: SQLite takes at most
+        32766 parameters a statement)."""
         per_statement = max(1, MAX_PARAMETERS // (1 + len(self._statements.key_columns)))
         found: set[int] = set()
-        for start in range(0, len(ordered), per_statement):
-            chunk = ordered[start : start + per_statement]
-            query = self._statements.matching([row.key for row in chunk])
-            found.update(chunk[position].index for position in (await connection.execute(query)).scalars())
+        for start in range(0, len(rows), per_statement):
+            chunk = rows[start : start + per_statement]
+            sql = self._statements.sqlite_matching(connection.dialect, len(chunk))
+            parameters = tuple(value for position, row in enumerate(chunk) for value in (position, *row.key))
+            result = await connection.exec_driver_sql(sql, parameters)
+            found.update(chunk[position].index for position in result.scalars())
         return found
 
 
