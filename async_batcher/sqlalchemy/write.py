@@ -508,9 +508,13 @@ def _roll_back_before_close(engine: AsyncEngine) -> None:
 
 
 def _roll_back(dbapi_connection: Any, _record: Any, _exception: BaseException | None) -> None:
+    from sqlalchemy.util.concurrency import in_greenlet
+
+    if not in_greenlet():
+        return  # (outside SQLAlchemy's async bridge, aiosqlite cannot be awaited: the close goes on alone)
     try:
         dbapi_connection.rollback()
-    except Exception as error:  # closed already, or called outside SQLAlchemy's greenlet: the close goes on
+    except Exception as error:  # closed already: the close goes on
         logger.debug("rollback before closing an invalidated connection failed: %s", type(error).__name__)
 
 
