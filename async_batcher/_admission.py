@@ -10,22 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import AsyncIterator, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from async_batcher import _checks, _dispatch, _execution, _lifecycle
+from async_batcher import _checks, _dispatch, _execution, _lifecycle, _room, _sinks, _streaming
 from async_batcher._queue import DEFAULT_KEY, LANE, SINK, Queue
 from async_batcher._run import Run, State
 from async_batcher._sinks import Bulk
 from async_batcher.exceptions import BatcherStoppedError, QueueFullException, ReentrantCallError
 
 if TYPE_CHECKING:
-    from async_batcher.batcher import AsyncBatcher
+    from async_batcher._base import Base
 
 __all__: list[str] = []
 
 
-async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None, priority: float) -> Any:
+async def submit(b: Base, item: Any, *, timeout: float | None, priority: float) -> Any:
     """:meth:`AsyncBatcher.process` with a key, a weight, a priority, a timeout or a full queue; or not running."""
     priority = _checks.priority(priority)
     timeout = b._default_timeout if timeout is None else _checks.timeout(timeout)
@@ -36,7 +36,7 @@ async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None,
     deadline = None if timeout is None else loop.time() + timeout
     key, weight = key_and_weight(b, run, item, 1)
     refuse_if_reentrant(b, run, 1)
-    if no_room(b, run, 1):
+    if _room.no_room(b, run, 1):
         await wait_for_room(b, run, 1, deadline)
     queue = run.queue
     lane = queue.lane(key)
@@ -56,7 +56,7 @@ async def submit(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None,
 
 
 async def submit_many(
-    b: AsyncBatcher[Any, Any], items: Iterable[Any], *, timeout: float | None, priority: float, return_exceptions: bool
+    b: Base, items: Iterable[Any], *, timeout: float | None, priority: float, return_exceptions: bool
 ) -> list[Any]:
     """:meth:`AsyncBatcher.process_many`: admitted whole or not at all, one future for the whole call."""
     priority = _checks.priority(priority)
@@ -78,7 +78,7 @@ async def submit_many(
             f"{b.name}: process_many of {n} items can never fit in max_queue_size={b._max_queue_size}"
         )
     refuse_if_reentrant(b, run, n)
-    if no_room(b, run, n):
+    if _room.no_room(b, run, n):
         await wait_for_room(b, run, n, deadline)
     queue = run.queue
     fut: asyncio.Future[list[Any]] = loop.create_future()
@@ -110,7 +110,7 @@ def _enqueue_bulk(
     now: float,
     priority: float,
     return_exceptions: bool,
-    b: AsyncBatcher[Any, Any],
+    b: Base,
 ) -> Bulk:
     # Without keys or weights, one queue entry for the whole call, sliced into batches as they go out; else an
     # entry per item, in its key's lane.
@@ -127,7 +127,7 @@ def _enqueue_bulk(
     return bulk
 
 
-def key_and_weight(b: AsyncBatcher[Any, Any], run: Run, item: Any, n: int) -> tuple[Hashable, float]:
+def key_and_weight(b: Base, run: Run, item: Any, n: int) -> tuple[Hashable, float]:
     """Call the ``batch_key`` / ``item_weight`` hooks once for an item, and check what they return."""
     key = b.batch_key(item) if run.keyed else DEFAULT_KEY
     if key is not DEFAULT_KEY:
@@ -148,7 +148,7 @@ def key_and_weight(b: AsyncBatcher[Any, Any], run: Run, item: Any, n: int) -> tu
     return key, float(weight)
 
 
-def refuse_if_reentrant(b: AsyncBatcher[Any, Any], run: Run, n: int) -> None:
+def refuse_if_reentrant(b: Base, run: Run, n: int) -> None:
     """Every slot is taken: ``n`` items submitted from inside one of this run's batches would wait for their own
     batch forever (so would a wait for room in the queue, which empties only as batches go). Refuse them.
 
@@ -162,7 +162,7 @@ def refuse_if_reentrant(b: AsyncBatcher[Any, Any], run: Run, n: int) -> None:
     raise _reentrant_error(b)
 
 
-def refuse_queued_if_reentrant(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
+def refuse_queued_if_reentrant(b: Base, run: Run, entry: list[Any]) -> None:
     """:func:`refuse_if_reentrant` for :meth:`AsyncBatcher.process`'s short path, which queues its item before it
     looks (and only looks when every slot is taken): take the item back and fail it, its one outcome. Nobody waits
     for room on the short path, and the batcher runs: there is nothing else to undo."""
@@ -178,7 +178,7 @@ def _inside_own_batch(run: Run) -> bool:
     return inside is not None and inside.run is run and inside.is_live()
 
 
-def _reentrant_error(b: AsyncBatcher[Any, Any]) -> ReentrantCallError:
+def _reentrant_error(b: Base) -> ReentrantCallError:
     return ReentrantCallError(
         f"{b.name}: process() called from inside its own process_batch while every slot (concurrency="
         f"{b._concurrency}) is taken: the item would wait for its own batch forever; raise concurrency, or do the "
@@ -186,15 +186,56 @@ def _reentrant_error(b: AsyncBatcher[Any, Any]) -> ReentrantCallError:
     )
 
 
+# ---------------------------------------------------------------------- a stream's consumer
+
+
+async def submit_stream(b: Base, item: Any, *, timeout: float | None, priority: float) -> AsyncIterator[Any]:
+    """The body of :meth:`AsyncBatcher.stream`: queue the item, then hand out its parts as they come."""
+    priority = _checks.priority(priority)
+    timeout = b._default_timeout if timeout is None else _checks.timeout(timeout)
+    loop = asyncio.get_running_loop()
+    run = _lifecycle.admit(b, loop, 1)
+    if not run.is_stream:  # one result per item: a stream of one part
+        yield await submit(b, item, timeout=timeout, priority=priority)
+        return
+    deadline = None if timeout is None else loop.time() + timeout
+    key, weight = key_and_weight(b, run, item, 1)
+    if _room.no_room(b, run, 1):
+        await wait_for_room(b, run, 1, deadline)
+    queue = run.queue
+    lane = queue.lane(key)
+    sink = _streaming.StreamSink(loop, b._stream_buffer, b._recorder)
+    entry = [item, sink, loop.time(), True, weight, lane, 0]
+    queue.push(entry, priority)
+    _dispatch.arrived(b, run, lane)
+    expiry = None if deadline is None else run.deadlines.add(deadline, _expire_stream, b, run, entry)
+    try:
+        while (part := await sink.next()) is not _sinks.END:
+            yield part
+    except (asyncio.CancelledError, GeneratorExit):  # the consumer left: cancelled, or it stopped iterating
+        if not sink.done():
+            b._recorder.cancelled += 1
+            sink.cancel()
+        withdraw(b, run, entry)
+        raise
+    finally:
+        if expiry is not None:
+            run.deadlines.discard(expiry)
+
+
+def _expire_stream(b: Base, run: Run, entry: list[Any]) -> None:
+    sink = entry[1]
+    if sink.done():
+        return
+    b._recorder.timed_out += 1
+    withdraw(b, run, entry)
+    sink.set_exception(TimeoutError(f"{b.name}: the stream did not end within the timeout"))
+
+
 # ---------------------------------------------------------------------- room in a full queue
 
 
-def no_room(b: AsyncBatcher[Any, Any], run: Run, n: int) -> bool:
-    """Whether ``n`` items must wait for room: the queue is full, or others wait already (they go first)."""
-    return run.queue.waiting + run.reserved + n > b._room_limit or bool(run.putters)
-
-
-async def wait_for_room(b: AsyncBatcher[Any, Any], run: Run, n: int, deadline: float | None) -> None:
+async def wait_for_room(b: Base, run: Run, n: int, deadline: float | None) -> None:
     """Wait, first come first served, until ``n`` items fit in the queue; or refuse at once.
 
     On return, room for the ``n`` items is the caller's: it queues them without awaiting anything.
@@ -225,7 +266,7 @@ async def wait_for_room(b: AsyncBatcher[Any, Any], run: Run, n: int, deadline: f
             rec.timed_out += n
         else:
             rec.failed += n
-        wake_putters(b, run)  # it may have been the head of the line, holding smaller requests back
+        _room.wake_putters(b, run)  # it may have been the head of the line, holding smaller requests back
         raise
     finally:
         if expiry is not None:
@@ -238,45 +279,22 @@ async def wait_for_room(b: AsyncBatcher[Any, Any], run: Run, n: int, deadline: f
         raise BatcherStoppedError(f"{b.name} is {run.state.value}")
 
 
-def _expire_waiter(b: AsyncBatcher[Any, Any], waiter: asyncio.Future[None]) -> None:
+def _expire_waiter(b: Base, waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError(f"{b.name}: no room in the queue within the timeout"))
-
-
-def wake_putters(b: AsyncBatcher[Any, Any], run: Run) -> None:
-    """Promise room to the callers in line, in order, as long as the next one fits."""
-    putters = run.putters
-    while putters:
-        waiter, n = putters[0]
-        if waiter.done():  # it gave up while waiting: skip it
-            putters.popleft()
-            continue
-        if run.queue.waiting + run.reserved + n > b._room_limit:
-            return  # the head of the line does not fit yet; nobody may overtake it
-        putters.popleft()
-        run.reserved += n
-        waiter.set_result(None)
-
-
-def fail_putters(run: Run, exc: BaseException) -> None:
-    """Refuse every caller in line for room (a stop): each counts itself out as it wakes."""
-    while run.putters:
-        waiter, _ = run.putters.popleft()
-        if not waiter.done():
-            waiter.set_exception(exc)
 
 
 # ---------------------------------------------------------------------- leaving: cancellation, timeout, failure
 
 
-def left(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any], fut: asyncio.Future[Any]) -> None:
+def left(b: Base, run: Run, entry: list[Any], fut: asyncio.Future[Any]) -> None:
     """A caller of :meth:`AsyncBatcher.process` was cancelled (its future was, with it)."""
     if fut.cancelled():  # the caller's own cancellation, not an error of process_batch
         b._recorder.cancelled += 1
         withdraw(b, run, entry)
 
 
-def expire(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
+def expire(b: Base, run: Run, entry: list[Any]) -> None:
     """A ``timeout=`` of :meth:`AsyncBatcher.process` expired."""
     fut = entry[SINK]
     if fut.done():
@@ -286,7 +304,7 @@ def expire(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
     fut.set_exception(TimeoutError(f"{b.name}: no result within the timeout"))
 
 
-def expire_bulk(b: AsyncBatcher[Any, Any], run: Run, bulk: Bulk) -> None:
+def expire_bulk(b: Base, run: Run, bulk: Bulk) -> None:
     """A ``timeout=`` of :meth:`AsyncBatcher.process_many` expired: the whole call times out."""
     if bulk.future.done():
         return
@@ -295,27 +313,29 @@ def expire_bulk(b: AsyncBatcher[Any, Any], run: Run, bulk: Bulk) -> None:
     withdraw_bulk(b, run, bulk)
 
 
-def withdraw(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
+def withdraw(b: Base, run: Run, entry: list[Any]) -> None:
     """Take an item out of the queue if it is still there: it will never be sent."""
     if run.queue.withdraw(entry):
         _withdrawn(b, run)
 
 
-def withdraw_bulk(b: AsyncBatcher[Any, Any], run: Run, bulk: Bulk) -> None:
+def withdraw_bulk(b: Base, run: Run, bulk: Bulk) -> None:
     """Take what is still queued of a ``process_many`` call out of the queue."""
     if run.queue.withdraw_bulk(bulk):
         _withdrawn(b, run)
 
 
-def unsubmit(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
+def unsubmit(b: Base, run: Run, entry: list[Any]) -> None:
     """Take back an item :meth:`AsyncBatcher.process` queued on a loop that turned out not to be the running one:
     as if it had never been submitted (it is submitted again, on the long path)."""
     if run.queue.withdraw(entry):
         b._recorder.exited -= 1
 
 
-def _withdrawn(b: AsyncBatcher[Any, Any], run: Run) -> None:
+def _withdrawn(b: Base, run: Run) -> None:
     # Items left without a batch: room for those in line, and perhaps the end of a drain.
     if run.putters:
-        wake_putters(b, run)
-    _lifecycle.check_drained(b, run)
+        _room.wake_putters(b, run)
+    if not run.queue.waiting:
+        _dispatch.cancel_timer(run)  # nothing waits: an idle batcher keeps no wake-up
+    run.check_drained()

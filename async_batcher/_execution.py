@@ -1,4 +1,5 @@
-"""How a batch runs and ends: the coroutine path and the executor path side by side, then answer, fail, release.
+"""How a batch runs and ends: the coroutine path and the executor path side by side, then answer, fail, release
+(private).
 
 - An ``async def process_batch`` runs as a task of its own (:func:`run_batch`); so does any batch formed before
   ``on_start()`` has finished, which waits for it first.
@@ -8,9 +9,10 @@
   comes back the same way, straight to :func:`executor_done`. If it returns an awaitable, that runs on the loop.
 
 Every path ends in :func:`end`: the callers get their results (:func:`answer`) or the error (:func:`fail`), then
-the batch frees its slot (:func:`release`). One signal, :attr:`Batch.abandoned`, tells a batch that a forced stop
-(or an internal error) has already answered its callers and freed its slot: whatever it does from then on reaches
-no one.
+the batch frees its slot (:func:`release`), which tells the dispatcher through the run
+(:attr:`~async_batcher._run.Run.batch_ended`). One signal, :attr:`~async_batcher._run.Batch.abandoned`, tells a
+batch that a forced stop (or an internal error) has already answered its callers and freed its slot: whatever it
+does from then on reaches no one.
 """
 
 from __future__ import annotations
@@ -23,14 +25,12 @@ import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from async_batcher import _dispatch, _streaming
 from async_batcher._sinks import as_results, deliver, fail_sinks, without_departed
 from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ProcessBatchCancelledError
 
 if TYPE_CHECKING:
-    from async_batcher._queue import Lane, Taken
-    from async_batcher._run import Run
-    from async_batcher.batcher import AsyncBatcher
+    from async_batcher._base import Base
+    from async_batcher._run import Batch, Run
 
 __all__: list[str] = []
 
@@ -45,69 +45,7 @@ thread_batch = threading.local()
 _ABANDONED: Final = object()
 
 
-class Batch:
-    """A batch on its way: its items, one sink per caller, and what its statistics and its end need."""
-
-    __slots__ = (
-        "abandoned",
-        "entered",
-        "futures_only",
-        "handle",
-        "items",
-        "joined",
-        "lane",
-        "run",
-        "sinks",
-        "size",
-        "started",
-        "waited",
-        "weights",
-    )
-
-    def __init__(self, run: Run, taken: Taken, started: float, lane: Lane) -> None:
-        self.run = run
-        self.lane = lane  # the lane it was taken from (a streaming batch takes more from it as it runs)
-        self.items = taken.items
-        self.sinks = taken.sinks
-        self.futures_only = taken.futures_only  # every sink is a single caller's future (no bulk call)
-        self.size = len(taken.items)  # as handed to process_batch, which may keep or mutate the list
-        self.started = started  # on the loop's clock, when the batch was formed
-        self.waited = started - taken.oldest  # how long its oldest item waited for it
-        self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
-        self.joined = 0  # items that joined a streaming batch while it ran (continuous batching)
-        self.weights = taken.weights  # each item's weight, when weights are kept (a streaming batch's budget)
-        # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
-        # now, and if it has not started in its thread, it will not.
-        self.abandoned = False
-        # process_batch was called (or is about to be, in its thread): what it did for the items is unknown until
-        # it returns. In a thread it is set before abandoned is read, and a stop sets abandoned before it reads
-        # this: whichever comes first, a batch that runs is never reported as not run.
-        self.entered = False
-
-    def is_live(self) -> bool:
-        """Still in flight in its run: its slot is taken."""
-        return not self.abandoned and self in self.run.batches
-
-
-def launch(b: AsyncBatcher[Any, Any], run: Run, taken: Taken, now: float, lane: Lane) -> None:
-    """Send a batch just taken from the queue on its way; it takes a slot until it ends."""
-    batch = Batch(run, taken, now, lane)
-    run.batches[batch] = None
-    run.in_flight += 1
-    startup = run.startup
-    if run.is_stream:
-        batch.handle = run.loop.create_task(_streaming.run_stream_batch(b, batch))
-    elif run.is_coroutine or (startup is not None and (not _succeeded(startup) or run.start_line is not None)):
-        batch.handle = run.loop.create_task(run_batch(b, batch))
-    else:
-        to_executor(b, batch)
-
-
-def _succeeded(task: asyncio.Task[None]) -> bool:
-    return task.done() and not task.cancelled() and task.exception() is None
-
-
-def call_process_batch(b: AsyncBatcher[Any, Any], run: Run, items: list[Any]) -> Any:
+def call_process_batch(b: Base, run: Run, items: list[Any]) -> Any:
     """``process_batch(batch=items)`` where its parameter is named ``batch`` (as 0.2.2 called it), else by position."""
     return b.process_batch(batch=items) if run.by_keyword else b.process_batch(items)
 
@@ -136,7 +74,7 @@ async def wait_for_start(run: Run) -> None:
             run.start_line = None
 
 
-async def run_batch(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
+async def run_batch(b: Base, batch: Batch) -> None:
     """A batch as a task: a coroutine ``process_batch``, or any batch formed before ``on_start()`` finished."""
     run = batch.run
     ran = False
@@ -176,7 +114,7 @@ async def run_batch(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
 # ---------------------------------------------------------------------- the executor path
 
 
-def to_executor(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
+def to_executor(b: Base, batch: Batch) -> None:
     """Send a batch to the executor (a plain ``process_batch``); :func:`executor_done` takes its end."""
     loop = batch.run.loop
     future: Any
@@ -194,9 +132,9 @@ def to_executor(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
     batch.handle = future
 
 
-def in_thread(b: AsyncBatcher[Any, Any], batch: Batch) -> Any:
+def in_thread(b: Base, batch: Batch) -> Any:
     """What the executor runs: ``process_batch``, unless a forced stop answered the callers before it started."""
-    batch.entered = True  # (before abandoned is read: see Batch.entered)
+    batch.entered = True  # (before abandoned is read: see _run.Batch.entered)
     if batch.abandoned:
         return _ABANDONED
     thread_batch.batch = batch
@@ -214,7 +152,7 @@ def _call_soon_on(loop: asyncio.AbstractEventLoop, callback: Any, future: Any) -
         pass
 
 
-def executor_done(b: AsyncBatcher[Any, Any], batch: Batch, future: Any) -> None:
+def executor_done(b: Base, batch: Batch, future: Any) -> None:
     """On the loop: a batch sent to the executor has ended."""
     if future.cancelled():  # by the executor (shut down with cancel_futures=True) before it started
         cancelled = ProcessBatchCancelledError(f"{b.name}: the executor cancelled a batch of {batch.size} items")
@@ -239,7 +177,7 @@ def executor_done(b: AsyncBatcher[Any, Any], batch: Batch, future: Any) -> None:
     end(b, batch, results=results, error=error, ran=True)
 
 
-def _awaited_done(b: AsyncBatcher[Any, Any], batch: Batch, future: asyncio.Future[Any]) -> None:
+def _awaited_done(b: Base, batch: Batch, future: asyncio.Future[Any]) -> None:
     """The awaitable a sync ``process_batch`` returned has ended."""
     if future.cancelled():  # by a forced stop (the batch is abandoned), else the awaitable was cancelled itself
         end(b, batch, error=asyncio.CancelledError(), ran=True)
@@ -252,9 +190,7 @@ def _awaited_done(b: AsyncBatcher[Any, Any], batch: Batch, future: asyncio.Futur
 # ---------------------------------------------------------------------- the end of a batch
 
 
-def end(
-    b: AsyncBatcher[Any, Any], batch: Batch, *, results: Any = None, error: BaseException | None = None, ran: bool
-) -> None:
+def end(b: Base, batch: Batch, *, results: Any = None, error: BaseException | None = None, ran: bool) -> None:
     """A batch has ended with ``results`` or ``error``: answer or fail its callers, then free its slot.
 
     ``ran``: the batch reached ``process_batch`` (the call counts in the statistics, however it ended). A
@@ -279,7 +215,7 @@ def end(
         release(b, batch)
 
 
-def answer(b: AsyncBatcher[Any, Any], batch: Batch, results: Any) -> None:
+def answer(b: Base, batch: Batch, results: Any) -> None:
     """Hand each caller its result; if the results do not fit the batch, each caller gets why."""
     try:
         checked = as_results(results, batch.size)
@@ -291,7 +227,7 @@ def answer(b: AsyncBatcher[Any, Any], batch: Batch, results: Any) -> None:
     deliver(batch.sinks, checked, b._recorder, futures_only=batch.futures_only)
 
 
-def fail(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException, *, sinks: list[Any] | None = None) -> None:
+def fail(b: Base, batch: Batch, error: BaseException, *, sinks: list[Any] | None = None) -> None:
     """Give every caller of the batch the error (a ``KeyboardInterrupt`` or ``SystemExit`` is raised on after).
 
     A ``CancelledError`` becomes :class:`ProcessBatchCancelledError`, so that a caller is never mistaken for
@@ -318,7 +254,7 @@ def fail(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException, *, sinks
         raise error
 
 
-def stopped_error(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException) -> BaseException:
+def stopped_error(b: Base, batch: Batch, error: BaseException) -> BaseException:
     """What the callers of a batch cut off by a stop get: ``error`` if ``process_batch`` never started on it, else
     what :meth:`AsyncBatcher.abandoned_error` says (its outcome may be unknown). A hook that fails is reported
     through the loop's exception handler, and ``error`` is used."""
@@ -341,7 +277,7 @@ def stopped_error(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException)
     return chosen
 
 
-def release(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
+def release(b: Base, batch: Batch) -> None:
     """Free the batch's slot (unless a stop already did) and let the dispatcher look again: a free slot never idles
     while a batch is due."""
     if batch.abandoned:
@@ -349,11 +285,19 @@ def release(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
     run = batch.run
     del run.batches[batch]
     run.in_flight -= 1
-    _dispatch.answered(b, run, len(batch.sinks))
-    _dispatch.pump_safely(b, run)
+    run.batch_ended(batch.lane, answered(batch))
 
 
-def record(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
+def answered(batch: Batch) -> int:
+    """How many calls the batch resolved: each single caller, and each ``process_many`` call whose last items were
+    in it (one whose other items are still to go has not been answered)."""
+    sinks = batch.sinks
+    if batch.futures_only:
+        return len(sinks)
+    return sum(1 for sink in sinks if sink.__class__ is not tuple or sink[0].future.done())
+
+
+def record(b: Base, batch: Batch) -> None:
     """The statistics of a call of ``process_batch`` that has ended."""
     loop = batch.run.loop
     elapsed = loop.time() - batch.started

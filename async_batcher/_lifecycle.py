@@ -1,4 +1,4 @@
-"""A batcher's life: binding to a loop (start), the stop (drain, force, timeout), the abort, on_start / on_stop.
+"""A batcher's life: binding to a loop (start), the stop (drain, force, timeout), on_start / on_stop (private).
 
 States (:class:`~async_batcher._run.State`): NEW, then RUNNING once bound to a loop (the first ``process()`` or
 ``start()`` in a loop), STOPPING from ``stop()`` until its drain ends and ``on_stop()`` has run, then STOPPED. A
@@ -13,15 +13,13 @@ import logging
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from async_batcher import _admission, _dispatch, _execution
-from async_batcher import batcher as batcher_module
+from async_batcher import _dispatch, _room
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
-from async_batcher._sinks import fail_sinks
-from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ReentrantCallError
+from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
 
 if TYPE_CHECKING:
-    from async_batcher.batcher import AsyncBatcher
+    from async_batcher._base import Base
 
 __all__: list[str] = []
 
@@ -31,7 +29,7 @@ logger = logging.getLogger("async_batcher")
 # ---------------------------------------------------------------------- starting
 
 
-def admit(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop, n: int) -> Run:
+def admit(b: Base, loop: asyncio.AbstractEventLoop, n: int) -> Run:
     """The run that ``n`` items submitted from ``loop`` join: the running one, or a new one; else refuse them."""
     run = b._run
     if run.loop is loop and run.state is State.RUNNING:
@@ -42,7 +40,7 @@ def admit(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop, n: int) ->
     raise BatcherStoppedError(f"{b.name} is {run.state.value}; start() it again to submit items")
 
 
-def bind(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop) -> Run:
+def bind(b: Base, loop: asyncio.AbstractEventLoop) -> Run:
     """Make the batcher run on ``loop``: start it, or start it again after a stop, as a new run."""
     old = b._run
     if old.loop is loop and old.state is State.RUNNING:
@@ -55,28 +53,29 @@ def bind(b: AsyncBatcher[Any, Any], loop: asyncio.AbstractEventLoop) -> Run:
         # Its loop was closed without a stop: whatever it held went with it, its callers too.
         logger.warning("%s: its event loop was closed without stop(); starting afresh", b.name)
         _account_abandoned(b, old)
-    cls, base = type(b), batcher_module.AsyncBatcher
+    overridden = b._overridden
     run = Run(
         loop,
         b._recorder,
         state=State.RUNNING,
         default_key=DEFAULT_KEY,
         # The hooks cost a call per item: they are only called when overridden (or weights are limited).
-        keyed=cls.batch_key is not base.batch_key,
-        weighted=cls.item_weight is not base.item_weight or b._max_batch_weight is not None,
+        keyed="batch_key" in overridden,
+        weighted="item_weight" in overridden or b._max_batch_weight is not None,
         by_keyword=_by_keyword(b.process_batch),
         is_coroutine=inspect.iscoroutinefunction(b.process_batch),
         is_stream=inspect.isasyncgenfunction(b.process_batch),
     )
+    run.batch_ended = partial(_dispatch.batch_ended, b, run)
     choose_fast_path(b, run)
     b._run = run
-    if cls.on_start is not base.on_start:
+    if "on_start" in overridden:
         run.startup = loop.create_task(b.on_start())
         run.startup.add_done_callback(partial(_startup_done, b))
     return run
 
 
-def choose_fast_path(b: AsyncBatcher[Any, Any], run: Run) -> None:
+def choose_fast_path(b: Base, run: Run) -> None:
     """Whether :meth:`AsyncBatcher.process` may take its short path: running, no key, no weight, no default
     timeout (each of those needs the long path)."""
     plain = not run.keyed and not run.queue.weighted and b._default_timeout is None and not run.is_stream
@@ -98,7 +97,7 @@ def _by_keyword(process_batch: Any) -> bool:
     return takes_kwargs and all(p.kind is inspect.Parameter.VAR_POSITIONAL for p in positional)
 
 
-def _account_abandoned(b: AsyncBatcher[Any, Any], run: Run) -> None:
+def _account_abandoned(b: Base, run: Run) -> None:
     # The callers of a run whose loop closed are gone: their items end here, as failed.
     rec = b._recorder
     lost = run.queue.waiting + run.awaiting_room
@@ -106,7 +105,7 @@ def _account_abandoned(b: AsyncBatcher[Any, Any], run: Run) -> None:
     rec.failed += lost + sum(len(batch.items) for batch in run.batches)
 
 
-def _startup_done(b: AsyncBatcher[Any, Any], task: asyncio.Task[None]) -> None:
+def _startup_done(b: Base, task: asyncio.Task[None]) -> None:
     # A failing on_start is reported to the callers of the batches; retrieve it here so that a run with no batch
     # does not end in "exception was never retrieved".
     if not task.cancelled() and task.exception() is not None:
@@ -116,7 +115,7 @@ def _startup_done(b: AsyncBatcher[Any, Any], task: asyncio.Task[None]) -> None:
 # ---------------------------------------------------------------------- stopping
 
 
-async def stop(b: AsyncBatcher[Any, Any], *, force: bool, timeout: float | None) -> None:
+async def stop(b: Base, *, force: bool, timeout: float | None) -> None:
     """The body of :meth:`AsyncBatcher.stop` on the batcher's own loop: every step bounded by ``timeout``."""
     run = b._run
     if run.state is State.NEW or run.state is State.STOPPED:
@@ -137,13 +136,13 @@ async def stop(b: AsyncBatcher[Any, Any], *, force: bool, timeout: float | None)
     if run.state is State.RUNNING:
         begin_stop(b, run)
     if force:
-        abort(b, run, BatcherStoppedError(f"{b.name} was stopped with force=True"))
+        _dispatch.abort(b, run, BatcherStoppedError(f"{b.name} was stopped with force=True"))
     drained, closing = run.drained, run.closing
     if drained is not None:  # (awaiting it done costs nothing)
         try:
             await asyncio.wait_for(asyncio.shield(drained), _left(loop, deadline))
         except TimeoutError:
-            abort(b, run, BatcherStoppedError(f"{b.name} was stopped: stop(timeout={timeout}) expired"))
+            _dispatch.abort(b, run, BatcherStoppedError(f"{b.name} was stopped: stop(timeout={timeout}) expired"))
     closing = run.closing
     if closing is None:  # (an abort always ends the drain, so this is not reached)
         return
@@ -168,27 +167,24 @@ def _left(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | No
     return None if deadline is None else max(0.0, deadline - loop.time())
 
 
-def begin_stop(b: AsyncBatcher[Any, Any], run: Run) -> None:
+def begin_stop(b: Base, run: Run) -> None:
     """Refuse new items, refuse the callers in line for room, and send what waits without waiting for deadlines."""
     run.state = State.STOPPING
     run.fast_loop = None
     run.drained = run.loop.create_future()
-    _admission.fail_putters(run, BatcherStoppedError(f"{b.name} is stopping"))
+    run.on_drained = partial(_drained, b, run)
+    _room.fail_putters(run, BatcherStoppedError(f"{b.name} is stopping"))
     _dispatch.repump(b, run)
-    check_drained(b, run)
+    run.check_drained()
 
 
-def check_drained(b: AsyncBatcher[Any, Any], run: Run) -> None:
-    """During a stop: once nothing is queued or in flight, run ``on_stop()`` (exactly once). The callers in line for
-    room were refused when the stop began."""
-    if run.state is State.STOPPING and run.closing is None and not run.queue.waiting and not run.in_flight:
-        if run.drained is not None:  # (set as the stop began; resolved here only, as closing is set)
-            run.drained.set_result(None)
-        run.closing = run.loop.create_task(_finish_stop(b, run))
-        run.closing.add_done_callback(partial(_closing_done, b, run))
+def _drained(b: Base, run: Run) -> None:
+    """The drain is over (:meth:`Run.check_drained`, once): run ``on_stop()``."""
+    run.closing = run.loop.create_task(_finish_stop(b, run))
+    run.closing.add_done_callback(partial(_closing_done, b, run))
 
 
-async def _finish_stop(b: AsyncBatcher[Any, Any], run: Run) -> None:
+async def _finish_stop(b: Base, run: Run) -> None:
     try:
         if run.startup is not None and not run.startup.done():
             run.startup.cancel()
@@ -206,27 +202,10 @@ def finish(run: Run) -> None:
     run.fast_loop = None
 
 
-def _closing_done(b: AsyncBatcher[Any, Any], run: Run, task: asyncio.Task[None]) -> None:
+def _closing_done(b: Base, run: Run, task: asyncio.Task[None]) -> None:
     # stop() re-raises an on_stop() failure to whoever awaits it; retrieve it here so that a stop nobody awaits
     # still reports it, through the loop's exception handler.
     if not task.cancelled() and task.exception() is not None and not run.stop_waiters:
         run.loop.call_exception_handler(
             {"message": f"{b.name}: on_stop() failed", "exception": task.exception(), "task": task}
         )
-
-
-def abort(b: AsyncBatcher[Any, Any], run: Run, exc: AsyncBatchException) -> None:
-    """Fail every queued, waiting and in-flight caller with ``exc``; cancel the batches in flight and free their
-    slots. A batch running in a thread runs on to its end unheard; one still waiting for a thread never starts."""
-    rec = b._recorder
-    fail_sinks(run.queue.clear(), exc, rec)
-    _admission.fail_putters(run, exc)
-    for batch in run.batches:
-        batch.abandoned = True
-        fail_sinks(batch.sinks, _execution.stopped_error(b, batch, exc), rec)
-        if isinstance(batch.handle, asyncio.Task):
-            batch.handle.cancel()
-    run.batches.clear()
-    run.in_flight = 0
-    _dispatch.cancel_timer(run)
-    check_drained(b, run)

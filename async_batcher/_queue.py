@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from itertools import repeat
 from operator import itemgetter, setitem
 from typing import TYPE_CHECKING, Any
 
+from async_batcher._lane import Lane
 from async_batcher._sinks import Bulk, consume, future_done
 
 if TYPE_CHECKING:
@@ -40,41 +41,10 @@ _queued_of = itemgetter(QUEUED)
 _popleft = deque.popleft
 
 
-class Lane:
-    """The items of one batch key waiting for a batch: a FIFO deque per priority level.
-
-    ``count`` is the number of its items still queued; ``weight`` their total weight while weights are kept
-    (:attr:`Queue.weighted`).
-    """
-
-    __slots__ = ("clean", "count", "key", "levels", "order", "served", "weight")
-
-    def __init__(self, key: Hashable) -> None:
-        self.key = key
-        # True while every entry of its levels is a single item still queued, its own caller's (no bulk call,
-        # nothing withdrawn in place): a batch can then be formed without looking at each entry.
-        self.clean = True
-        self.served = 0  # when its last batch went out (a dispatch count, from 1); 0: never
-        self.levels: dict[float, deque[Any]] = {}
-        self.order: list[deque[Any]] = []  # the levels, best (lowest) priority first
-        self.count = 0
-        self.weight = 0.0
-
-    def level(self, priority: float) -> deque[Any]:
-        fifo = self.levels.get(priority)
-        if fifo is None:
-            fifo = self.levels[priority] = deque()
-            self.order = [self.levels[p] for p in sorted(self.levels)]
-        return fifo
-
-    def entries(self) -> Iterator[Any]:
-        return (entry for fifo in self.order for entry in fifo)
-
-
 class Taken:
     """A batch just taken from the queue: its items, one sink per caller, their weight, its oldest arrival."""
 
-    __slots__ = ("futures_only", "items", "oldest", "sinks", "weight", "weights")
+    __slots__ = ("futures_only", "items", "newest", "oldest", "sinks", "weight", "weights")
 
     def __init__(
         self,
@@ -82,6 +52,7 @@ class Taken:
         sinks: list[Any],
         *,
         oldest: float,
+        newest: float,
         weight: float,
         futures_only: bool,
         weights: list[float] | None = None,
@@ -89,6 +60,7 @@ class Taken:
         self.items = items
         self.sinks = sinks
         self.oldest = oldest
+        self.newest = newest  # the arrival of its newest item (the hold's measure of how its items arrived)
         self.weight = weight
         self.weights = weights  # each item's, when weights are kept (None: each weighs 1)
         self.futures_only = futures_only  # every sink is a single caller's future (no bulk call)
@@ -156,6 +128,7 @@ class Queue:
         lane = entry[LANE]
         lane.clean = False  # the entry stays in its level until the dispatcher reaches it
         lane.count -= 1
+        lane.left += 1
         if self.weighted:
             lane.weight -= entry[WEIGHT]
         self.waiting -= 1
@@ -172,6 +145,7 @@ class Queue:
             lane = bulk.lane
             lane.clean = False
             lane.count -= unsent
+            lane.left += unsent
             if self.weighted:
                 lane.weight -= unsent
             self.waiting -= unsent
@@ -227,10 +201,15 @@ class Queue:
                 oldest = min(oldest, head[ARRIVAL] if head.__class__ is list else head.arrival)
         return oldest
 
-    def drop_empty_lanes(self) -> None:
-        """Keys come and go: forget the lanes that hold nothing (the default lane stays)."""
+    def drop_empty_lanes(self, now: float) -> None:
+        """Keys come and go: forget the lanes that hold nothing, have no batch in flight and no hold waiting for
+        their callers (the default lane stays)."""
         if len(self.lanes) > 1:
-            for key in [key for key, lane in self.lanes.items() if not lane.count and lane is not self.lane0]:
+            for key in [
+                key
+                for key, lane in self.lanes.items()
+                if not lane.count and not lane.in_flight and lane.hold_until <= now and lane is not self.lane0
+            ]:
                 del self.lanes[key]
 
     def keep_weights(self) -> None:
@@ -271,6 +250,7 @@ class Queue:
                 return None
         n = len(taken.items)
         lane.count -= n
+        lane.left += n
         if self.weighted:
             lane.weight -= taken.weight
         self.waiting -= n
@@ -295,7 +275,14 @@ class Queue:
             return None
         consume(map(setitem, entries, repeat(QUEUED), repeat(False)))  # entry[QUEUED] = False, in C
         n = len(entries)
-        return Taken(list(map(_item_of, entries)), sinks, oldest=entries[0][ARRIVAL], weight=n, futures_only=True)
+        return Taken(
+            list(map(_item_of, entries)),
+            sinks,
+            oldest=entries[0][ARRIVAL],
+            newest=entries[-1][ARRIVAL],
+            weight=n,
+            futures_only=True,
+        )
 
     def _take_each(
         self, lane: Lane, limit: int, weight_limit: float, starved_before: float, *, overflow: bool
@@ -306,6 +293,7 @@ class Queue:
         weights: list[float] | None = [] if self.weighted else None
         weight = 0.0
         oldest = math.inf
+        newest = -math.inf
         futures_only = True
         while len(items) < limit:
             picked = self._next_level(lane, starved_before)
@@ -328,6 +316,7 @@ class Queue:
                     futures_only = False
                 sinks.append(sink)
                 oldest = min(oldest, entry[ARRIVAL])
+                newest = max(newest, entry[ARRIVAL])
                 continue
             start = entry.pos
             count = min(limit - len(items), len(entry.items) - start)
@@ -348,11 +337,14 @@ class Queue:
             if weights is not None:
                 weights.extend([1.0] * count)
             oldest = min(oldest, entry.arrival)
+            newest = max(newest, entry.arrival)
             if entry.pos == len(entry.items):
                 fifo.popleft()
         if not items:
             return None
-        return Taken(items, sinks, oldest=oldest, weight=weight, futures_only=futures_only, weights=weights)
+        return Taken(
+            items, sinks, oldest=oldest, newest=newest, weight=weight, futures_only=futures_only, weights=weights
+        )
 
     def _next_level(self, lane: Lane, starved_before: float) -> tuple[deque[Any], Any] | None:
         """The level to take the next item from: the best priority, unless a head arrived by ``starved_before``."""

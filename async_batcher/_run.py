@@ -4,13 +4,16 @@ A batcher is built outside any event loop and may run many times, in one loop or
 (the loop, the queue, the batches in flight, the timer, the stop in progress) is held in one :class:`Run`, built
 when the batcher binds to a loop. A batch keeps a reference to its run, so a batch that ends after its run was
 stopped (a thread cannot be interrupted) touches that run only, never the next one.
+
+The run is the bottom of the core's layers (state, then policy, execution, dispatch, lifecycle, admission, and the
+public class): it imports none of them. Where it must wake a layer above, it calls what that layer gave it:
+:attr:`Run.batch_ended` (the dispatcher's, set when the run is built) and :attr:`Run.on_drained` (the stop's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import math
 import sys
 import time
 from collections import deque
@@ -25,7 +28,8 @@ from async_batcher._queue import Queue
 from async_batcher._queue import violations as queue_violations
 
 if TYPE_CHECKING:
-    from async_batcher._execution import Batch
+    from async_batcher._lane import Lane
+    from async_batcher._queue import Taken
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []
@@ -54,6 +58,7 @@ class Run:
 
     __slots__ = (
         "awaiting_room",
+        "batch_ended",
         "batches",
         "by_keyword",
         "clock",
@@ -62,10 +67,8 @@ class Run:
         "dispatches",
         "drained",
         "fast_loop",
-        "hold_graced",
-        "hold_mark",
-        "hold_seen",
-        "hold_until",
+        "follow_samples",
+        "follows_answers",
         "ident",
         "in_flight",
         "is_coroutine",
@@ -73,7 +76,7 @@ class Run:
         "keyed",
         "loop",
         "new_future",
-        "owed_mark",
+        "on_drained",
         "pump_handle",
         "putters",
         "queue",
@@ -124,6 +127,8 @@ class Run:
         # which see on_start() done, still reach process_batch after it (in the order they were formed).
         self.start_line: asyncio.Future[None] | None = None
         self.drained: asyncio.Future[None] | None = None  # set by a stop once nothing is queued or in flight
+        # The stop's: called once, as the drain ends (it starts on_stop()). Set with drained.
+        self.on_drained: Callable[[], None] | None = None
         self.closing: asyncio.Task[None] | None = None  # on_stop(), once drained
         self.stop_waiters = 0  # stop() calls awaiting closing: a failing on_stop() is theirs to raise
         # -- The fast path of process(): the loop while it applies (running, no key, no weight), else None.
@@ -144,16 +149,12 @@ class Run:
         self.timer_at = 0.0
         self.timer_when = 0.0  # the deadline of the last timer that fired
         self.dispatches = 0  # batches formed so far: the clock of Lane.served
-        # The hold (max_hold_time): when a batch ends, the callers it answered may come back with their next items
-        # (closed-loop clients); a free slot then waits for them. owed_mark is the count of submitted items at
-        # which they are all back; hold_until, when the hold of that mark (hold_mark) ends unless it is extended:
-        # hold_seen is the count of submitted items when the hold last looked, hold_graced whether its last
-        # extension was for a busy loop rather than for callers that came back.
-        self.owed_mark = 0
-        self.hold_mark = -1
-        self.hold_until = -math.inf
-        self.hold_seen = 0
-        self.hold_graced = False
+        # The hold (max_hold_time): how long after the answer before them the items of recent batches arrived, on
+        # average, as a fraction of their wait (0: at once, as the callers of closed loops come back; about one
+        # half: anywhen, as independent arrivals do). The hold applies while it is low (_policy.holds): it starts
+        # low, so that a hold applies until arrivals show that they do not follow answers.
+        self.follows_answers = 0.0
+        self.follow_samples = 0  # the batches measured so far
         # The size of the default lane at which an arrival on process()'s short path wakes the dispatcher: the
         # batcher's size trigger, or during a hold the size at which everyone is back. Read only while a timer is
         # armed; the pump, which arms it, sets it first.
@@ -161,9 +162,70 @@ class Run:
         # -- Execution: the batches in flight, and how process_batch is called.
         self.batches: dict[Batch, None] = {}
         self.in_flight = 0
+        # The dispatcher's: a batch of this lane has ended and freed its slot, having answered this many callers
+        # (the dispatcher looks again). A run that never dispatches keeps the no-op.
+        self.batch_ended: Callable[[Lane, int], None] = _ignore
         self.by_keyword = by_keyword  # process_batch is called as process_batch(batch=...): its parameter's name
         self.is_coroutine = is_coroutine  # process_batch is an async def: it runs as a task, else in the executor
         self.is_stream = is_stream  # process_batch is an async generator: its items are streamed (stream())
+
+    def check_drained(self) -> None:
+        """During a stop: once nothing is queued or in flight, the drain is over (at most once): ``drained`` is
+        set and the stop's :attr:`on_drained` called. The callers in line for room were refused when the stop
+        began."""
+        if self.state is State.STOPPING and self.closing is None and not self.queue.waiting and not self.in_flight:
+            if self.drained is not None:  # (set as the stop began; resolved here only, as on_drained sets closing)
+                self.drained.set_result(None)
+            if self.on_drained is not None:
+                self.on_drained()
+
+
+def _ignore(lane: Lane, callers: int) -> None:
+    pass
+
+
+class Batch:
+    """A batch on its way: its items, one sink per caller, and what its statistics and its end need."""
+
+    __slots__ = (
+        "abandoned",
+        "entered",
+        "futures_only",
+        "handle",
+        "items",
+        "joined",
+        "lane",
+        "run",
+        "sinks",
+        "size",
+        "started",
+        "waited",
+        "weights",
+    )
+
+    def __init__(self, run: Run, taken: Taken, started: float, lane: Lane) -> None:
+        self.run = run
+        self.lane = lane  # the lane it was taken from (a streaming batch takes more from it as it runs)
+        self.items = taken.items
+        self.sinks = taken.sinks
+        self.futures_only = taken.futures_only  # every sink is a single caller's future (no bulk call)
+        self.size = len(taken.items)  # as handed to process_batch, which may keep or mutate the list
+        self.started = started  # on the loop's clock, when the batch was formed
+        self.waited = started - taken.oldest  # how long its oldest item waited for it
+        self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
+        self.joined = 0  # items that joined a streaming batch while it ran (continuous batching)
+        self.weights = taken.weights  # each item's weight, when weights are kept (a streaming batch's budget)
+        # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
+        # now, and if it has not started in its thread, it will not.
+        self.abandoned = False
+        # process_batch was called (or is about to be, in its thread): what it did for the items is unknown until
+        # it returns. In a thread it is set before abandoned is read, and a stop sets abandoned before it reads
+        # this: whichever comes first, a batch that runs is never reported as not run.
+        self.entered = False
+
+    def is_live(self) -> bool:
+        """Still in flight in its run: its slot is taken."""
+        return not self.abandoned and self in self.run.batches
 
 
 def violations(run: Run) -> list[str]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 from async_batcher.exceptions import BatchSizeMismatchError
 
 if TYPE_CHECKING:
-    from async_batcher._queue import Lane
+    from async_batcher._lane import Lane
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []

@@ -1,4 +1,8 @@
-"""Streaming results: a ``process_batch`` that is an async generator, and ``stream(item)`` for each caller (private).
+"""Streaming results: a ``process_batch`` that is an async generator, and each caller's stream (private).
+
+This is the producer's side, a layer with execution: :class:`StreamSink`, a caller's stream, and
+:func:`run_stream_batch`, which steps the generator. The consumer's side, ``stream(item)``, is admission's
+(:func:`async_batcher._admission.submit_stream`).
 
 Each step of the generator yields a sequence with one element per item of the batch, as the batch is at that
 step: a part of that item's stream, :data:`~async_batcher.END` (that item's stream is complete), or an
@@ -19,17 +23,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from async_batcher import _admission, _checks, _dispatch, _execution, _lifecycle
+from async_batcher import _execution, _room
 from async_batcher._sinks import END, as_results
 from async_batcher.exceptions import BatcherStoppedError
 
 if TYPE_CHECKING:
-    from async_batcher._execution import Batch
-    from async_batcher._run import Run
-    from async_batcher.batcher import AsyncBatcher
+    from async_batcher._base import Base
+    from async_batcher._run import Batch, Run
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []
@@ -116,56 +118,10 @@ class StreamSink(asyncio.Future[None]):
             self._room.set_result(None)
 
 
-# ---------------------------------------------------------------------- the consumer's side
-
-
-async def stream(b: AsyncBatcher[Any, Any], item: Any, *, timeout: float | None, priority: float) -> AsyncIterator[Any]:
-    """The body of :meth:`AsyncBatcher.stream`: queue the item, then hand out its parts as they come."""
-    priority = _checks.priority(priority)
-    timeout = b._default_timeout if timeout is None else _checks.timeout(timeout)
-    loop = asyncio.get_running_loop()
-    run = _lifecycle.admit(b, loop, 1)
-    if not run.is_stream:  # one result per item: a stream of one part
-        yield await b.process(item, timeout=timeout, priority=priority)
-        return
-    deadline = None if timeout is None else loop.time() + timeout
-    key, weight = _admission.key_and_weight(b, run, item, 1)
-    if _admission.no_room(b, run, 1):
-        await _admission.wait_for_room(b, run, 1, deadline)
-    queue = run.queue
-    lane = queue.lane(key)
-    sink = StreamSink(loop, b._stream_buffer, b._recorder)
-    entry = [item, sink, loop.time(), True, weight, lane, 0]
-    queue.push(entry, priority)
-    _dispatch.arrived(b, run, lane)
-    expiry = None if deadline is None else run.deadlines.add(deadline, _expire, b, run, entry)
-    try:
-        while (part := await sink.next()) is not END:
-            yield part
-    except (asyncio.CancelledError, GeneratorExit):  # the consumer left: cancelled, or it stopped iterating
-        if not sink.done():
-            b._recorder.cancelled += 1
-            sink.cancel()
-        _admission.withdraw(b, run, entry)
-        raise
-    finally:
-        if expiry is not None:
-            run.deadlines.discard(expiry)
-
-
-def _expire(b: AsyncBatcher[Any, Any], run: Run, entry: list[Any]) -> None:
-    sink = entry[1]
-    if sink.done():
-        return
-    b._recorder.timed_out += 1
-    _admission.withdraw(b, run, entry)
-    sink.set_exception(TimeoutError(f"{b.name}: the stream did not end within the timeout"))
-
-
 # ---------------------------------------------------------------------- the producer's side
 
 
-async def run_stream_batch(b: AsyncBatcher[Any, Any], batch: Batch) -> None:
+async def run_stream_batch(b: Base, batch: Batch) -> None:
     """A streaming batch as a task: step the generator, hand out the parts, edit the batch between steps."""
     run = batch.run
     ran = False
@@ -229,7 +185,7 @@ def _compact(batch: Batch) -> None:
             batch.weights[:] = [batch.weights[i] for i in kept]
 
 
-def _join(b: AsyncBatcher[Any, Any], run: Run, batch: Batch) -> None:
+def _join(b: Base, run: Run, batch: Batch) -> None:
     """Continuous batching: items waiting in the batch's lane join it, up to ``max_batch_size`` and
     ``max_batch_weight``."""
     room = b._batch_limit - len(batch.items)
@@ -250,10 +206,10 @@ def _join(b: AsyncBatcher[Any, Any], run: Run, batch: Batch) -> None:
         batch.weights.extend(taken.weights or [1.0] * len(taken.items))
     batch.joined += len(taken.items)
     if run.putters:
-        _admission.wake_putters(b, run)
+        _room.wake_putters(b, run)
 
 
-def _fail(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException) -> None:
+def _fail(b: Base, batch: Batch, error: BaseException) -> None:
     if batch.abandoned:
         return
     open_sinks = [sink for sink in batch.sinks if not sink.done()]
@@ -261,7 +217,7 @@ def _fail(b: AsyncBatcher[Any, Any], batch: Batch, error: BaseException) -> None
         _execution.fail(b, batch, error, sinks=open_sinks)
 
 
-def _end(b: AsyncBatcher[Any, Any], batch: Batch, *, ran: bool) -> None:
+def _end(b: Base, batch: Batch, *, ran: bool) -> None:
     batch.handle = None
     if ran:
         _execution.record(b, batch)

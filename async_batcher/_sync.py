@@ -1,8 +1,9 @@
 """Blocking calls from threads: which loop each goes to, handed over under one lock (private).
 
 ``process_sync``, ``process_many_sync`` and ``stop_sync`` choose the loop a call runs on, and hand the call over to
-it, under the batcher's :class:`Gate`'s lock; a ``stop_sync`` marks the gate first, so that a blocking call that
-comes while it runs is refused at once instead of reaching a loop that is about to end. Together with
+it, under the lock of the batcher's :class:`~async_batcher._threads.Gate`; a ``stop_sync`` marks the gate first, so
+that a blocking call that comes while it runs is refused at once instead of reaching a loop that is about to end.
+Together with
 :class:`~async_batcher._threads.LoopThread`'s rule (a call handed to its loop runs, or is failed when the loop
 ends), no thread is left waiting.
 """
@@ -10,35 +11,23 @@ ends), no thread is left waiting.
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from async_batcher import _checks, _execution, _lifecycle
 from async_batcher._run import State
-from async_batcher._threads import LoopThread, refuse_on_loop_thread, submit_to, wait_for
+from async_batcher._threads import refuse_on_loop_thread, submit_to, wait_for
 from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
 
 if TYPE_CHECKING:
-    from async_batcher.batcher import AsyncBatcher
+    from async_batcher._base import Base
 
 __all__: list[str] = []
 
 S = TypeVar("S")
 
 
-class Gate:
-    """What a batcher's blocking calls share."""
-
-    __slots__ = ("lock", "stopping", "thread")
-
-    def __init__(self, name: str) -> None:
-        self.lock = threading.Lock()  # choosing a call's loop and handing the call over happen under it
-        self.stopping = False  # a stop_sync() is under way: blocking calls are refused
-        self.thread = LoopThread(f"async-batcher:{name}")  # the batcher's own loop, started by a blocking call
-
-
-def call(b: AsyncBatcher[Any, Any], coro: Coroutine[Any, Any, S], *, n: int, timeout: object, what: str) -> S:
+def call(b: Base, coro: Coroutine[Any, Any, S], *, n: int, timeout: object, what: str) -> S:
     """Run ``coro`` (a call of ``n`` items) on the batcher's loop and block until its result, at most ``timeout``."""
     try:
         refuse_on_loop_thread(f"{b.name}: {what}")
@@ -51,7 +40,7 @@ def call(b: AsyncBatcher[Any, Any], coro: Coroutine[Any, Any, S], *, n: int, tim
     return wait_for(future, seconds)
 
 
-def stop(b: AsyncBatcher[Any, Any], *, force: bool, timeout: float | None) -> None:
+def stop(b: Base, *, force: bool, timeout: float | None) -> None:
     """:meth:`AsyncBatcher.stop_sync`: stop the batcher where it runs, then end its loop thread."""
     refuse_on_loop_thread(f"{b.name}: stop_sync()")
     gate = b._sync
@@ -68,7 +57,7 @@ def stop(b: AsyncBatcher[Any, Any], *, force: bool, timeout: float | None) -> No
             gate.stopping = False
 
 
-def _hand_over(b: AsyncBatcher[Any, Any], coro: Coroutine[Any, Any, S], n: int) -> concurrent.futures.Future[S]:
+def _hand_over(b: Base, coro: Coroutine[Any, Any, S], n: int) -> concurrent.futures.Future[S]:
     """The loop a blocking call goes to: the batcher's, if it is alive; else the batcher's own loop thread."""
     gate = b._sync
     with gate.lock:
@@ -84,9 +73,7 @@ def _hand_over(b: AsyncBatcher[Any, Any], coro: Coroutine[Any, Any, S], n: int) 
         return gate.thread.submit(coro, owner=b)
 
 
-def _hand_over_stop(
-    b: AsyncBatcher[Any, Any], *, force: bool, timeout: float | None
-) -> concurrent.futures.Future[None] | None:
+def _hand_over_stop(b: Base, *, force: bool, timeout: float | None) -> concurrent.futures.Future[None] | None:
     run, thread_loop = b._run, b._sync.thread.loop
     coro = _lifecycle.stop(b, force=force, timeout=timeout)
     if thread_loop is not None and (run.loop is thread_loop or run.state is State.NEW):
@@ -98,7 +85,7 @@ def _hand_over_stop(
     return None
 
 
-def _refuse_from_own_thread_batch(b: AsyncBatcher[Any, Any]) -> None:
+def _refuse_from_own_thread_batch(b: Base) -> None:
     # A blocking call from inside this batcher's sync process_batch, with every slot taken, would wait for the
     # very batch its thread is running.
     inside = getattr(_execution.thread_batch, "batch", None)

@@ -174,6 +174,17 @@ class LoopThread:
         return f"<LoopThread {self.name!r} {'running' if self._loop is not None else 'stopped'}>"
 
 
+class Gate:
+    """What a batcher's blocking calls share."""
+
+    __slots__ = ("lock", "stopping", "thread")
+
+    def __init__(self, name: str) -> None:
+        self.lock = threading.Lock()  # choosing a call's loop and handing the call over happen under it
+        self.stopping = False  # a stop_sync() is under way: blocking calls are refused
+        self.thread = LoopThread(f"async-batcher:{name}")  # the batcher's own loop, started by a blocking call
+
+
 def _request_stop(loop: asyncio.AbstractEventLoop) -> None:
     try:
         loop.call_soon_threadsafe(loop.stop)

@@ -11,11 +11,12 @@ from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
-from async_batcher import _admission, _checks, _execution, _lifecycle, _streaming, _sync
+from async_batcher import _admission, _checks, _execution, _lifecycle, _room, _sync
+from async_batcher._base import HOOKS, Base
 from async_batcher._dispatch import repump, scheduled_pump
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
-from async_batcher._settings import Settings
+from async_batcher._threads import Gate
 from async_batcher.stats import BatcherStats, _Recorder
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ _current_batch = _execution.current_batch.get
 _ZERO: Final = 0
 
 
-class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
+class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
     """Collects the items of concurrent :meth:`process` calls and hands them to :meth:`process_batch` in batches.
 
     Subclass it and implement :meth:`process_batch`; then ``await batcher.process(item)`` from any number of
@@ -42,12 +43,13 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
     1. **Dispatch.** A batch goes out as soon as a concurrency slot is free and either it is full
        (``max_batch_size`` items, ``max_batch_weight``, or the largest of ``preferred_batch_sizes`` available) or
        its oldest item has waited ``max_queue_time`` seconds, measured from *its arrival* on the event loop's
-       clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: when a batch
-       ends, the slot waits for the callers it answered to come back with their next items (clients that send
-       their next request once they have their answer), and goes as soon as they are all back (or a caller waits
-       for room in the queue), so that they share one batch instead of splitting into alternating halves; it
-       waits while they keep coming back, each within ``max_hold_time`` of the last (once more if the loop was
-       too busy to run them).
+       clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: when a batch of
+       a lane ends, its slot may wait for the callers it answered to come back with their next items (clients
+       that send their next request once they have their answer), so that they share one batch instead of
+       splitting into alternating halves. It goes as soon as they are all back, and at most ``max_hold_time``
+       after that batch ended; it waits only for callers that batch answered, never while a caller waits for
+       room in the queue or the batcher stops, and only while the items of recent batches arrived soon after the
+       answers before them, as such callers do (independent arrivals turn it off).
        ``max_queue_time=0`` sends whatever is waiting the moment a slot is free (items that arrive in the same
        loop iteration share the batch). Items go out in arrival order. An idle batcher schedules no wake-ups.
     2. **Results.** ``process_batch`` returns a sequence of the same length and order as its batch (any ordered
@@ -109,9 +111,9 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         max_priority_wait: The most seconds an item is passed over for items of a better priority.
         max_latency: A latency budget in seconds: the batcher then chooses how long batches wait from what it
             measures (the adaptive wait, :mod:`async_batcher.adaptive`) instead of ``max_queue_time``.
-        max_hold_time: Seconds a free slot waits for the next of the callers the last batch answered to come
-            back with an item (clients that send their next request once they have their answer), so that they
-            share a batch; ``0``: never.
+        max_hold_time: The most seconds, from a batch's end, that a free slot waits for the callers that batch
+            answered to come back with their next items (clients that send their next request once they have
+            their answer), so that they share a batch; it applies while arrivals follow answers; ``0``: never.
         preferred_batch_sizes: Batch sizes the model runs best at (Triton's ``preferred_batch_size``): a batch
             goes out at the largest one available, else waits for the next one at most ``max_queue_time``.
         default_timeout: Seconds every item may take at most when its call gives no ``timeout=``.
@@ -163,7 +165,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         self._adaptive = None
         self._preferred = ()
         self._default_timeout = None
-        self._sync = _sync.Gate(self.name)  # what blocking calls from threads share
+        self._sync = Gate(self.name)  # what blocking calls from threads share
         # The settings go through their property setters, which validate them.
         self.executor = executor
         self.wait_when_full = wait_when_full
@@ -178,6 +180,10 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         self.preferred_batch_sizes = preferred_batch_sizes
         self.default_timeout = default_timeout
         self.stream_buffer = stream_buffer
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._overridden = frozenset(name for name in HOOKS if getattr(cls, name) is not getattr(AsyncBatcher, name))
 
     # ------------------------------------------------------------------ the part users write
 
@@ -335,7 +341,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
         later steps; the other streams go on. ``timeout`` bounds the whole stream. The item is submitted at the
         first iteration. On a batcher whose ``process_batch`` returns one result per item, the stream has one part.
         """
-        return _streaming.stream(self, item, timeout=timeout, priority=priority)
+        return _admission.submit_stream(self, item, timeout=timeout, priority=priority)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -402,7 +408,7 @@ class AsyncBatcher(Settings, abc.ABC, Generic[T, R]):
             run.queue.keep_weights()
         _lifecycle.choose_fast_path(self, run)
         if room and run.putters:
-            _admission.wake_putters(self, run)
+            _room.wake_putters(self, run)
         repump(self, run)
 
     # ------------------------------------------------------------------ callers from threads

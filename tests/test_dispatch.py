@@ -278,17 +278,18 @@ async def test_a_hold_merges_the_clients_that_come_back_into_full_batches(cls: t
 
 
 @both_paths
-async def test_a_hold_lasts_while_the_callers_keep_coming_back(cls: type[Recording]) -> None:
-    # Client c comes back 0.01 + 0.03 c after its answer: the last one 0.22 later, four holds of 0.05 after the
-    # slot freed. Each look finds some back, and waits another 0.05 for the rest.
+async def test_a_hold_never_lasts_longer_than_max_hold_time_after_the_batch_ended(cls: type[Recording]) -> None:
+    # Client c comes back 0.01 + 0.03 c after its answer: they keep coming back for 0.22, but the hold ends 0.05
+    # after the batch that answered them, with the two back by then.
     b = cls(max_queue_time=0, max_hold_time=0.05, delay=0.1)
-    await clients(b, 8, 4, think=0.01, spread=0.03)
-    assert [len(x) for x in b.batches] == [8] * 4
+    await clients(b, 8, 2, think=0.01, spread=0.03)
+    assert [len(x) for x in b.batches][:2] == [8, 2]
+    assert b.started_at[:2] == pytest.approx([0, 0.15])
     await b.stop()
 
 
 @both_paths
-async def test_a_hold_ends_max_hold_time_after_the_last_caller_came_back(cls: type[Recording]) -> None:
+async def test_a_hold_waits_for_the_callers_answered_and_ends_when_its_time_is_up(cls: type[Recording]) -> None:
     b = cls(max_queue_time=0, max_hold_time=0.05, delay=0.1)
     loop = asyncio.get_running_loop()
 
@@ -298,61 +299,92 @@ async def test_a_hold_ends_max_hold_time_after_the_last_caller_came_back(cls: ty
         await b.process(c)
 
     await asyncio.gather(*(client(c) for c in range(8)))
-    # The four back at 0.11 wait for the others until 0.16: nobody came back in the hold's 0.05.
+    # The four back at 0.11 wait for the others until 0.15, the hold's end: 0.05 after the batch that answered them.
     assert [len(x) for x in b.batches] == [8, 4, 4]
-    assert b.started_at == pytest.approx([0, 0.16, 0.6])
+    assert b.started_at == pytest.approx([0, 0.15, 0.6])
     assert loop.time() == pytest.approx(0.7)
     await b.stop()
 
 
-@both_paths
-async def test_a_hold_outlasts_a_loop_too_busy_to_run_the_callers(cls: type[Recording]) -> None:
-    # Each answered caller keeps the loop busy 0.2 (as writing a response does), then comes back a moment later
-    # (its next request arriving): the hold's timer fires late, when neither is back. It waits once more.
+async def test_a_process_many_split_over_batches_does_not_wait_for_itself() -> None:
+    # Its first ten items are answered in the first batch, but its caller is not: the hold owes it nothing, and
+    # the last five go as soon as the slot is free.
+    b = Recording(max_queue_time=0, max_batch_size=10, max_hold_time=0.1, delay=0.001)
     loop = asyncio.get_running_loop()
-    assert isinstance(loop, VirtualClockLoop)
-    b = cls(max_queue_time=0, max_hold_time=0.05, delay=1.0)
-
-    async def client(c: int) -> None:
-        await b.process(c)
-        loop.advance(0.2)
-        await asyncio.sleep(0.001)
-        await b.process(c)
-
-    calls = [asyncio.ensure_future(client(c)) for c in range(2)]
-    await asyncio.sleep(0.5)
-    waiting = asyncio.ensure_future(b.process(9))  # waits while the first batch runs: the slot is held at 1.0
-    await asyncio.gather(*calls, waiting)
-    assert [sorted(x) for x in b.batches] == [[0, 1], [0, 1, 9]]
-    assert b.started_at == pytest.approx([0, 1.401])
+    assert await b.process_many(range(15)) == [x * 2 for x in range(15)]
+    assert [len(x) for x in b.batches] == [10, 5] and b.started_at == pytest.approx([0, 0.001])
+    assert loop.time() == pytest.approx(0.002)
     await b.stop()
 
 
-@pytest.mark.parametrize(("busy_again", "goes_at"), [(False, 1.25), (True, 1.41)])
 @both_paths
-async def test_a_busy_loop_extends_a_hold_once_in_a_row(busy_again: bool, goes_at: float, cls: type[Recording]) -> None:
+async def test_a_lone_caller_after_an_idle_period_does_not_wait(cls: type[Recording]) -> None:
+    # Ten callers answered long ago are owed no hold: it ended max_hold_time after their batch.
+    b = cls(max_queue_time=0, max_hold_time=0.2, delay=0.001)
     loop = asyncio.get_running_loop()
-    assert isinstance(loop, VirtualClockLoop)
-    b = cls(max_queue_time=0, max_hold_time=0.05, delay=1.0)
-
-    async def leaver() -> None:
-        await b.process(0)
-        loop.advance(0.2)  # busy past the hold, then never comes back
-
-    async def busy() -> None:
-        await asyncio.sleep(1.21)
-        loop.advance(0.2)  # busy again, past the extension
-
-    calls = [asyncio.ensure_future(leaver())]
-    if busy_again:
-        calls.append(asyncio.ensure_future(busy()))
+    await asyncio.gather(*(b.process(i) for i in range(10)))
     await asyncio.sleep(0.5)
-    assert await b.process(1) == 2
+    sent = loop.time()
+    assert await b.process(7) == 14
+    assert loop.time() - sent == pytest.approx(0.001)
+    await b.stop()
+
+
+async def test_a_lane_does_not_wait_for_the_callers_of_another_lane() -> None:
+    class TwoKeys(Recording):
+        def batch_key(self, item: int) -> int:
+            return item // 100
+
+    b = TwoKeys(max_queue_time=0, max_hold_time=1.0, delay=0.1, concurrency=2)
+    loop = asyncio.get_running_loop()
+    assert await asyncio.gather(*(b.process(i) for i in range(4))) == [0, 2, 4, 6]  # lane 0 answers four at 0.1
+    sent = loop.time()
+    assert await asyncio.gather(b.process(100), b.process(101)) == [200, 202]  # lane 1: nothing owed
+    assert loop.time() - sent == pytest.approx(0.1)
+    await b.stop()
+
+
+async def test_an_idle_batcher_keeps_no_timer_after_a_caller_leaves() -> None:
+    # The dispatcher's timer was armed for the caller's deadline (max_queue_time=10); the caller leaves: nothing
+    # waits, so nothing may wake the loop in ten seconds.
+    b = Recording(max_queue_time=10)
+    call = asyncio.ensure_future(b.process(1))
+    await until(lambda: b._run.timer is not None)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert b._run.timer is None and b.stats.queued == 0
+    await b.stop()
+
+
+async def test_a_hold_arms_no_timer_while_nothing_waits() -> None:
+    b = Recording(max_queue_time=0, max_hold_time=5.0, delay=0.001)
+    await asyncio.gather(*(b.process(i) for i in range(3)))  # three answered: a hold may wait for them for 5 s
+    assert b._run.timer is None  # but nothing waits: nothing to hold, no wake-up
+
+
+async def test_independent_arrivals_turn_the_hold_off_and_a_closed_loop_turns_it_back_on() -> None:
+    # Items arriving at a steady pace, whatever the answers, come anywhen during the batch they wait for: after a
+    # few batches the hold no longer applies, and each batch goes the moment the slot is free.
+    loop = asyncio.get_running_loop()
+    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=0.1)
+    calls = []
+    for i in range(60):
+        calls.append(asyncio.ensure_future(b.process(i)))
+        await asyncio.sleep(0.013)  # a steady stream, never waiting for answers
     await asyncio.gather(*calls)
-    # Held 1.0 to 1.05; the loop looked at 1.2: busy, one more 0.05. At 1.25 nobody came back: it goes; or, busy
-    # again until 1.41 with nobody back, it goes then, without a second extension.
-    assert b.started_at == pytest.approx([0, goes_at])
+    ends = [start + 0.1 for start in b.started_at]
+    late = [i for i, (start, end) in enumerate(zip(b.started_at[1:], ends[:-1], strict=True)) if start > end + 1e-9]
+    assert late and max(late) < 3  # the first batches are held, until the stream has shown what it is
+    assert b.started_at[4:] == pytest.approx(ends[3:-1])  # from then on each batch goes as the slot frees
+    # A closed loop that follows: its callers come back just after their answers, and are merged again.
+    b.batches.clear()
+    await clients(b, 8, 12, think=0.005, spread=0.002)
+    sizes = [len(x) for x in b.batches]
+    assert 1 in sizes[:4]  # split at first (the stream turned the hold off)...
+    assert sizes[-6:-1] == [8] * 5  # ...then merged (the last batch: the clients that had a round left)
     await b.stop()
+    assert loop.time() > 0
 
 
 @both_paths
@@ -427,9 +459,9 @@ async def test_a_batch_sent_ends_the_hold_and_the_next_caller_on_a_free_slot_goe
     await asyncio.sleep(1.2)
     assert await b.process(9) == 18  # a new caller at 1.2, while [0] runs in one slot and the other is free
     await calls
-    # The hold for the callers who never came back ended with the batch [0] at 1.06; the next arrival on a free
-    # slot does not start it again.
-    assert b.batches == [[0, 1, 2], [0], [9]] and b.started_at == pytest.approx([0, 1.06, 1.2])
+    # The hold for the callers who never came back ended 0.05 after their batch, and [0] went; the next arrival on
+    # a free slot does not start it again.
+    assert b.batches == [[0, 1, 2], [0], [9]] and b.started_at == pytest.approx([0, 1.05, 1.2])
     await b.stop()
 
 

@@ -7,15 +7,18 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from async_batcher import AsyncBatcher
-from tests.docs_blocks import blocks
+from tests.docs_blocks import SESSION, blocks, is_session_page, run, session_sentence_before_first_block
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# Where .github/workflows/docs.yml publishes the site (GitHub Pages).
+SITE = "https://hussein-awala.github.io/async-batcher/"
 PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 # Fragments marked <!-- not-run: ... --> in all the pages together: a few at most, each for a reason.
 MOST_NOT_RUN = 3
@@ -35,6 +38,41 @@ def test_every_python_block_of_the_page_runs(page: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     expected = sum(1 for block in blocks(page) if block.not_run is None)
     assert done.stdout.strip().endswith(f"{expected} blocks ran"), done.stdout
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if is_session_page(p)], ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_session_page_says_so_before_its_first_block(page: Path) -> None:
+    assert session_sentence_before_first_block(page), f"{page}: say '{SESSION}' before the first block"
+
+
+def test_the_runner_runs_each_block_where_the_page_says(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # A script page: each block alone, so a block that leans on an earlier one's import fails, and so does a
+    # top-level await; the same blocks on a session page run.
+    script = "```python\nimport asyncio\n```\n\n```python\nprint(asyncio.sleep)\n```\n"
+    awaiting = "```python\nimport asyncio\nawait asyncio.sleep(0)\n```\n"
+    for text, error in ((script, NameError), (awaiting, SyntaxError)):
+        (page := tmp_path / "scripts.md").write_text(text)
+        with pytest.raises(error):
+            run(page)
+        (page := tmp_path / "session.md").write_text(f"Blocks run {SESSION}.\n\n{text}")
+        assert run(page) == len(blocks(page))
+    # A session page runs as the prompt reads lines: a blank line inside a class ends the class there, and the
+    # next indented line is an error, as it is at the prompt of python -m asyncio.
+    pasted = "```python\nclass A:\n    x = 1\n\n    y = 2\n```\n"
+    (page := tmp_path / "session.md").write_text(f"Blocks run {SESSION}.\n\n{pasted}")
+    with pytest.raises(IndentationError):
+        run(page)
+    # ...and so is a statement right after a compound one, without the empty line the prompt needs between them.
+    unseparated = "```python\nif True:\n    x = 1\nprint(x)\n```\n"
+    (page := tmp_path / "session.md").write_text(f"Blocks run {SESSION}.\n\n{unseparated}")
+    with pytest.raises(SyntaxError):
+        run(page)
+    # asyncio.run() fails there too: the prompt's own loop is running.
+    closing = "```python\ncoro = asyncio.sleep(0)\ntry:\n    asyncio.run(coro)\nfinally:\n    coro.close()\n```\n"
+    (page := tmp_path / "session.md").write_text(f"Blocks run {SESSION}.\n\n{closing}")
+    with pytest.raises(RuntimeError, match="running event loop"):
+        run(page)
+    capfd.readouterr()
 
 
 def test_fragments_are_rare_and_say_why() -> None:
@@ -107,3 +145,30 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     reference = (tmp_path / "site" / "reference" / "core" / "index.html").read_text()
     assert "process_batch" in reference and "max_queue_time" in reference  # generated from the docstrings
+    # The reference as tools/griffe_reference.py and the options of mkdocs.yml make it: signatures formatted one
+    # parameter a line (ruff), no private base class, the contract a link, docstrings' examples highlighted.
+    assert '<span class="nf">AsyncBatcher</span><span class="p">(</span>\n    <span class="o">*</span>' in reference
+    assert "async_batcher._settings" not in reference
+    assert 'href="../../guarantees/#guarantees">the guarantees page</a>' in reference
+    assert "1. <strong>Dispatch.</strong>" not in reference and "<strong>Dispatch.</strong>" not in reference
+    integrations = (tmp_path / "site" / "reference" / "integrations" / "index.html").read_text()
+    assert '<span class="n">predictor</span> <span class="o">=</span>' in integrations
+    assert "::</p>" not in integrations and "code-block" not in integrations
+    # The README (PyPI's page too) links into the published site: each link is a page of this build, and each
+    # #anchor one of its headings' ids.
+    links = re.findall(r"\]\((" + re.escape(SITE) + r"[^)\s]*)\)", README.read_text())
+    assert len(links) >= 10, links
+    for link in links:
+        path, _, anchor = link.removeprefix(SITE).partition("#")
+        page = tmp_path / "site" / path / "index.html"
+        assert page.is_file(), f"README links to {link}: no such page in the site"
+        assert not anchor or f'id="{anchor}"' in page.read_text(), f"README links to {link}: no such anchor"
+
+
+def test_the_site_is_where_the_readme_and_the_package_say() -> None:
+    config = (ROOT / "mkdocs.yml").read_text()
+    assert re.search(rf"^site_url: {re.escape(SITE)}$", config, re.MULTILINE)
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls["Documentation"] == SITE
+    # No README link to a page's markdown source: on GitHub it shows snippets and the reference unrendered.
+    assert "/blob/main/docs/" not in README.read_text()

@@ -6,8 +6,8 @@ next item) either through the batcher (``AsyncDynamoDbWriteBatcher`` / ``AsyncSq
 below); once with the default ``max_queue_time`` of 10 ms, once with 0, when a batch leaves as soon as a slot is
 free) or with one ``PutItem`` / ``SendMessage`` / ``Publish`` / ``PutRecord`` call per item on one client. Each
 run gets a fresh table, queue, topic (with a queue subscribed) or stream, checked afterwards to hold every item.
-API calls are counted with a botocore event hook. The runs are those of ``examples/dynamodb/write_items.py``,
-``examples/sqs/send_messages.py``, ``examples/sns/publish_messages.py`` and ``examples/kinesis/put_records.py``.
+API calls are counted with a botocore event hook. The runs are in ``benchmarks/aws/dynamodb.py``,
+``sqs.py``, ``sns.py`` and ``kinesis.py`` (the examples of ``examples/`` compare the same two ways on a smaller scale).
 
 Run: ``python -m benchmarks.aws.run`` (``make bench-aws``; ``--quick`` for a smoke run). Writes
 ``reports/aws.md`` and ``reports/aws.png``. Bounded: about a minute on a 2-core machine.
@@ -24,11 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from examples.aws_support import NO_WAIT, ONE_CALL_PER_ITEM, Measure, Measurement, markdown_table
-from examples.dynamodb import write_items
-from examples.kinesis import put_records
-from examples.sns import publish_messages
-from examples.sqs import send_messages
+from benchmarks.aws import dynamodb, kinesis, sns, sqs
+from benchmarks.aws.support import NO_WAIT, ONE_CALL_PER_ITEM, Measure, Measurement, markdown_table
 from tools.aws import DYNAMODB_LOCAL_NPM_VERSION, DynamoDBLocal, MotoServer, dummy_credentials
 
 CALLERS = (1, 10, 100, 1000)
@@ -142,12 +139,12 @@ async def main(quick: bool) -> list[Measurement]:
     callers = (10, 100) if quick else CALLERS
     os.environ.update({**dummy_credentials(), "AWS_EC2_METADATA_DISABLED": "true"})
     results: list[Measurement] = []
-    with DynamoDBLocal() as dynamodb:
-        results += await run_service(dynamodb, write_items.measure, DYNAMODB_ITEMS, callers)
+    with DynamoDBLocal() as local:
+        results += await run_service(local, dynamodb.measure, DYNAMODB_ITEMS, callers)
     with MotoServer() as moto:
-        results += await run_service(moto, send_messages.measure, SQS_ITEMS, callers)
-        results += await run_service(moto, publish_messages.measure, SNS_ITEMS, callers)
-        results += await run_service(moto, put_records.measure, KINESIS_ITEMS, callers, concurrency=1)
+        results += await run_service(moto, sqs.measure, SQS_ITEMS, callers)
+        results += await run_service(moto, sns.measure, SNS_ITEMS, callers)
+        results += await run_service(moto, kinesis.measure, KINESIS_ITEMS, callers, concurrency=1)
     return results
 
 

@@ -36,7 +36,7 @@ from sqlalchemy import event, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from async_batcher.sqlalchemy import AsyncSqlalchemyWriteBatcher
-from examples.aws_support import drive
+from benchmarks.aws.support import drive
 from tests.sqlalchemy.helpers import person_model
 from tools.postgres import PostgresServer
 

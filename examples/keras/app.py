@@ -1,8 +1,9 @@
 """A Keras model behind FastAPI: concurrent requests share one model call.
 
-    pip install -r examples/keras/requirements.txt
-    python examples/keras/train.py model.keras      # or bring your own model: 10 inputs, 1 output
-    MODEL_PATH=model.keras uvicorn examples.keras.app:app
+    cd examples/keras                        # this folder
+    pip install -r requirements.txt
+    python train.py model.keras              # or bring your own model: 10 inputs, 1 output
+    MODEL_PATH=model.keras uvicorn app:app
     curl -X POST localhost:8000/predict -H 'Content-Type: application/json' \\
         -d '{"features": [0.04, 0.05, 0.06, 0.02, -0.04, -0.03, -0.04, 0.0, 0.02, -0.02]}'
 """

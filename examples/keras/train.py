@@ -1,6 +1,6 @@
 """Train the example's model on scikit-learn's bundled diabetes data (10 features) and save it.
 
-python examples/keras/train.py model.keras
+python train.py model.keras      # from this folder, after pip install -r requirements.txt
 """
 
 from __future__ import annotations

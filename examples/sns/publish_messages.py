@@ -1,29 +1,88 @@
-"""Publish N messages to SNS through AsyncSnsPublishBatcher, then one Publish per message, and compare.
+"""Publish N messages to SNS through AsyncSnsPublishBatcher, then with one Publish call each, and compare.
 
-    python -m examples.sns.publish_messages --n 300               # moto's server, started here
-    python -m examples.sns.publish_messages --endpoint-url http://127.0.0.1:5000
+From this folder, after ``pip install -r requirements.txt``:
 
-Prints messages/s and the API calls made (counted with a botocore event hook), and checks that every message
-reached the SQS queue subscribed to the topic. With AWS credentials configured and no endpoint, it runs against
-AWS (``--local`` to keep it local) on a temporary topic and queue that it deletes. moto delivers each message to
-the queue as it publishes it, and its queue's cost per message grows with the queue: a few hundred messages show
-the difference in API calls.
+    python publish_messages.py               # against moto, started in this process (moto[server])
+    python publish_messages.py --endpoint-url http://127.0.0.1:5000  # a server of yours: moto_server, LocalStack
+    python publish_messages.py --aws         # AWS, with your credentials: a temporary topic and queue, deleted after
+
+``--callers 50``: 50 concurrent callers instead of N (each waits for its answer before publishing the next).
+Prints messages/s and the API calls made each way (counted with a botocore event hook), and checks that every
+message reached the SQS queue subscribed to the topic.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import aioboto3
-from aiobotocore.config import AioConfig
 
 from async_batcher.aws.sns import AsyncSnsPublishBatcher, SnsMessage
-from examples.aws_support import ONE_CALL_PER_ITEM, Measurement, drive, mode_wait, run_example
-from examples.sqs.send_messages import body, count_messages
-from tools.aws import ApiCallCounter, MotoServer
 
-CONFIG = AioConfig(max_pool_connections=50)
+
+class ApiCalls:
+    """Counts the API calls of an aioboto3 session's clients, by operation (create it before the clients)."""
+
+    def __init__(self, session: aioboto3.Session) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        session.events.register("before-parameter-build", self._count)
+
+    def _count(self, event_name: str, **_: Any) -> None:
+        self.counts[event_name.rsplit(".", 1)[-1]] += 1
+
+
+async def drive(n: int, callers: int, send: Callable[[int], Awaitable[object]]) -> float:
+    """``callers`` concurrent tasks send items 0..n-1, each awaiting its answer first; returns the seconds taken."""
+    items = iter(range(n))
+
+    async def caller() -> None:
+        for index in items:
+            await send(index)
+
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(min(callers, n)):
+            group.create_task(caller())
+    return time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def endpoint(args: argparse.Namespace) -> Iterator[str | None]:
+    """Where to send: AWS (None), the given endpoint, or moto's server run in a thread of this process."""
+    if args.aws:
+        yield None
+        return
+    # A local server takes any credentials; none are looked up elsewhere (no instance metadata).
+    for name, value in [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")]:
+        os.environ.setdefault(name, value)
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+    if args.endpoint_url:
+        yield args.endpoint_url
+        return
+    from moto.server import ThreadedMotoServer  # pip install 'moto[server]'
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def body(index: int) -> str:
+    return f'{{"index": {index}, "payload": "{"x" * 100}"}}'
 
 
 async def create_topic_and_queue(sns: Any, sqs: Any) -> tuple[str, str]:
@@ -36,54 +95,53 @@ async def create_topic_and_queue(sns: Any, sqs: Any) -> tuple[str, str]:
     return topic, queue
 
 
-async def batched(endpoint: str | None, topic: str, n: int, callers: int, concurrency: int, mode: str) -> Measurement:
-    """n publishes through the batcher, from ``callers`` concurrent callers."""
+async def count_messages(client: Any, queue_url: str) -> int:
+    answer = await client.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages"])
+    return int(answer["Attributes"]["ApproximateNumberOfMessages"])
+
+
+async def batched(url: str | None, topic: str, n: int, callers: int) -> tuple[float, int]:
+    """n messages through the batcher: (seconds, PublishBatch calls)."""
     session = aioboto3.Session()
-    counter = ApiCallCounter(session)
-    batcher = AsyncSnsPublishBatcher(
-        topic_arn=topic,
-        endpoint_url=endpoint,
-        config=CONFIG,
-        aioboto3_session=session,
-        concurrency=concurrency,
-        max_queue_time=mode_wait(mode),
-    )
-    async with batcher:
-        await batcher.process(SnsMessage(message=body("warmup", 0)))
-        counter.reset()
-        seconds = await drive(n, callers, lambda i: batcher.process(SnsMessage(message=body("b", i))))
-    return Measurement("SNS", mode, n, callers, seconds, counter.calls["PublishBatch"])
+    calls = ApiCalls(session)
+    async with AsyncSnsPublishBatcher(topic_arn=topic, endpoint_url=url, aioboto3_session=session) as publisher:
+        seconds = await drive(n, callers, lambda i: publisher.process(SnsMessage(message=body(i))))
+    return seconds, calls.counts["PublishBatch"]
 
 
-async def one_call_per_item(endpoint: str | None, topic: str, n: int, callers: int) -> Measurement:
-    """n Publish calls on one client, from ``callers`` concurrent callers."""
+async def one_call_each(url: str | None, topic: str, n: int, callers: int) -> tuple[float, int]:
+    """n Publish calls on one client: (seconds, Publish calls)."""
     session = aioboto3.Session()
-    counter = ApiCallCounter(session)
-    async with session.client("sns", endpoint_url=endpoint, config=CONFIG) as client:
-        await client.publish(TopicArn=topic, Message=body("warmup", 1))
-        counter.reset()
-        seconds = await drive(n, callers, lambda i: client.publish(TopicArn=topic, Message=body("u", i)))
-    return Measurement("SNS", ONE_CALL_PER_ITEM, n, callers, seconds, counter.calls["Publish"])
+    calls = ApiCalls(session)
+    async with session.client("sns", endpoint_url=url) as client:
+        seconds = await drive(n, callers, lambda i: client.publish(TopicArn=topic, Message=body(i)))
+    return seconds, calls.counts["Publish"]
 
 
-async def measure(endpoint: str | None, mode: str, n: int, callers: int, concurrency: int = 4) -> Measurement:
-    """One run on a fresh topic and queue, deleted afterwards; raises if the queue holds fewer messages."""
+async def main(args: argparse.Namespace, url: str | None) -> None:
+    print("| way | messages | seconds | messages/s | API calls |\n|---|--:|--:|--:|--:|")
     session = aioboto3.Session()
-    async with session.client("sns", endpoint_url=endpoint) as sns, session.client("sqs", endpoint_url=endpoint) as sqs:
-        topic, queue = await create_topic_and_queue(sns, sqs)
-        try:
-            if mode != ONE_CALL_PER_ITEM:
-                result = await batched(endpoint, topic, n, callers, concurrency, mode)
-            else:
-                result = await one_call_per_item(endpoint, topic, n, callers)
-            stored = await count_messages(sqs, queue)
-        finally:
-            await sns.delete_topic(TopicArn=topic)
-            await sqs.delete_queue(QueueUrl=queue)
-    if stored < n + 1 and endpoint is not None:  # SQS's count is approximate on AWS, exact on moto
-        raise RuntimeError(f"{mode}: {stored} messages reached the queue, expected {n + 1}")
-    return result
+    for way, run in [("batched", batched), ("one call each", one_call_each)]:
+        async with session.client("sns", endpoint_url=url) as sns, session.client("sqs", endpoint_url=url) as sqs:
+            topic, queue = await create_topic_and_queue(sns, sqs)
+            try:
+                seconds, api_calls = await run(url, topic, args.n, args.callers or args.n)
+                stored = await count_messages(sqs, queue)
+            finally:
+                await sns.delete_topic(TopicArn=topic)
+                await sqs.delete_queue(QueueUrl=queue)
+        print(f"| {way} | {args.n} | {seconds:.2f} | {args.n / seconds:,.0f} | {api_calls} |")
+        # SQS's count is approximate on AWS, exact on a local server.
+        if stored < args.n and url is not None:
+            raise SystemExit(f"{way}: {stored} messages reached the queue, expected {args.n}")
 
 
 if __name__ == "__main__":
-    run_example(__doc__ or "", MotoServer, measure, default_n=300, what="messages")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=300, help="messages each way")
+    parser.add_argument("--callers", type=int, default=0, help="concurrent callers (default: n, all at once)")
+    parser.add_argument("--endpoint-url", help="an SNS and SQS endpoint of yours (default: moto, started here)")
+    parser.add_argument("--aws", action="store_true", help="use AWS, with your configured credentials and region")
+    arguments = parser.parse_args()
+    with endpoint(arguments) as url:
+        asyncio.run(main(arguments, url))

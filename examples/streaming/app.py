@@ -1,7 +1,8 @@
 """Token streaming behind FastAPI: every request's tokens come from one batched model, as server-sent events.
 
-    pip install -r examples/streaming/requirements.txt
-    uvicorn examples.streaming.app:app
+    cd examples/streaming                     # this folder: app.py and model.py, side by side
+    pip install -r requirements.txt
+    uvicorn app:app
     curl -N -X POST localhost:8000/generate -H 'Content-Type: application/json' \\
         -d '{"prompt": "Once upon a time", "max_tokens": 20}'
 
@@ -26,7 +27,11 @@ from pydantic import BaseModel, Field
 
 from async_batcher import END, AsyncBatcher
 from async_batcher.fastapi import add_batcher_exception_handlers, batcher_dependency, run_batchers
-from examples.streaming.model import CharModel
+
+if __package__:  # imported as examples.streaming.app (the repository's tests and benchmark)
+    from .model import CharModel
+else:  # uvicorn app:app, from this folder
+    from model import CharModel
 
 MAX_PROMPT = 256
 MAX_TOKENS = 256

@@ -1,0 +1,75 @@
+"""A lane: the items of one batch key waiting for a batch, a FIFO per priority level (private).
+
+The bottom of the queue's state: :mod:`~async_batcher._queue` counts and forms batches over lanes, and a plain
+``process_many`` call (:class:`~async_batcher._sinks.Bulk`) remembers the lane of its one entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable, Iterator
+from typing import Any
+
+__all__: list[str] = []
+
+
+class Lane:
+    """The items of one batch key waiting for a batch: a FIFO deque per priority level.
+
+    ``count`` is the number of its items still queued; ``weight`` their total weight while weights are kept
+    (:attr:`Queue.weighted`); ``left``, how many have left it so far (sent or withdrawn): ``count + left`` counts
+    every item that ever arrived in the lane, without a step per item.
+
+    The rest is the lane's own history, for the hold (:mod:`~async_batcher._policy`): when its last two batches
+    ended (``ended``, ``ended_before``) and its last one was formed (``formed``), and, while a hold for the callers
+    its last batch answered may apply, until when (``hold_until``) and at which count of arrivals they are all back
+    (``hold_mark``).
+    """
+
+    __slots__ = (
+        "clean",
+        "count",
+        "ended",
+        "ended_before",
+        "formed",
+        "hold_mark",
+        "hold_until",
+        "in_flight",
+        "key",
+        "left",
+        "levels",
+        "order",
+        "served",
+        "weight",
+    )
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        # True while every entry of its levels is a single item still queued, its own caller's (no bulk call,
+        # nothing withdrawn in place): a batch can then be formed without looking at each entry.
+        self.clean = True
+        self.served = 0  # when its last batch went out (a dispatch count, from 1); 0: never
+        self.levels: dict[float, deque[Any]] = {}
+        self.order: list[deque[Any]] = []  # the levels, best (lowest) priority first
+        self.count = 0
+        self.weight = 0.0
+        self.left = 0
+        self.in_flight = 0  # its batches in flight: a lane is kept while it has some (their end is its history)
+        self.ended = self.ended_before = self.formed = self.hold_until = -math.inf
+        self.hold_mark = 0
+
+    def level(self, priority: float) -> deque[Any]:
+        fifo = self.levels.get(priority)
+        if fifo is None:
+            fifo = self.levels[priority] = deque()
+            self.order = [self.levels[p] for p in sorted(self.levels)]
+        return fifo
+
+    def entries(self) -> Iterator[Any]:
+        return (entry for fifo in self.order for entry in fifo)
+
+    @property
+    def arrived(self) -> int:
+        """How many items have arrived in the lane so far."""
+        return self.count + self.left

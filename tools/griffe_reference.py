@@ -1,0 +1,58 @@
+"""A Griffe extension (mkdocs.yml, mkdocstrings' ``extensions:``): the API reference as a user reads it.
+
+The docstrings are written for ``help()`` and editors; on the site:
+
+- a reStructuredText literal block (a paragraph ending in ``::``, or ``.. code-block:: python``, then indented
+  code) becomes a fenced Python block, so that it is highlighted like the guides' code;
+- a class's bases leave out the package's private classes (``async_batcher._settings.Settings``): a user can
+  neither import nor subclass them;
+- ``AsyncBatcher``'s numbered contract, twelve rules before its parameters in ``help()``, is one line linking to
+  the guarantees page, which states each rule with an example (tests/test_docs.py checks that the two agree).
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from typing import Any
+
+import griffe
+
+__all__ = ["ReferencePages"]
+
+_LITERAL = re.compile(
+    r"(?P<lead>^[^\n]*?)(?P<marker>::|\.\. code-block::[ \w]*)\n\n(?P<code>(?:(?:[ \t]+[^\n]*)?\n)+?)(?=\S|\Z)",
+    re.MULTILINE,
+)
+_CONTRACT = re.compile(r"The contract:\n\n1\. .*?(?=\n\n[A-Z]\w*:\n|\Z)", re.DOTALL)
+CONTRACT_LINK = "Its contract, twelve rules each tested, is on [the guarantees page][guarantees]."
+
+
+def fence_literal_blocks(text: str) -> str:
+    """reStructuredText literal blocks of ``text`` as fenced Python blocks."""
+
+    def fence(match: re.Match[str]) -> str:
+        lead = match.group("lead").rstrip()
+        if lead:  # "so that::" reads "so that:"; a marker alone on its line disappears
+            lead = lead + ":" if match.group("marker") == "::" else lead
+        code = textwrap.dedent(match.group("code")).strip("\n")
+        return f"{lead}\n\n```python\n{code}\n```\n\n" if lead else f"```python\n{code}\n```\n\n"
+
+    return _LITERAL.sub(fence, text)
+
+
+def is_private(path: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in path.split("."))
+
+
+class ReferencePages(griffe.Extension):
+    """See the module's docstring."""
+
+    def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        if obj.docstring is not None:
+            text = fence_literal_blocks(obj.docstring.value)
+            if obj.path == "async_batcher.batcher.AsyncBatcher":
+                text = _CONTRACT.sub(CONTRACT_LINK, text)
+            obj.docstring.value = text
+        if isinstance(obj, griffe.Class):
+            obj.bases = [base for base in obj.bases if not is_private(str(getattr(base, "canonical_path", base)))]
