@@ -31,7 +31,7 @@ import logging
 import random
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.exceptions import AsyncBatchException, OutcomeUnknownError
@@ -52,6 +52,8 @@ from async_batcher.sqlalchemy._statements import MAX_PARAMETERS, OnConflict, Ope
 __all__ = ["AsyncSqlalchemyWriteBatcher", "CommitUnknownError", "RowNotFoundError", "is_row_fault"]
 
 logger = logging.getLogger("async_batcher.sqlalchemy")
+
+_T = TypeVar("_T")
 
 # The first retry after a conflict waits up to this long (jittered, doubling per retry): the other transaction
 # usually needs no more to commit.
@@ -419,7 +421,8 @@ class AsyncSqlalchemyWriteBatcher(AsyncBatcher[Mapping[str, Any], Any]):
         elif dialect == "sqlite":
             if await self._execute_groups(connection, rows) == len(rows):
                 return [None] * len(rows)
-            found = await self._sqlite_matching(connection, rows)
+            # Shielded: quick (this transaction holds the write lock: nothing can make it wait) and read to its end.
+            found = await _to_completion(self._sqlite_matching(connection, rows))
         elif row_by_row or not connection.dialect.supports_sane_multi_rowcount:
             found = set()
             for row in in_key_order(rows, key=lambda row: row.order):
@@ -459,19 +462,21 @@ class AsyncSqlalchemyWriteBatcher(AsyncBatcher[Mapping[str, Any], Any]):
 _PENDING: Any = object()
 
 
-async def _to_completion(cleanup: Awaitable[None]) -> None:
-    """Await ``cleanup`` to its end even if this task is cancelled meanwhile (a stop while it runs); then raise
-    that cancellation. A connection half cleaned up must not go back to the pool."""
-    task = asyncio.ensure_future(cleanup)
+async def _to_completion(work: Awaitable[_T]) -> _T:
+    """Await ``work`` to its end even if this task is cancelled meanwhile (a stop while it runs); then raise that
+    cancellation. A connection half cleaned up must not go back to the pool; a SQLite ``SELECT`` cut off between
+    its first row and the rest keeps a read lock on the file until its cursor is garbage-collected."""
+    task = asyncio.ensure_future(work)
     cancelled: asyncio.CancelledError | None = None
     while not task.done():
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError as error:
             cancelled = error
-    task.result()
+    result = task.result()
     if cancelled is not None:
         raise cancelled
+    return result
 
 
 async def _discard(connection: AsyncConnection, error: BaseException) -> None:
