@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Integer, Select, Table, and_, bindparam, column, func, insert, select, update
+from sqlalchemy import Enum, Integer, Select, String, Table, and_, bindparam, column, func, insert, select, update
 from sqlalchemy.sql.dml import Insert, Update
 
 Operation = Literal["insert", "update"]
@@ -107,7 +107,7 @@ class Statements:
         values: dict[str, Any] = {name: bindparam(_SET + name) for name in sorted(columns - set(self.key_columns))}
         return update(table).where(where).values(values)
 
-    def locking(self) -> Select[Any]:
+    def locking(self, dialect: Any) -> Select[Any]:
         """PostgreSQL: a ``SELECT`` of the positions of the given keys that name a row of the table, those rows
         locked (``FOR UPDATE``) in primary key order, so that no other transaction deletes them before the
         update, and two batches lock their common rows in the same order. The keys are compared on the server,
@@ -117,16 +117,12 @@ class Statements:
             from sqlalchemy.dialects.postgresql import ARRAY
 
             table = self.table
+            types = [_as_bound(table.c[name].type, dialect) for name in self.key_columns]
             arrays = [bindparam(_POSITION, type_=ARRAY(Integer))]
-            arrays += [
-                bindparam(f"{_KEY}{i}", type_=ARRAY(table.c[name].type)) for i, name in enumerate(self.key_columns)
-            ]
+            arrays += [bindparam(f"{_KEY}{i}", type_=ARRAY(type_)) for i, type_ in enumerate(types)]
             given = (
                 func.unnest(*arrays)
-                .table_valued(
-                    column(_POSITION, Integer),
-                    *(column(f"{_KEY}{i}", table.c[name].type) for i, name in enumerate(self.key_columns)),
-                )
+                .table_valued(column(_POSITION, Integer), *(column(f"{_KEY}{i}", t) for i, t in enumerate(types)))
                 .render_derived(name="given")
             )
             on = and_(*(table.c[name] == given.c[f"{_KEY}{i}"] for i, name in enumerate(self.key_columns)))
@@ -165,6 +161,16 @@ class Statements:
     def key_of(self, parameters: dict[str, Any]) -> dict[str, Any]:
         """The primary key of an update's parameters, as the row gave it (column key to value)."""
         return {name: parameters[_KEY + name] for name in self.key_columns}
+
+
+def _as_bound(type_: Any, dialect: Any) -> Any:
+    """The type a key's value takes as the ``UPDATE``'s parameter, for the arrays of :meth:`Statements.locking`:
+    asyncpg's dialect casts a string parameter to ``VARCHAR`` without its length, but an array's elements to
+    ``VARCHAR(n)``, which would cut a longer key down to a row it does not name."""
+    if not isinstance(type_, String) or isinstance(type_, Enum):
+        return type_
+    probe = str((column("k", type_) == bindparam("k", type_=type_)).compile(dialect=dialect))
+    return String() if probe.rstrip().endswith("::VARCHAR") else type_
 
 
 def sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:

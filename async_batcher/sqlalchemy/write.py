@@ -442,7 +442,7 @@ class AsyncSqlalchemyWriteBatcher(AsyncBatcher[Mapping[str, Any], Any]):
         """PostgreSQL: the indexes of ``rows`` whose key names a row of the table, now locked, in key order."""
         ordered = in_key_order(rows, key=lambda row: row.key)
         parameters = self._statements.locking_parameters([row.key for row in ordered])
-        found = await connection.execute(self._statements.locking(), parameters)
+        found = await connection.execute(self._statements.locking(connection.dialect), parameters)
         return {ordered[position].index for position in found.scalars()}
 
     async def _sqlite_matching(self, connection: AsyncConnection, rows: list[_Row]) -> set[int]:

@@ -372,3 +372,20 @@ async def test_sqlite_an_update_matches_keys_as_sqlite_compares_them(tmp_path: P
     assert texts == {"abc": "new", "def": "old"} and numbers == {4: "new"}
     assert results[0] is None and results[2] is None
     assert isinstance(results[1], RowNotFoundError) and isinstance(results[3], RowNotFoundError)
+
+
+async def test_an_update_by_a_string_key_longer_than_its_column(database_url: str) -> None:
+    # "abcdefg" names no row of a VARCHAR(5) key, though cast to VARCHAR(5) it would be "abcde", which exists.
+    table = Table(
+        f"short_{uuid.uuid4().hex[:10]}", MetaData(), Column("k", String(5), primary_key=True), Column("v", String(10))
+    )
+    async with database(database_url, table) as engine:
+        async with engine.begin() as connection:
+            await connection.execute(table.insert(), [{"k": "abcde", "v": "old"}, {"k": "xy", "v": "old"}])
+        async with AsyncSqlalchemyWriteBatcher(table, engine, operation="update", max_queue_time=0.05) as updater:
+            results = await gather_bounded(
+                [updater.process({"k": "abcdefg", "v": "new"}), updater.process({"k": "xy", "v": "new"})]
+            )
+        stored = {row["k"]: row["v"] for row in await read_rows(engine, table)}
+    assert stored == {"abcde": "old", "xy": "new"}
+    assert isinstance(results[0], RowNotFoundError) and results[1] is None
