@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Enum, Integer, Select, String, Table, and_, bindparam, column, func, insert, select, update
+from sqlalchemy import Integer, Select, Table, and_, bindparam, column, func, insert, select, update
 from sqlalchemy.sql.dml import Insert, Update
+from sqlalchemy.types import UserDefinedType
 
 Operation = Literal["insert", "update"]
 OnConflict = Literal["nothing", "update"]
@@ -117,9 +118,9 @@ class Statements:
             from sqlalchemy.dialects.postgresql import ARRAY
 
             table = self.table
-            types = [_as_bound(table.c[name].type, dialect) for name in self.key_columns]
+            types = [table.c[name].type for name in self.key_columns]
             arrays = [bindparam(_POSITION, type_=ARRAY(Integer))]
-            arrays += [bindparam(f"{_KEY}{i}", type_=ARRAY(type_)) for i, type_ in enumerate(types)]
+            arrays += [bindparam(f"{_KEY}{i}", type_=_key_array(type_, dialect)) for i, type_ in enumerate(types)]
             given = (
                 func.unnest(*arrays)
                 .table_valued(column(_POSITION, Integer), *(column(f"{_KEY}{i}", t) for i, t in enumerate(types)))
@@ -163,14 +164,36 @@ class Statements:
         return {name: parameters[_KEY + name] for name in self.key_columns}
 
 
-def _as_bound(type_: Any, dialect: Any) -> Any:
-    """The type a key's value takes as the ``UPDATE``'s parameter, for the arrays of :meth:`Statements.locking`:
-    asyncpg's dialect casts a string parameter to ``VARCHAR`` without its length, but an array's elements to
-    ``VARCHAR(n)``, which would cut a longer key down to a row it does not name."""
-    if not isinstance(type_, String) or isinstance(type_, Enum):
-        return type_
+class _KeyArray(UserDefinedType[Any]):
+    """An array of a key column's values whose SQL cast is ``spec`` (the cast the ``UPDATE`` gives one value), its
+    values converted as ``ARRAY(element)`` converts them."""
+
+    cache_ok = True
+    render_bind_cast = True
+
+    def __init__(self, spec: str, element: Any) -> None:
+        self.spec = spec
+        self.element = element
+
+    def get_col_spec(self, **_kw: Any) -> str:
+        return self.spec
+
+    def bind_processor(self, dialect: Any) -> Any:
+        from sqlalchemy.dialects.postgresql import ARRAY
+
+        return ARRAY(self.element).dialect_impl(dialect).bind_processor(dialect)
+
+
+def _key_array(type_: Any, dialect: Any) -> Any:
+    """The type of the array of a key column's values in :meth:`Statements.locking`: cast as the ``UPDATE`` casts
+    one value (asyncpg's dialect casts a ``VARCHAR(5)`` parameter to ``VARCHAR``, a ``TIMESTAMP(3)`` one to
+    ``TIMESTAMP``, but an array's elements with their length or precision, which would turn a key into another
+    that names a row: its caller would be told "written" for a row the ``UPDATE`` does not touch)."""
+    from sqlalchemy.dialects.postgresql import ARRAY
+
     probe = str((column("k", type_) == bindparam("k", type_=type_)).compile(dialect=dialect))
-    return String() if probe.rstrip().endswith("::VARCHAR") else type_
+    _, cast, spec = probe.partition("::")
+    return _KeyArray(f"{spec.strip()}[]", type_) if cast else ARRAY(type_)
 
 
 def sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:

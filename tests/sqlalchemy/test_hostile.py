@@ -5,6 +5,8 @@ bounded (a hang fails the test); every outcome is checked against the rows read 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import enum
 import random
 import sqlite3
 import subprocess
@@ -17,6 +19,8 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, text
+from sqlalchemy import Enum as SqlEnum
+from sqlalchemy.dialects.postgresql import TIMESTAMP
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -389,3 +393,47 @@ async def test_an_update_by_a_string_key_longer_than_its_column(database_url: st
         stored = {row["k"]: row["v"] for row in await read_rows(engine, table)}
     assert stored == {"abcde": "old", "xy": "new"}
     assert isinstance(results[0], RowNotFoundError) and results[1] is None
+
+
+class Color(enum.Enum):
+    RED = "r"
+    BLUE = "b"
+
+
+async def test_postgresql_an_update_by_keys_whose_type_has_a_precision_or_a_python_form(postgres: Any) -> None:
+    # A TIMESTAMP(3) key given with microseconds names no row (the UPDATE compares it as given), though rounded to
+    # milliseconds it would; an Enum key is given as the Python enum (SQLAlchemy converts it, in arrays too).
+    metadata = MetaData()
+    stamped = Table(
+        f"stamped_{uuid.uuid4().hex[:10]}",
+        metadata,
+        Column("at", TIMESTAMP(precision=3), primary_key=True),
+        Column("v", String(10)),
+    )
+    colored = Table(
+        f"colored_{uuid.uuid4().hex[:10]}",
+        metadata,
+        Column("color", SqlEnum(Color, name=f"color_{uuid.uuid4().hex[:6]}"), primary_key=True),
+        Column("v", String(10)),
+    )
+    at = datetime.datetime(2024, 1, 1, 0, 0, 0, 123000)
+    async with database(postgres.url, stamped) as engine:  # (both tables: one MetaData)
+        async with engine.begin() as connection:
+            await connection.execute(stamped.insert(), [{"at": at, "v": "old"}])
+            await connection.execute(colored.insert(), [{"color": Color.RED, "v": "old"}])
+        async with (
+            AsyncSqlalchemyWriteBatcher(stamped, engine, operation="update", max_queue_time=0.05) as by_time,
+            AsyncSqlalchemyWriteBatcher(colored, engine, operation="update", max_queue_time=0.05) as by_color,
+        ):
+            results = await gather_bounded(
+                [
+                    by_time.process({"at": at.replace(microsecond=123400), "v": "new"}),
+                    by_color.process({"color": Color.RED, "v": "new"}),
+                    by_color.process({"color": Color.BLUE, "v": "new"}),
+                ]
+            )
+        stamps = {row["at"]: row["v"] for row in await read_rows(engine, stamped)}
+        colors = {row["color"]: row["v"] for row in await read_rows(engine, colored)}
+    assert stamps == {at: "old"} and colors == {Color.RED: "new"}
+    assert isinstance(results[0], RowNotFoundError), results[0]
+    assert results[1] is None and isinstance(results[2], RowNotFoundError)
