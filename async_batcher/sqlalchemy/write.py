@@ -343,8 +343,9 @@ class AsyncSqlalchemyWriteBatcher(AsyncBatcher[Mapping[str, Any], Any]):
         """Execute and commit ``rows``; returns each row's result (its returned row, None, or RowNotFoundError).
 
         A failed statement is rolled back. A ``COMMIT`` the server refused committed nothing, but SQLite keeps the
-        transaction open (and the file locked) after it: its connection is closed, never returned to the pool,
-        and so is one whose ``COMMIT`` was cut off. Either way no later transaction can commit these rows.
+        transaction open (and the file locked) after it, and SQLAlchemy forgets it (its pool would not roll it
+        back): the driver's connection is rolled back (or, failing that, closed). A connection whose ``COMMIT``
+        was cut off is closed, never returned to the pool. Either way no later transaction can commit these rows.
         """
         async with self.async_engine.connect() as connection:
             try:
@@ -358,9 +359,11 @@ class AsyncSqlalchemyWriteBatcher(AsyncBatcher[Mapping[str, Any], Any]):
                 await transaction.commit()
             except BaseException as error:
                 answered = isinstance(error, DBAPIError) and not error.connection_invalidated
-                if not answered:
+                if answered:
+                    await _to_completion(_end_refused(connection))
+                else:
                     progress.committed = True  # cut off: it may have committed
-                await _to_completion(_invalidate(connection))
+                    await _to_completion(_invalidate(connection))
                 if answered or not isinstance(error, Exception):
                     raise  # refused: nothing was committed (or cancelled by a stop: abandoned_error answers)
                 raise _Failed(error, unknown=rows) from None
@@ -490,6 +493,20 @@ async def _discard(connection: AsyncConnection, error: BaseException) -> None:
         except Exception as rollback_error:  # the statement's error is the one that matters
             logger.debug("rollback after a failed statement failed too: %s", type(rollback_error).__name__)
     await _invalidate(connection)
+
+
+async def _end_refused(connection: AsyncConnection) -> None:
+    """After a refused ``COMMIT``: roll the driver's connection back (SQLite's transaction is still open), or close
+    it if that fails. Not closed first: an in-memory SQLite database lives as long as its one connection."""
+    try:
+        await connection.run_sync(_roll_back_driver)
+    except Exception as error:
+        logger.debug("rollback after a refused COMMIT failed: %s", type(error).__name__)
+        await _invalidate(connection)
+
+
+def _roll_back_driver(sync_connection: Any) -> None:
+    sync_connection.connection.dbapi_connection.rollback()
 
 
 async def _invalidate(connection: AsyncConnection) -> None:

@@ -97,3 +97,34 @@ async def test_a_deferred_foreign_key_violated_at_commit_fails_only_its_row(data
     assert [row["id"] for row in stored] == [0, 1, 2, 3, 4, 6, 7]
     assert results[:5] + results[6:] == [None] * 7
     assert isinstance(results[5], IntegrityError)
+
+
+async def test_sqlite_in_memory_a_refused_commit_keeps_the_database() -> None:
+    # An in-memory database lives as long as its one connection (a StaticPool): the refused COMMIT must be rolled
+    # back on that connection, not end it.
+    metadata = MetaData()
+    parent = Table("parent", metadata, Column("id", Integer, primary_key=True))
+    child = Table(
+        "child",
+        metadata,
+        Column("id", Integer, primary_key=True),
+        Column("parent_id", Integer, ForeignKey(parent.c.id, deferrable=True, initially="DEFERRED"), nullable=False),
+    )
+    async with database("sqlite+aiosqlite://", child) as engine:
+        _foreign_keys_on(engine)
+        async with engine.begin() as connection:
+            await connection.exec_driver_sql("PRAGMA foreign_keys = ON")
+            await connection.execute(parent.insert(), [{"id": 1}])
+        async with AsyncSqlalchemyWriteBatcher(child, engine, max_batch_size=4, max_queue_time=1) as batcher:
+            results = await asyncio.wait_for(
+                asyncio.gather(
+                    *(batcher.process({"id": i, "parent_id": 99 if i == 2 else 1}) for i in range(4)),
+                    return_exceptions=True,
+                ),
+                30,
+            )
+        stored = await read_rows(engine, child)
+        parents = await read_rows(engine, parent)
+    assert parents == [{"id": 1}]  # the database is still there
+    assert [row["id"] for row in stored] == [0, 1, 3]
+    assert results[:2] + results[3:] == [None] * 3 and isinstance(results[2], IntegrityError)
