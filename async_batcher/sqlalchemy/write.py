@@ -12,9 +12,10 @@ A caller is told "written" only after its row's transaction committed. Otherwise
 * ``ValueError`` / ``TypeError`` naming the bad key, before any SQL, for a row that is not a dict of the
   table's columns (an update without its primary key, say);
 * the driver's error when the batch could not be written for a reason of its own (the connection was lost, the
-  server refused the statement or the ``COMMIT``): nothing of that transaction was written, and its connection is
-  closed rather than returned to the pool with the transaction open. A transaction the server aborted for a
-  deadlock or a serialization failure is tried again first (``max_conflict_retries`` times);
+  server refused the statement or the ``COMMIT``): nothing of that transaction was written, and no connection goes
+  back to the pool with it open (SQLite keeps a transaction open after a refused ``COMMIT``: it is rolled back). A
+  transaction the server aborted for a deadlock or a serialization failure is tried again first
+  (``max_conflict_retries`` times);
 * :class:`CommitUnknownError` (an :class:`~async_batcher.OutcomeUnknownError`) when the row may or may not have
   been written: the connection was lost while its ``COMMIT`` was under way, or a stop cut the batch off after one
   of its ``COMMIT`` s was sent. Read the row back to know;
