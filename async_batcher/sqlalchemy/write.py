@@ -81,7 +81,11 @@ class RowNotFoundError(AsyncBatchException, LookupError):
     def __init__(self, table: str, key: dict[str, Any]) -> None:
         named = ", ".join(f"{name}={value!r:.100}" for name, value in key.items())
         super().__init__(f"no row of table {table!r} has {named}: the update changed nothing")
+        self.table = table
         self.key = key
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (pickled with its own arguments, not its message)
+        return (type(self), (self.table, self.key))
 
 
 @dataclass(eq=False)

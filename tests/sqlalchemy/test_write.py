@@ -4,6 +4,7 @@ table back and counts its rows."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 import uuid
 from typing import Any
 
@@ -226,3 +227,11 @@ async def test_an_upsert_with_returning_of_a_row_that_gives_only_its_key(databas
     # A row that gives only its key: inserted if missing, left as it is if there, and its row comes back.
     assert results == [(1, "old"), (50, "new"), (51, "new"), (52, None)]
     assert stored == [{"id": 1, "v": "old"}, {"id": 50, "v": "new"}, {"id": 51, "v": "new"}, {"id": 52, "v": None}]
+
+
+def test_row_not_found_error_says_which_key_and_survives_pickling() -> None:
+    error = RowNotFoundError("person", {"id": 99, "part": "a"})
+    assert str(error) == "no row of table 'person' has id=99, part='a': the update changed nothing"
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is RowNotFoundError and copy.key == {"id": 99, "part": "a"} and str(copy) == str(error)
+    assert isinstance(error, LookupError)
