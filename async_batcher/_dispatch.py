@@ -50,7 +50,7 @@ def pump(b: Base, run: Run) -> None:
         limit = _policy.cut(b, lane.count)
         taken = queue.take(lane, limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
         if taken is not None:
-            _policy.formed(run, lane, taken, now)
+            _policy.formed(lane)
             launch(b, run, taken, now, lane)
     lane0 = queue.lane0
     # process()'s short path wakes the dispatcher at this count: during a hold, the count at which the callers it
@@ -86,11 +86,11 @@ def _succeeded(task: asyncio.Task[None]) -> bool:
     return task.done() and not task.cancelled() and task.exception() is None
 
 
-def batch_ended(b: Base, run: Run, lane: Lane, callers: int) -> None:
-    """A batch of ``lane`` has freed its slot, having answered ``callers``: the hold may wait for them (policy), and
-    a free slot never idles while a batch is due."""
-    lane.in_flight -= 1
-    _policy.answered(b, run, lane, callers, run.loop.time())
+def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
+    """A batch has freed its slot, having answered ``callers``: the hold may wait for them (policy), and a free slot
+    never idles while a batch is due."""
+    batch.lane.in_flight -= 1
+    _policy.answered(b, run, batch, callers, run.loop.time())
     pump_safely(b, run)
 
 

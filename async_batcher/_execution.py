@@ -285,7 +285,7 @@ def release(b: Base, batch: Batch) -> None:
     run = batch.run
     del run.batches[batch]
     run.in_flight -= 1
-    run.batch_ended(batch.lane, answered(batch))
+    run.batch_ended(batch, answered(batch))
 
 
 def answered(batch: Batch) -> int:

@@ -16,8 +16,7 @@ from async_batcher._settings import UNLIMITED
 if TYPE_CHECKING:
     from async_batcher._base import Base
     from async_batcher._lane import Lane
-    from async_batcher._queue import Taken
-    from async_batcher._run import Run
+    from async_batcher._run import Batch, Run
 
 __all__: list[str] = []
 
@@ -87,33 +86,46 @@ def adapt(b: Base, run: Run, now: float) -> None:
 
 
 # ---------------------------------------------------------------------- the hold
+#
+# A closed loop's callers (clients that send their next request once they have their answer) come back after each
+# batch; without a hold the first one back goes alone and they split into cohorts that alternate. The hold keeps a
+# freed slot for the callers a batch answered, but only while the lane's traffic shows it is such a loop: its last
+# batch held all its callers, since far fewer items arrived in the lane while it ran than the lane's rate would
+# have brought. Independent arrivals keep coming while a batch runs: the hold stays off for them, and a slot goes
+# the moment it is free. While it is off, it is tried (a probe) at most once every PROBE_EVERY seconds, for a
+# cohort of COHORT callers or more: a closed loop that is split shows itself only once gathered.
 
-# The hold applies while the items of recent batches arrived, on average, within this fraction of their batch's time
-# after the answer before them: a closed loop's callers that come back within a batch's time (waiting longer for
-# them would cost more than the batch it saves); independent arrivals give one half.
-FOLLOWS_ANSWERS = 0.25
-# The weight of each batch in that average, once ten have counted: about the last ten batches count.
-_FOLLOW_WEIGHT = 0.1
+COHORT = 4
+PROBE_EVERY = 2.0
 
 
-def answered(b: Base, run: Run, lane: Lane, callers: int, now: float) -> None:
-    """A batch of ``lane`` ended, having answered ``callers`` (each call it resolved counts once: a ``process_many``
-    whose items are still to go counts when its last batch ends). From now on, for at most ``max_hold_time``, a free
-    slot may wait for them to come back with their next items (:func:`holds`)."""
-    lane.ended_before, lane.ended = lane.ended, now
+def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
+    """A batch ended, having answered ``callers`` (each call it resolved counts once: a ``process_many`` whose items
+    are still to go counts when its last batch ends): whether it held all its lane's callers, and, for at most
+    ``max_hold_time`` from now, the hold for them (:func:`holds`)."""
+    lane = batch.lane
+    # It held them all if items arrived in the lane while it ran at a quarter of the lane's rate since its previous
+    # answer or less, that rate bringing two or more (fewer tell nothing).
+    during = lane.arrived - batch.arrived_before
+    rate = (lane.arrived - lane.arrived_at_end) / (now - lane.ended) if now > lane.ended else 0.0
+    expected = rate * (now - batch.started)
+    lane.alone = expected >= 2 and during * 4 <= expected and not run.is_stream
+    lane.ended, lane.arrived_at_end = now, lane.arrived
     if b._max_hold_time and callers:
         lane.hold_mark = lane.arrived + callers
         lane.hold_until = now + b._max_hold_time
+        lane.probing = not lane.alone and callers >= COHORT and now >= run.probe_at
+        if lane.probing:
+            run.probe_at = now + PROBE_EVERY
 
 
 def holds(b: Base, run: Run, lane: Lane) -> bool:
     """Whether a free slot waits for the callers the lane's last batch answered (until ``lane.hold_until``, which
-    the caller checks): some have not come back yet; items arrive as answers go out (:attr:`Run.follows_answers`:
-    a closed loop's callers, not independent arrivals); the batcher runs; and nobody waits for room in the queue
-    (the batch the hold keeps back would make it)."""
+    the caller checks): some have not come back yet; the lane's last batch held all its callers, or this hold is a
+    probe; the batcher runs; and nobody waits for room in the queue (the batch the hold keeps back would make it)."""
     return (
         lane.arrived < lane.hold_mark
-        and run.follows_answers < FOLLOWS_ANSWERS
+        and (lane.alone or lane.probing)
         and run.state is State.RUNNING
         and not run.putters
     )
@@ -124,32 +136,7 @@ def holding(lane: Lane, now: float) -> bool:
     return lane.hold_until > now and lane.arrived < lane.hold_mark
 
 
-def formed(run: Run, lane: Lane, taken: Taken, now: float) -> None:
-    """A batch of ``lane`` goes: its hold is over; and how its items arrived counts in :attr:`Run.follows_answers`.
-
-    The measure: how long after the lane's last answer before it each item arrived, on average (the mean of its
-    oldest and newest items'), as a fraction of the time since the lane's previous batch was formed. The callers of
-    a closed loop come back soon after their answer, then wait, for the batch in flight or for the others (a
-    hold): a small fraction, below one quarter while they are back within a batch's time. Independent arrivals
-    come at any time: one half on average.
-    """
+def formed(lane: Lane) -> None:
+    """A batch of ``lane`` goes: its hold, if any, is over."""
     lane.hold_until = -math.inf
-    previous, lane.formed = lane.formed, now
-    span = now - previous
-    oldest = _since_answer(lane, taken.oldest)
-    if span <= 0 or oldest < 0:
-        return  # the lane's first batches, or items older than its last two answers: no measure
-    run.follow_samples += 1
-    # The mean of the first batches, then a moving average of the last ten or so: quick to learn, slow to waver.
-    weight = max(_FOLLOW_WEIGHT, 1 / run.follow_samples)
-    fraction = min(1.0, (oldest + _since_answer(lane, taken.newest)) / 2 / span)
-    run.follows_answers += weight * (fraction - run.follows_answers)
-
-
-def _since_answer(lane: Lane, arrival: float) -> float:
-    """How long after the lane's last answer before it an item arrived; ``-1`` if before its last two."""
-    if arrival >= lane.ended > -math.inf:
-        return arrival - lane.ended
-    if lane.ended > arrival >= lane.ended_before > -math.inf:
-        return arrival - lane.ended_before
-    return -1.0
+    lane.probing = False
