@@ -23,8 +23,9 @@ class Lane:
 
     The rest is the lane's own history, for the hold (:mod:`~async_batcher._policy`): when its last batch ended
     (``ended``) and its arrivals then (``arrived_at_end``), whether that batch held all its callers (``alone``),
-    and, while a hold for the callers it answered may apply, until when (``hold_until``), at which count of
-    arrivals they are all back (``hold_mark``), and whether the hold is a probe (``probing``).
+    and, while a hold for the callers it answered may apply, since when (``hold_from``: it ends ``max_hold_time``
+    later), at which count of arrivals they are all back (``hold_mark``), and whether the hold is a probe
+    (``probing``).
     """
 
     __slots__ = (
@@ -33,8 +34,8 @@ class Lane:
         "clean",
         "count",
         "ended",
+        "hold_from",
         "hold_mark",
-        "hold_until",
         "in_flight",
         "key",
         "left",
@@ -57,7 +58,7 @@ class Lane:
         self.weight = 0.0
         self.left = 0
         self.in_flight = 0  # its batches in flight: a lane is kept while it has some (their end is its history)
-        self.ended = self.hold_until = -math.inf
+        self.ended = self.hold_from = -math.inf
         self.hold_mark = 0
         self.probing = False  # its hold is a probe (the hold is off: it is tried once)
         self.alone = False  # its last batch held all its callers (nothing else arrived while it ran)

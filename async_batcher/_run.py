@@ -77,6 +77,7 @@ class Run:
         "new_future",
         "on_drained",
         "probe_at",
+        "probe_wait",
         "pump_handle",
         "putters",
         "queue",
@@ -152,6 +153,7 @@ class Run:
         # When the hold may next be tried while it is off, to see whether it gathers a batch of all its lane's
         # callers (a probe).
         self.probe_at = -math.inf
+        self.probe_wait = 1.0  # the wait before the next probe (it doubles after each that did not gather them)
         # The size of the default lane at which an arrival on process()'s short path wakes the dispatcher: the
         # batcher's size trigger, or during a hold the size at which everyone is back. Read only while a timer is
         # armed; the pump, which arms it, sets it first.
@@ -186,6 +188,7 @@ class Batch:
 
     __slots__ = (
         "abandoned",
+        "answered",
         "arrived_before",
         "entered",
         "futures_only",
@@ -193,6 +196,7 @@ class Batch:
         "items",
         "joined",
         "lane",
+        "probe",
         "run",
         "sinks",
         "size",
@@ -213,6 +217,8 @@ class Batch:
         self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
         self.joined = 0  # items that joined a streaming batch while it ran (continuous batching)
         self.arrived_before = lane.arrived  # the lane's arrivals before it went (the hold counts those after)
+        self.answered = 0  # the calls it resolved when it ended (a caller who had left is not one)
+        self.probe = lane.probing  # formed by a probe of the hold
         self.weights = taken.weights  # each item's weight, when weights are kept (a streaming batch's budget)
         # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
         # now, and if it has not started in its thread, it will not.

@@ -219,6 +219,7 @@ def _fail(b: Base, batch: Batch, error: BaseException) -> None:
 
 def _end(b: Base, batch: Batch, *, ran: bool) -> None:
     batch.handle = None
+    batch.answered = sum(1 for sink in batch.sinks if not sink.cancelled())  # the streams it ended
     if ran:
         _execution.record(b, batch)
         if not batch.abandoned:
