@@ -35,3 +35,8 @@ class RowNotFoundError(AsyncBatchException, LookupError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # (pickled with its own arguments, not its message)
         return (type(self), (self.table, self.key))
+
+
+# Named by the module users import them from, as they were before they moved here: tracebacks and pickles say
+# ``async_batcher.sqlalchemy.write.RowNotFoundError``.
+CommitUnknownError.__module__ = RowNotFoundError.__module__ = "async_batcher.sqlalchemy.write"
