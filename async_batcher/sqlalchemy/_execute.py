@@ -20,8 +20,8 @@ class _Unmatched(Exception):
 
 
 class Execution:
-    """The batcher's statements (a mixin of :class:`~async_batcher.sqlalchemy.AsyncSqlalchemyWriteBatcher`, whose
-    attributes these are)."""
+    """The batcher's statements: a mixin of :class:`~async_batcher.sqlalchemy.AsyncSqlalchemyWriteBatcher`, which
+    sets the attributes named here."""
 
     table: Any
     operation: Operation

@@ -25,8 +25,8 @@ _PENDING: Any = object()
 
 
 class RowChecks:
-    """The batcher's checks of its items (a mixin of :class:`~async_batcher.sqlalchemy.AsyncSqlalchemyWriteBatcher`,
-    whose attributes these are)."""
+    """The batcher's checks of its items: a mixin of :class:`~async_batcher.sqlalchemy.AsyncSqlalchemyWriteBatcher`,
+    which sets the attributes named here."""
 
     table: Any
     operation: Operation

@@ -48,8 +48,8 @@ class _Failed(Exception):
 
 
 class Transactions(Execution):
-    """The batcher's transactions (a mixin of :class:`~async_batcher.sqlalchemy.AsyncSqlalchemyWriteBatcher`, whose
-    attributes these are)."""
+    """The batcher's transactions: a mixin of :class:`~async_batcher.sqlalchemy.AsyncSqlalchemyWriteBatcher`, which
+    sets the attributes named here."""
 
     name: str
     async_engine: AsyncEngine
