@@ -29,98 +29,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from async_batcher.batcher import AsyncBatcher
-from async_batcher.exceptions import AsyncBatchException, OutcomeUnknownError
 
 try:
-    from sqlalchemy import event, inspect
-    from sqlalchemy.exc import DBAPIError
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
+    from sqlalchemy import inspect
+    from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 except ImportError as error:  # pragma: no cover - exercised in a subprocess by tests/sqlalchemy/test_packaging.py
     raise ImportError(
         f"async_batcher.sqlalchemy needs SQLAlchemy 2 ({error.name} is missing): "
         "pip install 'async-batcher[sqlalchemy]'"
     ) from error
 
-from async_batcher.sqlalchemy._faults import is_conflict, is_row_fault, sqlstate
-from async_batcher.sqlalchemy._statements import MAX_PARAMETERS, OnConflict, Operation, Statements, in_key_order
+from async_batcher.sqlalchemy._connections import _roll_back_before_close
+from async_batcher.sqlalchemy._errors import CommitUnknownError, RowNotFoundError
+from async_batcher.sqlalchemy._faults import is_row_fault, sqlstate
+from async_batcher.sqlalchemy._rows import _PENDING, RowChecks, _rounds
+from async_batcher.sqlalchemy._statements import OnConflict, Operation, Statements
+from async_batcher.sqlalchemy._transactions import Transactions, _Failed, _Progress
 
 __all__ = ["AsyncSqlalchemyWriteBatcher", "CommitUnknownError", "RowNotFoundError", "is_row_fault"]
 
 logger = logging.getLogger("async_batcher.sqlalchemy")
 
-_T = TypeVar("_T")
 
-# The first retry after a conflict waits up to this long (jittered, doubling per retry): the other transaction
-# usually needs no more to commit.
-_BACKOFF = 0.01
-
-
-class CommitUnknownError(OutcomeUnknownError):
-    """The row may or may not have been written: the connection was lost while its ``COMMIT`` was under way, or a
-    stop (``stop(force=True)``, an expired ``stop(timeout=...)``, the event loop shutting down) cut its batch off
-    after a ``COMMIT`` of the batch had been sent.
-
-    ``__cause__`` is the driver's error, or the stop's :class:`~async_batcher.BatcherStoppedError`. Read the row back
-    (once the server is back) to know; do not write it again blindly.
-    """
-
-
-class RowNotFoundError(AsyncBatchException, LookupError):
-    """An update found no row with the primary key it gave: nothing was written for it (the other rows of its
-    batch were written).
-
-    ``key`` is that primary key, as the row gave it (a dict of column key to value).
-    """
-
-    def __init__(self, table: str, key: dict[str, Any]) -> None:
-        named = ", ".join(f"{name}={value!r:.100}" for name, value in key.items())
-        super().__init__(f"no row of table {table!r} has {named}: the update changed nothing")
-        self.table = table
-        self.key = key
-
-    def __reduce__(self) -> tuple[Any, ...]:  # (pickled with its own arguments, not its message)
-        return (type(self), (self.table, self.key))
-
-
-@dataclass(eq=False)
-class _Row:
-    index: int
-    columns: frozenset[str]
-    parameters: dict[str, Any]
-    key: tuple[Any, ...]  # what makes two rows of a batch the same row (see _rounds)
-    order: tuple[Any, ...]  # the values it is written in order of: its key, or its primary key if it gives it
-
-
-@dataclass(eq=False)
-class _Progress:
-    """How far a batch got, for :meth:`AsyncSqlalchemyWriteBatcher.abandoned_error`."""
-
-    batch: list[Any]  # (kept: while this record lives, no other list can take its id)
-    committing: bool = False  # a COMMIT was sent and its answer has not come
-    committed: bool = False  # a transaction of the batch committed, or may have (its COMMIT was cut off)
-
-
-class _Failed(Exception):
-    """The batch cannot go on: ``error`` for every row without an outcome (``unknown``: those whose commit was
-    cut off get a :class:`CommitUnknownError`)."""
-
-    def __init__(self, error: Exception, unknown: Sequence[_Row] = ()) -> None:
-        super().__init__()
-        self.error = error
-        self.unknown = list(unknown)
-
-
-class _Unmatched(Exception):
-    """Fewer rows were updated than given: which ones is found row by row, in a new transaction."""
-
-
-class AsyncSqlalchemyWriteBatcher(AsyncBatcher[Mapping[str, Any], Any]):
+class AsyncSqlalchemyWriteBatcher(RowChecks, Transactions, AsyncBatcher[Mapping[str, Any], Any]):
     """Writes the rows of concurrent callers to ``model``'s table in one statement per batch (see the module).
 
     The path and the first four arguments are async-batcher 0.2.2's.
@@ -256,315 +191,10 @@ class AsyncSqlalchemyWriteBatcher(AsyncBatcher[Mapping[str, Any], Any]):
                     outcomes[row.index] = failed.error
         return outcomes
 
-    def _prepare(self, batch: list[Mapping[str, Any]], outcomes: list[Any]) -> list[_Row]:
-        """A :class:`_Row` per valid item (its outcome pending); for the others, why (``ValueError``,
-        ``TypeError``, or what reading the item raised)."""
-        rows: list[_Row] = []
-        for index, item in enumerate(batch):
-            try:
-                rows.append(self._row(index, item))
-            except Exception as error:  # (a mapping that fails when read: its caller's error, no one else's)
-                outcomes[index] = error
-                continue
-            outcomes[index] = _PENDING
-        return rows
-
-    def _row(self, index: int, item: Mapping[str, Any]) -> _Row:
-        if not isinstance(item, Mapping):
-            raise TypeError(f"a row must be a dict of column keys to values, got {type(item).__name__}")
-        columns = frozenset(item)
-        unknown = sorted(str(name) for name in columns if not isinstance(name, str) or name not in self.table.c)
-        if unknown:
-            raise ValueError(f"table {self.table.name!r} has no column(s) {unknown}")
-        required = self._statements.key_columns if self.operation == "update" else ()
-        if self.on_conflict is not None:
-            required = self.conflict_columns
-        missing = [name for name in required if name not in columns]
-        if missing:
-            raise ValueError(f"the row lacks {missing}, which the {self.operation} needs to find its row")
-        if self.operation == "update" and columns <= set(required):
-            raise ValueError("an update row needs at least one column to set besides its primary key")
-        key = tuple(item[name] for name in required) if required else (index,)
-        primary = self._statements.key_columns
-        if required:
-            order = key
-        elif primary and columns.issuperset(primary):
-            order = tuple(item[name] for name in primary)
-        else:
-            order = ()  # a key the server generates: in the callers' order
-        return _Row(index, columns, self._statements.parameters(dict(item)), key, order)
-
-    # ------------------------------------------------------------------ transactions
-
-    async def _write(self, rows: list[_Row], outcomes: list[Any], progress: _Progress) -> None:
-        """Write ``rows`` in one transaction; on a row's fault, each half in its own, down to the rows at fault."""
-        try:
-            results = await self._attempt(rows, progress)
-        except _Failed:
-            raise
-        except Exception as error:
-            if not is_row_fault(error):
-                raise _Failed(error) from None
-            if len(rows) == 1:
-                outcomes[rows[0].index] = error
-                return
-            middle = len(rows) // 2
-            await self._write(rows[:middle], outcomes, progress)
-            await self._write(rows[middle:], outcomes, progress)
-            return
-        for row, result in zip(rows, results, strict=True):
-            outcomes[row.index] = result
-
-    async def _attempt(self, rows: list[_Row], progress: _Progress) -> list[Any]:
-        """:meth:`_transaction`, tried again after a conflict (at most ``max_conflict_retries`` times), and row
-        by row when an update's rows did not all match."""
-        retries = 0
-        row_by_row = False
-        while True:
-            try:
-                return await self._transaction(rows, progress, row_by_row=row_by_row)
-            except _Unmatched:
-                row_by_row = True
-            except DBAPIError as error:
-                if not is_conflict(error) or retries >= self.max_conflict_retries:
-                    raise
-                retries += 1
-                self.conflict_retries += 1
-                state = sqlstate(error)
-                logger.warning(
-                    "%s: the server aborted a transaction of %d rows (%s, SQLSTATE %s); trying again (%d of %d)",
-                    self.name,
-                    len(rows),
-                    "deadlock" if state == "40P01" else "serialization failure",
-                    state,
-                    retries,
-                    self.max_conflict_retries,
-                )
-                await asyncio.sleep(
-                    random.uniform(0, _BACKOFF * 2 ** (retries - 1))
-                )  # jitter: retries of several batches do not meet again
-
-    async def _transaction(self, rows: list[_Row], progress: _Progress, *, row_by_row: bool) -> list[Any]:
-        """Execute and commit ``rows``; returns each row's result (its returned row, None, or RowNotFoundError).
-
-        A failed statement is rolled back. A ``COMMIT`` the server refused committed nothing, but SQLite keeps the
-        transaction open (and the file locked) after it, and SQLAlchemy forgets it (its pool would not roll it
-        back): the driver's connection is rolled back (or, failing that, closed). A connection whose ``COMMIT``
-        was cut off is closed, never returned to the pool. Either way no later transaction can commit these rows.
-        """
-        async with self.async_engine.connect() as connection:
-            try:
-                transaction = await connection.begin()
-                results = await self._execute(connection, rows, row_by_row=row_by_row)
-            except BaseException as error:
-                await _to_completion(_discard(connection, error))
-                raise
-            progress.committing = True
-            try:
-                await transaction.commit()
-            except BaseException as error:
-                answered = isinstance(error, DBAPIError) and not error.connection_invalidated
-                if answered:
-                    await _to_completion(_end_refused(connection))
-                else:
-                    progress.committed = True  # cut off: it may have committed
-                    await _to_completion(_invalidate(connection))
-                if answered or not isinstance(error, Exception):
-                    raise  # refused: nothing was committed (or cancelled by a stop: abandoned_error answers)
-                raise _Failed(error, unknown=rows) from None
-            else:
-                progress.committed = True
-            finally:
-                progress.committing = False
-        return results
-
-    async def _execute(self, connection: AsyncConnection, rows: list[_Row], *, row_by_row: bool) -> list[Any]:
-        """The statements of ``rows``, in key order (see :func:`in_key_order`); each row's result."""
-        if self.operation == "update":
-            return await self._update(connection, rows, row_by_row=row_by_row)
-        results: list[Any] = [None] * len(rows)
-        await self._execute_groups(connection, rows, results)
-        return results
-
-    async def _execute_groups(
-        self, connection: AsyncConnection, rows: list[_Row], results: list[Any] | None = None
-    ) -> int:
-        """One statement per set of columns the rows give (usually one), each in key order; ``results`` gets
-        the returned rows. Returns the number of rows the statements matched (where the dialect can count)."""
-        position = {id(row): p for p, row in enumerate(rows)}
-        groups: dict[frozenset[str], list[_Row]] = {}
-        for row in in_key_order(rows, key=lambda row: row.order):
-            groups.setdefault(row.columns, []).append(row)
-        matched = 0
-        for columns, group in groups.items():
-            statement = self._statements.statement(columns)
-            result = await connection.execute(statement, [row.parameters for row in group])
-            if self._statements.returning and results is not None:
-                returned = result.all()
-                if len(returned) != len(group):
-                    raise RuntimeError(f"{len(returned)} rows came back from RETURNING for {len(group)} rows")
-                for row, value in zip(group, returned, strict=True):
-                    results[position[id(row)]] = value
-            elif self.operation == "update":
-                matched += result.rowcount
-        return matched
-
-    async def _update(self, connection: AsyncConnection, rows: list[_Row], *, row_by_row: bool) -> list[Any]:
-        """Update ``rows``; each gets None, or :class:`RowNotFoundError` if its key names no row.
-
-        Which keys name a row is asked of the server, comparing as the ``UPDATE``'s ``WHERE`` does (a key given
-        as ``"5"`` for an integer column, a case-insensitive collation). PostgreSQL: first
-        ``SELECT ... FOR UPDATE`` those rows, in key order, then update them: found and locked, they are the rows
-        updated (a row inserted meanwhile by another transaction is not: as if this update came first). SQLite:
-        the ``UPDATE`` s, then, if they matched fewer rows than given, the ``SELECT``: the file's write lock, taken
-        by the first ``UPDATE``, keeps the table as it was. Elsewhere: the ``UPDATE`` s and their count of rows
-        matched (each key names at most one row: it is the primary key); if short, again in a new transaction,
-        one statement per row, each with its own count.
-        """
-        statements = self._statements
-        dialect = connection.dialect.name
-        if dialect == "postgresql":
-            found = await self._locked(connection, rows)
-            await self._execute_groups(connection, [row for row in rows if row.index in found])
-        elif dialect == "sqlite":
-            if await self._execute_groups(connection, rows) == len(rows):
-                return [None] * len(rows)
-            # Shielded: quick (this transaction holds the write lock: nothing can make it wait) and read to its end.
-            found = await _to_completion(self._sqlite_matching(connection, rows))
-        elif row_by_row or not connection.dialect.supports_sane_multi_rowcount:
-            found = set()
-            for row in in_key_order(rows, key=lambda row: row.order):
-                result = await connection.execute(statements.statement(row.columns), row.parameters)
-                if result.rowcount:
-                    found.add(row.index)
-        else:
-            if await self._execute_groups(connection, rows) != len(rows):
-                raise _Unmatched
-            return [None] * len(rows)
-        return [
-            None if row.index in found else RowNotFoundError(self.table.name, statements.key_of(row.parameters))
-            for row in rows
-        ]
-
-    async def _locked(self, connection: AsyncConnection, rows: list[_Row]) -> set[int]:
-        """PostgreSQL: the indexes of ``rows`` whose key names a row of the table, now locked, in key order."""
-        ordered = in_key_order(rows, key=lambda row: row.key)
-        parameters = self._statements.locking_parameters([row.key for row in ordered])
-        found = await connection.execute(self._statements.locking(connection.dialect), parameters)
-        return {ordered[position].index for position in found.scalars()}
-
-    async def _sqlite_matching(self, connection: AsyncConnection, rows: list[_Row]) -> set[int]:
-        """SQLite: the indexes of ``rows`` whose key names a row of the table (in chunks: SQLite takes at most
-        32766 parameters a statement)."""
-        per_statement = max(1, MAX_PARAMETERS // (1 + len(self._statements.key_columns)))
-        found: set[int] = set()
-        for start in range(0, len(rows), per_statement):
-            chunk = rows[start : start + per_statement]
-            sql = self._statements.sqlite_matching(connection.dialect, len(chunk))
-            parameters = tuple(value for position, row in enumerate(chunk) for value in (position, *row.key))
-            result = await connection.exec_driver_sql(sql, parameters)
-            found.update(chunk[position].index for position in result.scalars())
-        return found
-
-
-_PENDING: Any = object()
-
-
-async def _to_completion(work: Awaitable[_T]) -> _T:
-    """Await ``work`` to its end even if this task is cancelled meanwhile (a stop while it runs); then raise that
-    cancellation. A connection half cleaned up must not go back to the pool; a SQLite ``SELECT`` cut off between
-    its first row and the rest keeps a read lock on the file until its cursor is garbage-collected."""
-    task = asyncio.ensure_future(work)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError as error:
-            cancelled = error
-    result = task.result()
-    if cancelled is not None:
-        raise cancelled
-    return result
-
-
-async def _discard(connection: AsyncConnection, error: BaseException) -> None:
-    """After a failed statement: roll back. After a cancellation (a stop) or a failed rollback, the connection's
-    state is unknown (asyncpg may still be cancelling the statement; aiosqlite's thread may still run it): close
-    it instead (the server, or SQLite, rolls its transaction back), never returning it to the pool."""
-    if isinstance(error, Exception):
-        try:
-            await connection.rollback()
-            return
-        except Exception as rollback_error:  # the statement's error is the one that matters
-            logger.debug("rollback after a failed statement failed too: %s", type(rollback_error).__name__)
-    await _invalidate(connection)
-
-
-async def _end_refused(connection: AsyncConnection) -> None:
-    """After a refused ``COMMIT``: roll the driver's connection back (SQLite's transaction is still open), or close
-    it if that fails. Not closed first: an in-memory SQLite database lives as long as its one connection."""
-    try:
-        await connection.run_sync(_roll_back_driver)
-    except Exception as error:
-        logger.debug("rollback after a refused COMMIT failed: %s", type(error).__name__)
-        await _invalidate(connection)
-
-
-def _roll_back_driver(sync_connection: Any) -> None:
-    sync_connection.connection.dbapi_connection.rollback()
-
-
-async def _invalidate(connection: AsyncConnection) -> None:
-    """Close the connection's DB-API connection (its transaction, if any, dies with it); the pool opens another."""
-    try:
-        await connection.invalidate()
-    except Exception as error:  # already broken: nothing left to roll back
-        logger.debug("closing a connection after a failed transaction failed: %s", type(error).__name__)
-
-
-def _roll_back_before_close(engine: AsyncEngine) -> None:
-    """On SQLite, roll a connection back before the pool closes it as invalid (once per engine).
-
-    SQLAlchemy closes the connection of a statement cut off by a cancellation (a stop); sqlite3 then keeps the
-    connection's transaction, and the file's lock, for as long as a cursor of it lives (the cancelled statement's,
-    held by its traceback until the garbage collector runs): every other writer would wait. A rollback first ends
-    the transaction at once (after the statement, which aiosqlite's thread runs to its end)."""
-    sync_engine = engine.sync_engine
-    if sync_engine.dialect.name == "sqlite" and not event.contains(sync_engine, "invalidate", _roll_back):
-        event.listen(sync_engine, "invalidate", _roll_back)
-
-
-def _roll_back(dbapi_connection: Any, _record: Any, _exception: BaseException | None) -> None:
-    from sqlalchemy.util.concurrency import in_greenlet
-
-    if not in_greenlet():
-        return  # (outside SQLAlchemy's async bridge, aiosqlite cannot be awaited: the close goes on alone)
-    try:
-        dbapi_connection.rollback()
-    except Exception as error:  # closed already: the close goes on
-        logger.debug("rollback before closing an invalidated connection failed: %s", type(error).__name__)
-
 
 def _state_of(error: BaseException) -> str:
     state = sqlstate(error)
     return f" (SQLSTATE {state})" if state else ""
-
-
-def _rounds(rows: list[_Row]) -> list[list[_Row]]:
-    """The n-th row of each key in round n: a statement never names one key twice (an upsert cannot), and the
-    rows of a key are written in their callers' order."""
-    rounds: list[list[_Row]] = []
-    seen: dict[tuple[Any, ...], int] = {}
-    for row in rows:
-        try:
-            n = seen.get(row.key, 0)
-            seen[row.key] = n + 1
-        except TypeError:  # an unhashable key value: the server will refuse it, in a round of its own
-            n = len(rounds)
-        if n == len(rounds):
-            rounds.append([])
-        rounds[n].append(row)
-    return rounds
 
 
 def _as_list(returning: Any) -> list[Any]:

@@ -20,7 +20,8 @@ from async_batcher.ml._collate import (
     check_lists,
     check_padding_side,
 )
-from async_batcher.ml.torch.tensors import Batch, _as_device, collate
+from async_batcher.ml.torch._devices import _as_device
+from async_batcher.ml.torch.tensors import Batch, collate
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor

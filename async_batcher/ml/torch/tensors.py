@@ -13,11 +13,15 @@ An item is a tensor (or anything ``torch.as_tensor`` takes: a number, a list of 
 ``Mapping`` of feature name to such values (all items with the same keys). With ``odd_items="exclude"`` an item
 that does not stack with the rest of its batch is left out of it and gets its own error from
 :meth:`Batch.split`, which is how :class:`~async_batcher.ml.torch.TorchAsyncBatcher` fails only its caller.
+
+This module holds :class:`Batch` and :func:`collate`; their parts have modules of their own, from which it
+re-exports the public names: :mod:`~async_batcher.ml.torch._selection` (the items that go into a batch),
+:mod:`~async_batcher.ml.torch._stacking` (stacking and padding), :mod:`~async_batcher.ml.torch._split`
+(``split_outputs``) and :mod:`~async_batcher.ml.torch._devices` (``to_device``).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -29,26 +33,20 @@ from async_batcher.ml._collate import (
     OddItems,
     PaddingSide,
     PadValue,
-    Selection,
-    Signature,
-    a_type,
     bucket_size,
     check_array_pad_value,
     check_buckets,
-    check_fill,
     check_items,
     check_odd_items,
     check_pad_value_names,
     check_padding_side,
-    check_rows,
-    describe,
     merge_left_out,
-    pad_signature,
     pad_value_for,
-    select,
-    split_structure,
-    uniform,
 )
+from async_batcher.ml.torch._devices import _as_device, _Device, to_device
+from async_batcher.ml.torch._selection import _select
+from async_batcher.ml.torch._split import split_outputs
+from async_batcher.ml.torch._stacking import _pad_rows, _Padding, _stack
 
 __all__ = [
     "Batch",
@@ -64,7 +62,6 @@ __all__ = [
 
 # The stacked inputs, their masks and lengths have one structure: a tensor, or a dict of tensors.
 _Tensors: TypeAlias = "torch.Tensor | dict[str, torch.Tensor]"
-_Device: TypeAlias = "torch.device | str | int"
 
 
 @dataclass(frozen=True)
@@ -216,243 +213,3 @@ def collate(
         side,
         selection.left_out,
     )
-
-
-def split_outputs(
-    outputs: Any,
-    size: int,
-    *,
-    padded_size: int | None = None,
-    lengths: torch.Tensor | None = None,
-    padding_side: PaddingSide = "right",
-    device: _Device | None = None,
-    lists: Lists = "auto",
-) -> list[Any]:
-    """Split a model's batched ``outputs`` into ``size`` per-item results, dropping any padding rows.
-
-    What is split, and how (the rule of ``ml.numpy``'s ``split_outputs`` too):
-
-    * a tensor has the items on its first axis: item ``i`` gets row ``i``, a view of it on its device (or on
-      ``device``); a nested tensor gives item ``i`` its ``i``-th tensor; a numpy array or anything else
-      ``torch.as_tensor`` takes that is not a Python container or scalar is made a tensor first; a sparse
-      tensor is refused (``.to_dense()`` it in ``predict_fn``);
-    * a dict, a tuple, a namedtuple or a dataclass holds several outputs, by name or position, each split in
-      turn: item ``i`` gets the same structure, at any depth. A transformers ``ModelOutput`` (a dataclass) is
-      rebuilt with ``dataclasses.replace``, so ``result.logits`` works; a plain mapping becomes a ``dict``;
-      ``{"logits": ..., "past_key_values": ((k, v), ...)}`` gives item ``i`` its logits and its ``(k, v)`` rows;
-    * ``None`` is ``None`` for every item (an optional output the model did not compute);
-    * a list holds several outputs when it holds tensors, and one element per item when it holds only plain
-      Python values (numbers, strings, lists or dicts of them); a list of tensors that has as many elements
-      as the batch has rows reads both ways and is refused. ``lists="outputs"`` or ``"items"`` says which it
-      is (:data:`Lists`); elements read per item are handed out as they are;
-    * a number, string or 0-d tensor is a value for the whole batch (a loss): refused.
-
-    With ``lengths`` (one per row), each row is cut on axis 1 to its item's length, from the start or
-    (``padding_side="left"``) from the end; an output whose axis 1 is not the padded sequence axis is then an
-    error. An output with fewer rows than items, or other than ``padded_size`` rows when given, is an error
-    (naming its path in ``outputs``, ``past_key_values[0][1]``, and its shape) rather than a silent
-    misalignment.
-    """
-    side = check_padding_side(padding_side)
-    target = None if device is None else _as_device(device)
-    keep = None if lengths is None else _kept_lengths(lengths, size)
-    longest = 0 if lengths is None or not len(lengths) else int(lengths.max())
-
-    def rows(value: Any, name: str) -> Sequence[Any]:
-        tensor = value if isinstance(value, torch.Tensor) else _output_tensor(value, name)
-        if tensor.is_nested:
-            check_rows((tensor.size(0), *([1] if tensor.dim() > 1 else [])), size, padded_size, name)
-            nested = to_device(tensor, target).unbind(0)[:size]
-            return nested if keep is None else _trimmed(nested, keep, None, side, name)
-        if tensor.layout != torch.strided:
-            raise TypeError(
-                f"{name} is a sparse tensor ({tensor.layout}): splitting it per item is not supported; make it"
-                " dense (.to_dense()) in predict_fn"
-            )
-        check_rows(tuple(tensor.shape), size, padded_size, name)
-        if keep is None:
-            return to_device(tensor[:size], target).unbind(0)
-        if tensor.dim() < 2 or tensor.shape[1] != longest:
-            raise ValueError(
-                f"cannot trim {name} of shape {tuple(tensor.shape)}: its axis 1 is not the padded sequence axis"
-                f" ({longest} positions)"
-            )
-        return _trimmed(to_device(tensor[:size], target).unbind(0), keep, longest, side, name)
-
-    return split_structure(outputs, size, rows, padded_size=padded_size, lists=lists)
-
-
-def _trimmed(
-    per_item: Sequence[torch.Tensor], keep: list[int], longest: int | None, side: PaddingSide, name: str
-) -> list[torch.Tensor]:
-    """Each row cut to its item's length on its first axis (axis 1 of the batch): the start of it, or the end
-    with left padding."""
-    if longest is None:
-        raise ValueError(f"cannot trim {name}, a nested tensor: its rows have no padded sequence axis")
-    if side == "right":
-        return [row[:n] for row, n in zip(per_item, keep, strict=True)]
-    return [row[longest - n :] for row, n in zip(per_item, keep, strict=True)]
-
-
-def _output_tensor(value: Any, name: str) -> torch.Tensor:
-    try:
-        return torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"{name} is {a_type(value)}, not a tensor with one row per item") from None
-
-
-def to_device(
-    tensor: torch.Tensor, device: torch.device | None, *, non_blocking: bool = False, pin_memory: bool = False
-) -> torch.Tensor:
-    """``tensor`` on ``device`` (unchanged if None or already there); pinned first when ``pin_memory`` and it
-    moves from the CPU to an accelerator."""
-    if device is None or tensor.device == device:
-        return tensor
-    if pin_memory and tensor.device.type == "cpu" and device.type not in ("cpu", "meta"):
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=non_blocking)
-
-
-def _as_device(device: _Device) -> torch.device:
-    if isinstance(device, torch.device):
-        return device
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as exc:
-        raise ValueError(f"device {device!r} is not a torch device: {exc}") from None
-
-
-@dataclass(frozen=True)
-class _Padding:
-    """How collate pads sequences: the side, and the dtype of the mask."""
-
-    side: PaddingSide
-    mask_dtype: torch.dtype
-
-
-def _select(
-    items: list[Any], dtype: torch.dtype | None, pad: _Padding | None, target: torch.device | None, odd: OddItems
-) -> Selection:
-    """The items that stack, as tensors, and the errors of the others (see ``select``)."""
-    if (same := uniform(items, functools.partial(_uniform_column, dtype=dtype, pad=pad is not None))) is not None:
-        return same
-    convert = functools.partial(_convert, dtype=dtype, pad=pad is not None, target=target)
-    selection = select(items, convert, odd_items=odd)
-    if target is None:
-        return selection
-    # With a target device, where an item is does not decide whether it stacks: items on several devices are
-    # moved to the target one by one (a batch on one device moves in one copy, after stacking).
-    devices = {t.device for t in selection.values} | {t.device for c in selection.columns.values() for t in c}
-    if len(devices) > 1:
-        selection = Selection(
-            selection.kept,
-            [to_device(t, target) for t in selection.values],
-            {key: [to_device(t, target) for t in column] for key, column in selection.columns.items()},
-            selection.left_out,
-        )
-    return selection
-
-
-def _uniform_column(values: list[Any], dtype: torch.dtype | None, pad: bool) -> list[torch.Tensor] | None:
-    """``values`` if they are dense tensors of one shape (but for the first axis when padding), dtype (unless
-    ``dtype`` casts them) and device; else None."""
-    # Sets over the batch, not one loop comparing each item: half the cost, for the common case.
-    # type() is, not isinstance: subclasses (a Parameter, a nested tensor) go the careful way.
-    if any(type(value) is not torch.Tensor for value in values):
-        return None
-    if len({value.device for value in values}) != 1 or len({value.layout for value in values}) != 1:
-        return None
-    if dtype is None and len({value.dtype for value in values}) != 1:
-        return None
-    first = values[0]
-    if first.layout != torch.strided or first.is_nested:
-        return None
-    if pad:
-        if not first.dim() or len({(value.dim(), value.shape[1:]) for value in values}) != 1:
-            return None
-    elif len({value.shape for value in values}) != 1:
-        return None
-    return values if dtype is None else [value.to(dtype) for value in values]
-
-
-def _convert(
-    value: Any, key: Any, index: int, *, dtype: torch.dtype | None, pad: bool, target: torch.device | None
-) -> tuple[torch.Tensor, Signature, tuple[int, ...]]:
-    """One value of an item as a tensor, with what it must share with its batch: its shape (but for the first
-    axis when padding), its dtype (unless ``dtype`` casts it) and its device (unless there is a target)."""
-    if isinstance(value, torch.Tensor):
-        tensor = value
-        if target is not None and tensor.device != target and tensor.device.type != "cpu":
-            # On another accelerator: moved alone (a CPU tensor waits, to move with the batch in one copy).
-            try:
-                tensor = tensor.to(target)
-            except (RuntimeError, NotImplementedError) as error:
-                raise ValueError(
-                    f"{describe(key)}: item {index} on {tensor.device} cannot be moved to {target}: {error}"
-                ) from None
-        if dtype is not None:
-            tensor = tensor.to(dtype)
-    else:
-        try:
-            tensor = torch.as_tensor(value, dtype=dtype)
-        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-            raise TypeError(f"{describe(key)}: item {index} is not a rectangular array of numbers ({exc})") from None
-    if tensor.layout != torch.strided or tensor.is_nested:
-        raise TypeError(f"{describe(key)}: item {index} is a {tensor.layout} tensor; items must be dense")
-    shape = tuple(tensor.shape)
-    signature = Signature(
-        pad_signature(shape, key, index) if pad else shape,
-        tensor.dtype if dtype is None else None,
-        tensor.device if target is None else None,
-    )
-    return tensor, signature, shape
-
-
-def _stack(
-    tensors: list[torch.Tensor], key: str | None, pad: _Padding | None, pad_value: int | float | bool
-) -> list[torch.Tensor]:
-    """One feature's tensors (of one shape, dtype and device, but for the first axis when padding) stacked:
-    ``[stacked]``, or with ``pad`` ``[padded, mask, lengths]``."""
-    first = tensors[0]
-    if pad is None:
-        return [torch.stack(tensors)]
-    fill = _fill_value(pad_value, first.dtype, key)
-    sizes = [t.shape[0] for t in tensors]
-    longest = max(sizes)
-    lengths = torch.tensor(sizes, dtype=torch.int64, device=first.device)
-    positions = torch.arange(longest, device=first.device)[None, :]
-    if pad.side == "right":
-        mask = positions < lengths[:, None]
-    else:
-        mask = positions >= (longest - lengths)[:, None]
-    padded = torch.full((len(tensors), longest, *first.shape[1:]), fill, dtype=first.dtype, device=first.device)
-    # One copy for the whole batch: the positions the mask holds, in order, are where the items' data goes, row
-    # by row, whichever side the padding is on. (masked_scatter_, not padded[mask] = ...: 100x faster on a CPU.)
-    padded.masked_scatter_(mask.view(*mask.shape, *[1] * (first.dim() - 1)).expand_as(padded), torch.cat(tensors))
-    return [padded, mask.to(pad.mask_dtype), lengths]
-
-
-def _pad_rows(tensor: torch.Tensor, padded_size: int) -> torch.Tensor:
-    """``tensor`` with its last row repeated up to ``padded_size`` rows."""
-    extra = padded_size - len(tensor)
-    if not extra:
-        return tensor
-    return torch.cat([tensor, tensor[-1:].expand(extra, *tensor.shape[1:])])
-
-
-def _kept_lengths(lengths: torch.Tensor, size: int) -> list[int]:
-    """The lengths of the ``size`` real items, as ints."""
-    if lengths.dim() != 1 or len(lengths) < size:
-        raise ValueError(f"lengths of shape {tuple(lengths.shape)} do not give one length for each of {size} items")
-    return [int(n) for n in lengths[:size].tolist()]
-
-
-def _fill_value(pad_value: int | float | bool, dtype: torch.dtype, key: str | None) -> int | float | bool | complex:
-    """``pad_value`` in ``dtype``, refusing a value it would change (see ``check_fill``)."""
-    try:
-        exact = torch.tensor(pad_value, dtype=torch.float64 if isinstance(pad_value, float) else None)
-        fill: Any = exact.to(dtype).item()
-    except (OverflowError, RuntimeError, TypeError, ValueError):
-        fill = None
-    check_fill(pad_value, fill, floating=dtype.is_floating_point or dtype.is_complex, dtype=dtype, key=key)
-    return fill  # type: ignore[no-any-return]
