@@ -339,4 +339,6 @@ def _withdrawn(b: Base, run: Run) -> None:
         _room.wake_putters(b, run)
     if not run.queue.waiting:
         _dispatch.cancel_timer(run)  # nothing waits: an idle batcher keeps no wake-up
+    elif run.timer is not None:
+        _dispatch.repump(b, run)  # a hold's wake-up count (Run.trigger) counts the items left: look again
     run.check_drained()

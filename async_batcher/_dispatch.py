@@ -50,13 +50,15 @@ def pump(b: Base, run: Run) -> None:
         limit = _policy.cut(b, lane.count)
         taken = queue.take(lane, limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
         if taken is not None:
-            _policy.formed(run, lane, taken, now)
             launch(b, run, taken, now, lane)
+            _policy.formed(lane)
     lane0 = queue.lane0
     # process()'s short path wakes the dispatcher at this count: during a hold, the count at which the callers it
-    # waits for are all back.
-    run.trigger = min(b._size_trigger, lane0.hold_mark - lane0.left) if _policy.holding(lane0, now) else b._size_trigger
-    queue.drop_empty_lanes(now)
+    # waits for are all back (or the largest batch is full).
+    run.trigger = (
+        min(_policy.largest(b), lane0.hold_mark - lane0.left) if _policy.holds(b, run, lane0, now) else b._size_trigger
+    )
+    queue.drop_empty_lanes(now - b._max_hold_time)
     if run.putters:
         _room.wake_putters(b, run)  # the batches just taken made room
     if not queue.waiting:
@@ -86,11 +88,11 @@ def _succeeded(task: asyncio.Task[None]) -> bool:
     return task.done() and not task.cancelled() and task.exception() is None
 
 
-def batch_ended(b: Base, run: Run, lane: Lane, callers: int) -> None:
-    """A batch of ``lane`` has freed its slot, having answered ``callers``: the hold may wait for them (policy), and
-    a free slot never idles while a batch is due."""
-    lane.in_flight -= 1
-    _policy.answered(b, run, lane, callers, run.loop.time())
+def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
+    """A batch has freed its slot, having answered ``callers``: the hold may wait for them (policy), and a free slot
+    never idles while a batch is due."""
+    batch.lane.in_flight -= 1
+    _policy.answered(b, run, batch, callers, run.loop.time())
     pump_safely(b, run)
 
 
@@ -107,7 +109,7 @@ def arrived(b: Base, run: Run, lane: Lane) -> None:
         or lane.count >= b._size_trigger
         or lane.weight >= b._weight_limit
         # A hold, and as many items back as callers it waits for (a process_many may bring more than one).
-        or (lane.hold_until != -math.inf and lane.arrived >= lane.hold_mark)
+        or (lane.hold_from != -math.inf and lane.arrived >= lane.hold_mark)
     ):
         run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
 

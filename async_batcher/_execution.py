@@ -218,28 +218,28 @@ def end(
         if ran:
             b._recorder.processed += batch.size
         if error is not None:
-            fail(b, batch, error, cut_off=cut_off)
+            batch.answered = fail(b, batch, error, cut_off=cut_off)
         else:
-            answer(b, batch, results)
+            batch.answered = answer(b, batch, results)
     finally:
         release(batch)
 
 
-def answer(b: Base, batch: Batch, results: Any) -> None:
-    """Hand each caller its result; if the results do not fit the batch, each caller gets why."""
+def answer(b: Base, batch: Batch, results: Any) -> int:
+    """Hand each caller its result; if the results do not fit the batch, each caller gets why. Return how many
+    calls that resolved."""
     try:
         checked = as_results(results, batch.size)
     except Exception as exc:  # the wrong number of results, or not a sequence
         logger.warning("%s: %s", b.name, exc)
         _discard(results)
-        fail_sinks(batch.sinks, exc, b._recorder)
-        return
-    deliver(batch.sinks, checked, b._recorder, futures_only=batch.futures_only)
+        return fail_sinks(batch.sinks, exc, b._recorder)
+    return deliver(batch.sinks, checked, b._recorder, futures_only=batch.futures_only)
 
 
-def fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False) -> None:
+def fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False) -> int:
     """Give every caller of the batch still waiting the error (a ``KeyboardInterrupt`` or ``SystemExit`` is raised
-    on after).
+    on after); return how many calls that resolved.
 
     A ``CancelledError`` becomes :class:`ProcessBatchCancelledError`, so that a caller is never mistaken for
     cancelled; a ``BaseException`` that is not an ``Exception`` reaches the callers wrapped. ``cut_off``: the error
@@ -256,8 +256,7 @@ def fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False) 
             n,
             type(error).__name__,
         )
-        fail_sinks(batch.sinks, error, b._recorder)
-        return
+        return fail_sinks(batch.sinks, error, b._recorder)
     if isinstance(error, asyncio.CancelledError):
         reported = ProcessBatchCancelledError(f"{b.name}: process_batch raised CancelledError on a batch of {n} items")
     elif isinstance(error, KeyboardInterrupt | SystemExit):
@@ -273,9 +272,10 @@ def fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False) 
         logger.warning("%s: process_batch raised %s on a batch of %d items", b.name, type(error).__name__, n)
     else:
         logger.warning("%s", reported)  # its message names the batcher
-    fail_sinks(batch.sinks, reported, b._recorder)
+    resolved = fail_sinks(batch.sinks, reported, b._recorder)
     if isinstance(error, KeyboardInterrupt | SystemExit):
         raise error
+    return resolved
 
 
 def stopped_error(b: Base, batch: Batch, error: BaseException) -> BaseException:
@@ -309,16 +309,7 @@ def release(batch: Batch) -> None:
     run = batch.run
     del run.batches[batch]
     run.in_flight -= 1
-    run.batch_ended(batch.lane, answered(batch))
-
-
-def answered(batch: Batch) -> int:
-    """How many calls the batch resolved: each single caller, and each ``process_many`` call whose last items were
-    in it (one whose other items are still to go has not been answered)."""
-    sinks = batch.sinks
-    if batch.futures_only:
-        return len(sinks)
-    return sum(1 for sink in sinks if sink.__class__ is not tuple or sink[0].future.done())
+    run.batch_ended(batch, batch.answered)
 
 
 def record(b: Base, batch: Batch) -> None:

@@ -21,25 +21,27 @@ class Lane:
     (:attr:`Queue.weighted`); ``left``, how many have left it so far (sent or withdrawn): ``count + left`` counts
     every item that ever arrived in the lane, without a step per item.
 
-    The rest is the lane's own history, for the hold (:mod:`~async_batcher._policy`): when its last two batches
-    ended (``ended``, ``ended_before``) and its last one was formed (``formed``), and, while a hold for the callers
-    its last batch answered may apply, until when (``hold_until``) and at which count of arrivals they are all back
-    (``hold_mark``).
+    The rest is the lane's own history, for the hold (:mod:`~async_batcher._policy`): when its last batch ended
+    (``ended``) and its arrivals then (``arrived_at_end``), whether that batch held all its callers (``alone``),
+    and, while a hold for the callers it answered may apply, since when (``hold_from``: it ends ``max_hold_time``
+    later), at which count of arrivals they are all back (``hold_mark``), and whether the hold is a probe
+    (``probing``).
     """
 
     __slots__ = (
+        "alone",
+        "arrived_at_end",
         "clean",
         "count",
         "ended",
-        "ended_before",
-        "formed",
+        "hold_from",
         "hold_mark",
-        "hold_until",
         "in_flight",
         "key",
         "left",
         "levels",
         "order",
+        "probing",
         "served",
         "weight",
     )
@@ -56,8 +58,11 @@ class Lane:
         self.weight = 0.0
         self.left = 0
         self.in_flight = 0  # its batches in flight: a lane is kept while it has some (their end is its history)
-        self.ended = self.ended_before = self.formed = self.hold_until = -math.inf
+        self.ended = self.hold_from = -math.inf
         self.hold_mark = 0
+        self.probing = False  # its hold is a probe (the hold is off: it is tried once)
+        self.alone = False  # its last batch held all its callers (nothing else arrived while it ran)
+        self.arrived_at_end = 0  # its arrivals when its last batch ended
 
     def level(self, priority: float) -> deque[Any]:
         fifo = self.levels.get(priority)

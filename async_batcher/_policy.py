@@ -16,8 +16,7 @@ from async_batcher._settings import UNLIMITED
 if TYPE_CHECKING:
     from async_batcher._base import Base
     from async_batcher._lane import Lane
-    from async_batcher._queue import Taken
-    from async_batcher._run import Run
+    from async_batcher._run import Batch, Run
 
 __all__: list[str] = []
 
@@ -29,23 +28,29 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
       batch: ``max_batch_size`` items (the smallest of ``preferred_batch_sizes``, or the adaptive wait's target
       size, when set), or ``max_batch_weight``;
     - during a hold (:func:`holds`: the callers the lane's last batch answered are coming back with their next
-      items), when they are all back, or when the hold ends, ``max_hold_time`` after that batch ended;
+      items), when they are all back, at the largest batch (``max_batch_size``, or the largest preferred size),
+      or when the hold ends, ``max_hold_time`` after that batch ended (or, with ``max_latency``, by the adaptive
+      wait's deadline for its oldest item, if sooner: the budget holds);
     - else when its oldest waiting item has waited ``max_queue_time`` since it arrived (with ``max_latency``, the
       adaptive wait's deadline for it);
     - ``inf`` if nothing of it waits (its callers may all have left).
     """
     if not lane.count:
         return math.inf
-    if run.state is State.STOPPING or lane.count >= b._size_trigger or lane.weight >= b._weight_limit:
+    if run.state is State.STOPPING or lane.weight >= b._weight_limit:
         return now
-    if lane.hold_until > now and holds(b, run, lane):
-        return lane.hold_until
+    held = holds(b, run, lane, now)
+    if lane.count >= (largest(b) if held else b._size_trigger):
+        return now
+    if held and b._adaptive is None:
+        return lane.hold_from + b._max_hold_time
     oldest = run.queue.oldest(lane)  # (it drops the entries of callers who left: the count may fall to 0)
     if oldest == math.inf:
         return math.inf
     if b._adaptive is None:
         return oldest + b._max_queue_time
-    return b._adaptive.send_by(oldest, max(lane.count, min(b._size_trigger, b._batch_limit)))
+    send_by = b._adaptive.send_by(oldest, max(lane.count, min(b._size_trigger, b._batch_limit)))
+    return min(send_by, lane.hold_from + b._max_hold_time) if held else send_by
 
 
 def choose(b: Base, run: Run, now: float) -> tuple[Lane | None, float]:
@@ -64,6 +69,11 @@ def choose(b: Base, run: Run, now: float) -> tuple[Lane | None, float]:
         elif at < next_at:
             next_at = at
     return chosen, next_at
+
+
+def largest(b: Base) -> int:
+    """The largest batch: ``max_batch_size``, or the largest of ``preferred_batch_sizes``."""
+    return b._preferred[-1] if b._preferred else b._batch_limit
 
 
 def cut(b: Base, waiting: int) -> int:
@@ -87,69 +97,63 @@ def adapt(b: Base, run: Run, now: float) -> None:
 
 
 # ---------------------------------------------------------------------- the hold
+#
+# A closed loop's callers (clients that send their next request once they have their answer) come back after each
+# batch; without a hold the first one back goes alone and they split into cohorts that alternate. The hold keeps a
+# freed slot for the callers a batch answered, but only while the lane's traffic shows it is such a loop: its last
+# batch held all its callers, since far fewer items arrived in the lane while it ran than the lane's rate would
+# have brought. Independent arrivals keep coming while a batch runs: the hold stays off for them, and a slot goes
+# the moment it is free. While it is off, it is tried (a probe), for a cohort of COHORT callers or more, at most
+# once every PROBE_EVERY seconds, and half as often after each probe that did not gather its lane's callers (up to
+# PROBE_AT_MOST): a closed loop that is split shows itself only once gathered, and independent arrivals pay for a
+# probe about once a minute.
 
-# The hold applies while the items of recent batches arrived, on average, within this fraction of their batch's time
-# after the answer before them: a closed loop's callers that come back within a batch's time (waiting longer for
-# them would cost more than the batch it saves); independent arrivals give one half.
-FOLLOWS_ANSWERS = 0.25
-# The weight of each batch in that average, once ten have counted: about the last ten batches count.
-_FOLLOW_WEIGHT = 0.1
-
-
-def answered(b: Base, run: Run, lane: Lane, callers: int, now: float) -> None:
-    """A batch of ``lane`` ended, having answered ``callers`` (each call it resolved counts once: a ``process_many``
-    whose items are still to go counts when its last batch ends). From now on, for at most ``max_hold_time``, a free
-    slot may wait for them to come back with their next items (:func:`holds`)."""
-    lane.ended_before, lane.ended = lane.ended, now
-    if b._max_hold_time and callers:
-        lane.hold_mark = lane.arrived + callers
-        lane.hold_until = now + b._max_hold_time
+COHORT = 4
+# A probe's wait after a probe that gathered its lane's callers; it doubles after each that did not, up to the last.
+PROBE_EVERY = 1.0
+PROBE_AT_MOST = 64.0
 
 
-def holds(b: Base, run: Run, lane: Lane) -> bool:
-    """Whether a free slot waits for the callers the lane's last batch answered (until ``lane.hold_until``, which
-    the caller checks): some have not come back yet; items arrive as answers go out (:attr:`Run.follows_answers`:
-    a closed loop's callers, not independent arrivals); the batcher runs; and nobody waits for room in the queue
-    (the batch the hold keeps back would make it)."""
-    return (
-        lane.arrived < lane.hold_mark
-        and run.follows_answers < FOLLOWS_ANSWERS
-        and run.state is State.RUNNING
-        and not run.putters
-    )
+def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
+    """A batch ended, having answered ``callers`` (each call it resolved counts once: a ``process_many`` whose items
+    are still to go counts when its last batch ends; a caller who had left is not one): whether it held all its
+    lane's callers, and, for at most ``max_hold_time`` from now, the hold for them (:func:`holds`)."""
+    lane = batch.lane
+    # It held them all if items arrived in the lane while it ran at a quarter of the lane's rate since its previous
+    # answer or less, that rate bringing two or more (fewer tell nothing).
+    during = lane.arrived - batch.arrived_before
+    rate = (lane.arrived - lane.arrived_at_end) / (now - lane.ended) if now > lane.ended else 0.0
+    expected = rate * (now - batch.started)
+    lane.alone = expected >= 2 and during * 4 <= expected and not run.is_stream
+    if batch.probe:  # a probe that failed waits twice as long for the next; one that gathered them, the least
+        run.probe_wait = PROBE_EVERY if lane.alone else min(2 * run.probe_wait, PROBE_AT_MOST)
+    lane.ended, lane.arrived_at_end = now, lane.arrived
+    if not b._max_hold_time or not callers:
+        return
+    if holding(b, lane, now):
+        lane.hold_mark += callers  # another batch of the lane ended during its hold: the hold waits for them too
+        return
+    lane.hold_mark = lane.arrived + callers
+    lane.hold_from = now
+    lane.probing = not lane.alone and callers >= COHORT and now >= run.probe_at
+    if lane.probing:
+        run.probe_at = now + run.probe_wait
 
 
-def holding(lane: Lane, now: float) -> bool:
+def holds(b: Base, run: Run, lane: Lane, now: float) -> bool:
+    """Whether a free slot waits for the callers the lane's last batch answered: some have not come back yet and
+    ``max_hold_time`` has not passed since it ended (the setting as it is now); the lane's last batch held all its
+    callers, or this hold is a probe; the batcher runs; and nobody waits for room in the queue (the batch the hold
+    keeps back would make it)."""
+    return holding(b, lane, now) and (lane.alone or lane.probing) and run.state is State.RUNNING and not run.putters
+
+
+def holding(b: Base, lane: Lane, now: float) -> bool:
     """Whether a hold may keep the lane's items back now (its callers' return not yet complete, its time not up)."""
-    return lane.hold_until > now and lane.arrived < lane.hold_mark
+    return lane.hold_from + b._max_hold_time > now and lane.arrived < lane.hold_mark
 
 
-def formed(run: Run, lane: Lane, taken: Taken, now: float) -> None:
-    """A batch of ``lane`` goes: its hold is over; and how its items arrived counts in :attr:`Run.follows_answers`.
-
-    The measure: how long after the lane's last answer before it each item arrived, on average (the mean of its
-    oldest and newest items'), as a fraction of the time since the lane's previous batch was formed. The callers of
-    a closed loop come back soon after their answer, then wait, for the batch in flight or for the others (a
-    hold): a small fraction, below one quarter while they are back within a batch's time. Independent arrivals
-    come at any time: one half on average.
-    """
-    lane.hold_until = -math.inf
-    previous, lane.formed = lane.formed, now
-    span = now - previous
-    oldest = _since_answer(lane, taken.oldest)
-    if span <= 0 or oldest < 0:
-        return  # the lane's first batches, or items older than its last two answers: no measure
-    run.follow_samples += 1
-    # The mean of the first batches, then a moving average of the last ten or so: quick to learn, slow to waver.
-    weight = max(_FOLLOW_WEIGHT, 1 / run.follow_samples)
-    fraction = min(1.0, (oldest + _since_answer(lane, taken.newest)) / 2 / span)
-    run.follows_answers += weight * (fraction - run.follows_answers)
-
-
-def _since_answer(lane: Lane, arrival: float) -> float:
-    """How long after the lane's last answer before it an item arrived; ``-1`` if before its last two."""
-    if arrival >= lane.ended > -math.inf:
-        return arrival - lane.ended
-    if lane.ended > arrival >= lane.ended_before > -math.inf:
-        return arrival - lane.ended_before
-    return -1.0
+def formed(lane: Lane) -> None:
+    """A batch of ``lane`` goes: its hold, if any, is over."""
+    lane.hold_from = -math.inf
+    lane.probing = False

@@ -201,14 +201,14 @@ class Queue:
                 oldest = min(oldest, head[ARRIVAL] if head.__class__ is list else head.arrival)
         return oldest
 
-    def drop_empty_lanes(self, now: float) -> None:
+    def drop_empty_lanes(self, held_since: float) -> None:
         """Keys come and go: forget the lanes that hold nothing, have no batch in flight and no hold waiting for
-        their callers (the default lane stays)."""
+        their callers (one that began after ``held_since``); the default lane stays."""
         if len(self.lanes) > 1:
             for key in [
                 key
                 for key, lane in self.lanes.items()
-                if not lane.count and not lane.in_flight and lane.hold_until <= now and lane is not self.lane0
+                if not lane.count and not lane.in_flight and lane.hold_from <= held_since and lane is not self.lane0
             ]:
                 del self.lanes[key]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import sys
 import time
 from collections import deque
@@ -67,8 +68,6 @@ class Run:
         "dispatches",
         "drained",
         "fast_loop",
-        "follow_samples",
-        "follows_answers",
         "ident",
         "in_flight",
         "is_coroutine",
@@ -77,6 +76,8 @@ class Run:
         "loop",
         "new_future",
         "on_drained",
+        "probe_at",
+        "probe_wait",
         "pump_handle",
         "putters",
         "queue",
@@ -149,12 +150,10 @@ class Run:
         self.timer_at = 0.0
         self.timer_when = 0.0  # the deadline of the last timer that fired
         self.dispatches = 0  # batches formed so far: the clock of Lane.served
-        # The hold (max_hold_time): how long after the answer before them the items of recent batches arrived, on
-        # average, as a fraction of their wait (0: at once, as the callers of closed loops come back; about one
-        # half: anywhen, as independent arrivals do). The hold applies while it is low (_policy.holds): it starts
-        # low, so that a hold applies until arrivals show that they do not follow answers.
-        self.follows_answers = 0.0
-        self.follow_samples = 0  # the batches measured so far
+        # When the hold may next be tried while it is off, to see whether it gathers a batch of all its lane's
+        # callers (a probe).
+        self.probe_at = -math.inf
+        self.probe_wait = 1.0  # the wait before the next probe (it doubles after each that did not gather them)
         # The size of the default lane at which an arrival on process()'s short path wakes the dispatcher: the
         # batcher's size trigger, or during a hold the size at which everyone is back. Read only while a timer is
         # armed; the pump, which arms it, sets it first.
@@ -162,9 +161,9 @@ class Run:
         # -- Execution: the batches in flight, and how process_batch is called.
         self.batches: dict[Batch, None] = {}
         self.in_flight = 0
-        # The dispatcher's: a batch of this lane has ended and freed its slot, having answered this many callers
-        # (the dispatcher looks again). A run that never dispatches keeps the no-op.
-        self.batch_ended: Callable[[Lane, int], None] = _ignore
+        # The dispatcher's: a batch has ended and freed its slot, having answered this many callers (the
+        # dispatcher looks again). A run that never dispatches keeps the no-op.
+        self.batch_ended: Callable[[Batch, int], None] = _ignore
         self.by_keyword = by_keyword  # process_batch is called as process_batch(batch=...): its parameter's name
         self.is_coroutine = is_coroutine  # process_batch is an async def: it runs as a task, else in the executor
         self.is_stream = is_stream  # process_batch is an async generator: its items are streamed (stream())
@@ -180,7 +179,7 @@ class Run:
                 self.on_drained()
 
 
-def _ignore(lane: Lane, callers: int) -> None:
+def _ignore(batch: Batch, callers: int) -> None:
     pass
 
 
@@ -189,11 +188,14 @@ class Batch:
 
     __slots__ = (
         "abandoned",
+        "answered",
+        "arrived_before",
         "entered",
         "futures_only",
         "handle",
         "items",
         "lane",
+        "probe",
         "run",
         "sinks",
         "size",
@@ -214,6 +216,9 @@ class Batch:
         self.started = started  # on the loop's clock, when the batch was formed
         self.waited = started - taken.oldest  # how long its oldest item waited for it
         self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
+        self.arrived_before = lane.arrived  # the lane's arrivals before it went (the hold counts those after)
+        self.answered = 0  # the calls it resolved when it ended (a caller who had left is not one)
+        self.probe = lane.probing  # formed by a probe of the hold
         self.weights = taken.weights  # each item's weight, when weights are kept (a streaming batch's budget)
         # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
         # now, and if it has not started in its thread, it will not.

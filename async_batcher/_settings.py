@@ -130,7 +130,7 @@ class Settings:
     @property
     def max_hold_time(self) -> float:
         """The most seconds, from a batch's end, that a free slot waits for the callers the batch answered to come
-        back with their next items, while arrivals follow answers (a closed loop's callers); ``0``: never."""
+        back with their next items, while they are a closed loop (its last batch held them all); ``0``: never."""
         return self._max_hold_time
 
     @max_hold_time.setter

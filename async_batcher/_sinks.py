@@ -191,20 +191,25 @@ def without_departed(items: list[Any], sinks: list[Any], *, futures_only: bool) 
     return kept_items, kept_sinks
 
 
-def fail_sinks(sinks: list[Any], exc: BaseException, recorder: _Recorder) -> None:
-    """Give ``exc`` to every caller of a batch still waiting."""
-    failed = 0
+def fail_sinks(sinks: list[Any], exc: BaseException, recorder: _Recorder) -> int:
+    """Give ``exc`` to every caller of a batch still waiting; return how many calls that resolved."""
+    failed = resolved = 0
     for sink in sinks:
         if sink.__class__ is tuple:
-            sink[0].fail_chunk(sink[1], sink[2], exc)
+            bulk = sink[0]
+            if not bulk.future.done():
+                bulk.fail_chunk(sink[1], sink[2], exc)
+                resolved += bulk.future.done()
         elif not sink.done():
             sink.set_exception(exc)
             failed += 1
     recorder.failed += failed
+    return failed + resolved
 
 
-def deliver(sinks: list[Any], results: Sequence[Any], recorder: _Recorder, *, futures_only: bool) -> None:
-    """Hand each caller its result; an ``Exception`` element is raised to its caller. A caller who left is skipped."""
+def deliver(sinks: list[Any], results: Sequence[Any], recorder: _Recorder, *, futures_only: bool) -> int:
+    """Hand each caller its result; an ``Exception`` element is raised to its caller. A caller who left is skipped.
+    Return how many calls that resolved (a ``process_many`` call once, with its last items)."""
     if futures_only and not any(issubclass(kind, Exception) for kind in set(map(type, results))):
         # No exception among the results (one look at their types, not one isinstance per item).
         if any(map(future_done, sinks)):
@@ -214,26 +219,30 @@ def deliver(sinks: list[Any], results: Sequence[Any], recorder: _Recorder, *, fu
                     sink.set_result(result)
                     settled += 1
             recorder.succeeded += settled
-        else:
-            # Every caller still waits (the common case): set them all in one pass in C. Nothing can finish a
-            # future meanwhile: set_result schedules its callbacks, it does not run them.
-            consume(map(_set_result, sinks, results))
-            recorder.succeeded += len(sinks)
-        return
-    i = 0
+            return settled
+        # Every caller still waits (the common case): set them all in one pass in C. Nothing can finish a
+        # future meanwhile: set_result schedules its callbacks, it does not run them.
+        consume(map(_set_result, sinks, results))
+        recorder.succeeded += len(sinks)
+        return len(sinks)
+    i = resolved = 0
     for sink in sinks:
         if sink.__class__ is tuple:
             bulk, start, count = sink
-            bulk.deliver(start, results, i, count)
+            if not bulk.future.done():
+                bulk.deliver(start, results, i, count)
+                resolved += bulk.future.done()
             i += count
             continue
         result = results[i]
         i += 1
         if sink.done():
             continue  # its caller left: the result is dropped
+        resolved += 1
         if isinstance(result, Exception):
             sink.set_exception(result)
             recorder.failed += 1
         else:
             sink.set_result(result)
             recorder.succeeded += 1
+    return resolved

@@ -279,6 +279,7 @@ def _fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False)
 def _end(b: Base, batch: Batch, entered: int) -> None:
     """The batch is over: its statistics (if it reached process_batch), then its slot."""
     batch.handle = None
+    batch.answered = sum(1 for sink in batch.sinks if not sink.cancelled())  # the streams it ended
     if entered:
         _execution.record(b, batch)
         if not batch.abandoned:

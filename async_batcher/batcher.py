@@ -46,10 +46,11 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
        clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: when a batch of
        a lane ends, its slot may wait for the callers it answered to come back with their next items (clients
        that send their next request once they have their answer), so that they share one batch instead of
-       splitting into alternating halves. It goes as soon as they are all back, and at most ``max_hold_time``
-       after that batch ended; it waits only for callers that batch answered, never while a caller waits for
-       room in the queue or the batcher stops, and only while the items of recent batches arrived soon after the
-       answers before them, as such callers do (independent arrivals turn it off).
+       splitting into alternating halves. It goes as soon as they are all back or the largest batch is full,
+       and at most ``max_hold_time`` after that batch ended; it waits only for callers that batch answered,
+       never while a caller waits for room in the queue or the batcher stops, and only while the lane's last
+       batch held all its callers (nothing else arrived in its lane while it ran), or once in a while as a try:
+       independent arrivals keep it off.
        ``max_queue_time=0`` sends whatever is waiting the moment a slot is free (items that arrive in the same
        loop iteration share the batch). Items go out in arrival order. An idle batcher schedules no wake-ups.
     2. **Results.** ``process_batch`` returns one result per item, in order (any ordered iterable), or ``None``
@@ -108,7 +109,7 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
             measures (the adaptive wait, :mod:`async_batcher.adaptive`) instead of ``max_queue_time``.
         max_hold_time: The most seconds, from a batch's end, that a free slot waits for the callers that batch
             answered to come back with their next items (clients that send their next request once they have
-            their answer), so that they share a batch; it applies while arrivals follow answers; ``0``: never.
+            their answer), so that they share a batch; it applies to closed loops only; ``0``: never.
         preferred_batch_sizes: Batch sizes the model runs best at (Triton's ``preferred_batch_size``): a batch
             goes out at the largest one available, else waits for the next one at most ``max_queue_time``.
         default_timeout: Seconds every item may take at most when its call gives no ``timeout=``.

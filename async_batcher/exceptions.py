@@ -30,13 +30,14 @@ class BatcherStoppedError(AsyncBatchException, RuntimeError):
 
 
 class OutcomeUnknownError(AsyncBatchException):
-    """The item's batch was cut off while ``process_batch`` worked on it (a forced stop, an expired
-    ``stop(timeout=...)``, the event loop shutting down): what it did for this item, a write or a send, is unknown.
+    """What ``process_batch`` did for this item, a write or a send, is unknown: it was cut off while the item was on
+    its way (a forced stop, an expired ``stop(timeout=...)``, the event loop shutting down, a connection lost after
+    the request may have left).
 
     Not a :class:`BatcherStoppedError`, which says the item was not processed: retrying this one may do it twice.
-    Check first (read it back), or retry only what is idempotent. Raised by batchers whose
-    :meth:`~async_batcher.AsyncBatcher.abandoned_error` says so (the SQL and AWS batchers do); ``__cause__`` is the
-    stop's :class:`BatcherStoppedError`.
+    Check first (read it back), or retry only what is idempotent. Raised by batchers that write or send (the SQL and
+    AWS batchers, through :meth:`~async_batcher.AsyncBatcher.abandoned_error` for a stop); ``__cause__`` is what cut
+    it off: the stop's :class:`BatcherStoppedError`, or the driver's error.
     """
 
 

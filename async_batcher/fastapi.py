@@ -16,7 +16,9 @@ them through :func:`batcher_dependency`, and tests or several apps in one proces
 
 A full queue becomes ``503 Service Unavailable`` with a ``Retry-After`` header, the standard signal for a client
 or load balancer to back off and come back, instead of a 500 that reads like a bug. A request that arrives while
-the batchers stop, after the server began shutting down, gets the same answer. Needs the ``[fastapi]`` extra.
+the batchers stop, after the server began shutting down, gets the same answer. A write or a send whose outcome is
+unknown (:class:`~async_batcher.OutcomeUnknownError`) is a 500 without ``Retry-After``: it may have been done.
+Needs the ``[fastapi]`` extra.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from async_batcher.batcher import AsyncBatcher
-from async_batcher.exceptions import BatcherStoppedError, QueueFullException
+from async_batcher.exceptions import BatcherStoppedError, OutcomeUnknownError, QueueFullException
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -135,7 +137,10 @@ def batcher_dependency(name: str | None = None) -> Callable[[Request], AsyncBatc
 
 
 def add_batcher_exception_handlers(app: Starlette, *, retry_after: int = 1) -> None:
-    """Answer ``QueueFullException`` and ``BatcherStoppedError`` with 503 and ``Retry-After: retry_after``."""
+    """Answer ``QueueFullException`` and ``BatcherStoppedError`` with 503 and ``Retry-After: retry_after``: the
+    request was not processed, try again. Answer :class:`~async_batcher.OutcomeUnknownError` (a write or a send
+    cut off by a stop or a lost connection) with 500 and no ``Retry-After``: it may have been processed, and a
+    client that retries it blindly may do it twice."""
     if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 0:
         raise ValueError(f"retry_after must be a non-negative int of seconds, got {retry_after!r}")
 
@@ -148,5 +153,13 @@ def add_batcher_exception_handlers(app: Starlette, *, retry_after: int = 1) -> N
             headers={"Retry-After": str(retry_after)},
         )
 
+    async def unknown(request: Request, exc: Exception) -> Response:
+        logger.debug("%s %s: 500, outcome unknown", request.method, request.url.path)
+        return JSONResponse(
+            {"detail": "The outcome is unknown: the request may have been processed; check before retrying"},
+            status_code=500,
+        )
+
     app.add_exception_handler(QueueFullException, unavailable)
     app.add_exception_handler(BatcherStoppedError, unavailable)
+    app.add_exception_handler(OutcomeUnknownError, unknown)

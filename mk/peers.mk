@@ -1,7 +1,9 @@
 # The head-to-head: python -m benchmarks.peers (docs/guides/benchmarks.md, "One model, one app, each batcher"). It builds
 # a venv per peer under .cache/peers-server/ (pip, needs PyPI; the TensorFlow wheels are downloaded once) and drives
-# the servers with wrk. PEERS_ARGS passes options through, e.g. `make bench-peers PEERS_ARGS=--quick` or
-# `make bench-peers PEERS_ARGS='--ours wait1ms:max_queue_time=0.001'`.
+# the servers closed-loop with wrk, then open-loop with benchmarks/openloop/generate.py (Poisson arrivals, and the
+# mixed scenario), all in reports/peers.md. PEERS_ARGS passes options through, e.g.
+# `make bench-peers PEERS_ARGS=--quick`, `make bench-peers PEERS_ARGS='--ours wait1ms:max_queue_time=0.001'` or
+# `make bench-peers PEERS_ARGS='--modes closed'` (wrk only, as before).
 .PHONY: bench-peers
 
 # wrk, Debian's package: installed here when missing and allowed (root), else a clear message.

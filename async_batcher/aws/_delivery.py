@@ -17,16 +17,35 @@ and the answer can be
 
 The service-specific part is the ``send`` function: it makes one call, records the outcome of each entry the
 service processed, and returns the entries to try again.
+
+What may have been applied. Each entry's :class:`Outcomes` slot also knows whether a call carrying it is under
+way, and whether one may already have applied it without saying so: a call that got no answer after its request
+may have left (a connection lost mid-call, a read timeout), one answered HTTP 5xx (the service failed on its side
+and does not say whether before or after applying it), one whose earlier HTTP attempt (botocore's own retry)
+was such, one whose answer does not mention the entry. Such an entry never gets a "not applied" error
+afterwards: if it ends without a success, its caller gets :class:`AwsOutcomeUnknownError`; and a stop that cuts
+the batch off reports it as "unknown" (:meth:`Outcomes.abandoned`). An answer of HTTP 4xx (throttling, a
+refusal) and a connection that could not be opened say that nothing was applied.
+
+botocore tells how each HTTP attempt of a call ended through an event the batcher listens to
+(:func:`record_attempt`); :class:`Attempts`, found through a context variable, collects them for the call under
+way in the current task.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
+import contextvars
+from collections.abc import Awaitable, Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from async_batcher.aws.errors import RetriesExhaustedError
+from async_batcher.aws.errors import (
+    AbandonedBatchError,
+    AwsOutcomeUnknownError,
+    EntryOutcome,
+    RetriesExhaustedError,
+)
 from async_batcher.aws.retry import RetryPolicy, is_retryable_error
 
 E = TypeVar("E")
@@ -80,11 +99,59 @@ def splitter(
 _PENDING: Any = object()
 
 
-class Outcomes(Generic[R]):
-    """The result or error of each item of a batch, recorded once (the first outcome stands)."""
+def http_status(error: BaseException) -> int | None:
+    """The HTTP status of a botocore ``ClientError`` (an answered call), or None."""
+    response = getattr(error, "response", None)
+    if not isinstance(response, dict):
+        return None
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
 
-    def __init__(self, size: int) -> None:
+
+def answer_may_have_applied(status: int | None) -> bool:
+    """Whether an answer with this HTTP status leaves open that the call was applied: only a 4xx (throttled,
+    refused, too large) says it was not; a 5xx says the service failed without saying before or after applying."""
+    return status is None or not 400 <= status < 500
+
+
+class Attempts:
+    """The HTTP attempts of one API call (botocore retries inside a call), as botocore reports them: for each,
+    whether it may have applied the call."""
+
+    __slots__ = ("operation", "verdicts")
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        self.verdicts: list[bool] = []
+
+
+current_attempts: contextvars.ContextVar[Attempts | None] = contextvars.ContextVar(
+    "async_batcher_aws_attempts", default=None
+)
+"""The :class:`Attempts` of the call under way in this task (set by :class:`Delivery` around each call)."""
+
+
+def record_attempt(event_name: str, verdict: bool) -> None:
+    """Note how one HTTP attempt of ``event_name``'s operation ended, for the call under way in this task."""
+    attempts = current_attempts.get()
+    if attempts is not None and event_name.endswith("." + attempts.operation):
+        attempts.verdicts.append(verdict)
+
+
+class Outcomes(Generic[R]):
+    """The result or error of each item of a batch, recorded once (the first outcome stands), and what is known of
+    the items still without one: whether a call carrying them is under way, and whether one may have applied them.
+
+    ``operation`` names the API in errors; ``effects`` is False for a batch that only reads (nothing it does can
+    be "applied" twice: its items never get an :class:`AwsOutcomeUnknownError`).
+    """
+
+    def __init__(self, size: int, *, operation: str = "batch call", effects: bool = True) -> None:
         self._values: list[Any] = [_PENDING] * size
+        self._in_flight = [0] * size
+        self._maybe = [False] * size
+        self.operation = operation
+        self.effects = effects
 
     def succeed(self, index: int, value: R) -> None:
         if self._values[index] is _PENDING:
@@ -95,10 +162,63 @@ class Outcomes(Generic[R]):
             self._values[index] = error
 
     def fail_pending(self, error: Exception) -> None:
-        """Give ``error`` to every item that has no outcome yet."""
+        """Give every item that has no outcome yet ``error``, or an :class:`AwsOutcomeUnknownError` caused by it
+        for an item that a call may have applied."""
         for index, value in enumerate(self._values):
             if value is _PENDING:
-                self._values[index] = error
+                self._values[index] = self.unknown_if_maybe([index], error)
+
+    def unknown_if_maybe(self, indices: Iterable[int], error: Exception) -> Exception:
+        """``error`` (which says "not applied"), or an :class:`AwsOutcomeUnknownError` caused by it when a call may
+        have applied one of ``indices``."""
+        if not self.effects or not any(self._maybe[index] for index in indices):
+            return error
+        if isinstance(error, RetriesExhaustedError):
+            reason = f"gave up after {error.attempts} attempt(s), after a call that may have applied it"
+        else:
+            reason = f"no answer ({type(error).__name__}) to a call whose request may have reached the service"
+        unknown = AwsOutcomeUnknownError(self.operation, reason)
+        unknown.__cause__ = error
+        return unknown
+
+    def calls_started(self, indices: Iterable[int]) -> None:
+        for index in indices:
+            self._in_flight[index] += 1
+
+    def calls_ended(self, indices: Iterable[int]) -> None:
+        for index in indices:
+            self._in_flight[index] -= 1
+
+    def may_have_applied(self, indices: Iterable[int]) -> None:
+        """A call may have applied these items without saying so (it stays so: see the module docstring)."""
+        for index in indices:
+            self._maybe[index] = True
+
+    def is_maybe(self, indices: Iterable[int]) -> bool:
+        return any(self._maybe[index] for index in indices)
+
+    def outcome(self, index: int) -> EntryOutcome:
+        """What is known of item ``index`` now."""
+        value = self._values[index]
+        if value is _PENDING:
+            if self.effects and (self._in_flight[index] or self._maybe[index]):
+                return EntryOutcome("unknown")
+            return EntryOutcome("not applied")
+        if isinstance(value, AwsOutcomeUnknownError):
+            return EntryOutcome("unknown", error=value)
+        if isinstance(value, BaseException):
+            return EntryOutcome("not applied", error=value)
+        return EntryOutcome("applied", result=value)
+
+    def abandoned(self, items: Sequence[object], stopped: BaseException) -> BaseException:
+        """What the callers of this batch get when a stop cuts it off: ``stopped`` when none of its items can have
+        been applied, else an :class:`AbandonedBatchError` that knows each item's outcome."""
+        outcomes = [self.outcome(index) for index in range(len(self._values))]
+        if all(outcome.state == "not applied" for outcome in outcomes):
+            return stopped
+        error = AbandonedBatchError(self.operation, items, outcomes)
+        error.__cause__ = stopped
+        return error
 
     def results(self) -> list[R | Exception]:
         """The outcomes in batch order; an item left without one would be a bug, and gets an error saying so."""
@@ -127,6 +247,11 @@ class Delivery(Generic[E]):
         operation: the API name, for error messages.
         split: how a refused call is split to find the entries at fault (see :func:`splitter`).
         sleep: waits between attempts (tests inject their own).
+        outcomes: the batch's outcomes, which learn which entries are under way and which a call may have
+            applied; with ``indices_of`` (the batch positions of an entry's callers). Without them nothing is
+            tracked and exhaustion is always :class:`RetriesExhaustedError`.
+        observed: whether botocore reports each HTTP attempt (:func:`record_attempt`); when it does not, an error
+            that is not an answer (a transport error) is taken to mean the request may have reached the service.
     """
 
     send: Callable[[list[E]], Awaitable[Sequence[E]]]
@@ -135,6 +260,9 @@ class Delivery(Generic[E]):
     operation: str
     split: Splitter[E]
     sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep)
+    outcomes: Outcomes[Any] | None = None
+    indices_of: Callable[[E], Iterable[int]] = field(default=lambda entry: ())
+    observed: bool = False
 
     async def run(self, entries: Sequence[E]) -> None:
         """Deliver ``entries``; raises only what is not a service answer (transport errors, cancellation)."""
@@ -159,7 +287,7 @@ class Delivery(Generic[E]):
         while True:
             last_error: BaseException | None = None
             try:
-                left = list(await self.send(group))
+                left = list(await self._call(group))
             except Exception as error:
                 if error_code(error) is None:
                     raise  # no answer from the service: the batcher's to report
@@ -170,8 +298,48 @@ class Delivery(Generic[E]):
                 return
             if attempt >= self.policy.max_attempts:
                 for entry in left:
-                    self.fail(entry, RetriesExhaustedError(self.operation, attempt, last_error))
+                    exhausted = RetriesExhaustedError(self.operation, attempt, last_error)
+                    if self.outcomes is not None:
+                        self.fail(entry, self.outcomes.unknown_if_maybe(self.indices_of(entry), exhausted))
+                    else:
+                        self.fail(entry, exhausted)
                 return
             await self.sleep(self.policy.backoff(attempt))
             attempt += 1
             group = left
+
+    async def _call(self, group: list[E]) -> Sequence[E]:
+        """One call through ``send``, noting in ``outcomes`` that it is under way and, after it, which entries it
+        may have applied without saying so."""
+        outcomes = self.outcomes
+        if outcomes is None:
+            return await self.send(group)
+        indices = [index for entry in group for index in self.indices_of(entry)]
+        attempts = Attempts(self.operation)
+        token = current_attempts.set(attempts)
+        outcomes.calls_started(indices)
+        try:
+            left = await self.send(group)
+        except Exception as error:
+            if self._may_have_applied(attempts, error):
+                outcomes.may_have_applied(indices)
+            raise
+        except BaseException:
+            outcomes.may_have_applied(indices)  # cancelled mid-call (a stop): the request may be out
+            raise
+        finally:
+            outcomes.calls_ended(indices)
+            current_attempts.reset(token)
+        if any(attempts.verdicts[:-1]):  # an earlier attempt (botocore's retry) may have applied all of them
+            outcomes.may_have_applied(index for entry in left for index in self.indices_of(entry))
+        return left
+
+    def _may_have_applied(self, attempts: Attempts, error: Exception) -> bool:
+        """Whether a call that raised ``error`` may have applied its entries."""
+        if attempts.verdicts:
+            return any(attempts.verdicts)
+        if error_code(error) is not None:  # an answer, whose attempts were not reported
+            return answer_may_have_applied(http_status(error))
+        # No attempt reported: none was made (an error before sending, such as missing credentials), unless
+        # botocore's reports are not observed.
+        return not self.observed

@@ -33,7 +33,8 @@ def settle_entries(
 
     A ``Successful`` entry gives its item its ``MessageId``; a ``Failed`` entry with ``SenderFault`` gives
     ``refused(code, message, sender_fault=True)``. A ``Failed`` entry that is the service's fault, and an item
-    the answer does not mention (not sent as far as we know), are returned for another try.
+    the answer does not mention, are returned for another try; the latter may have been sent, so its outcome
+    stays unknown unless a later call answers it.
     """
     answered: set[int] = set()
     for success in response.get("Successful") or ():
@@ -49,5 +50,7 @@ def settle_entries(
             outcomes.fail(items[number].index, error)
         else:
             left.append(items[number])
-    left.extend(item for number, item in enumerate(items) if number not in answered)
+    unanswered = [item for number, item in enumerate(items) if number not in answered]
+    outcomes.may_have_applied(item.index for item in unanswered)
+    left.extend(unanswered)
     return left

@@ -69,30 +69,33 @@ class TargetedBatcher(AwsBatcher[T, R]):
         raise NotImplementedError
 
     async def process_batch(self, batch: list[T]) -> list[R | Exception]:
-        outcomes: Outcomes[R] = Outcomes(len(batch))
-        entries: list[Entry] = []
-        for index, item in enumerate(batch):
-            target = self.target_of(item)
-            if target is None:
-                error = ValueError(f"the item names no {self.target_attribute} and the batcher has none")
-                outcomes.fail(index, error)
-                continue
-            entries.append(Entry(index, target, *self.entry_of(item)))
+        outcomes: Outcomes[R] = self._outcomes(len(batch), self.operation)
+        with self._tracking(batch, outcomes):
+            entries: list[Entry] = []
+            for index, item in enumerate(batch):
+                target = self.target_of(item)
+                if target is None:
+                    error = ValueError(f"the item names no {self.target_attribute} and the batcher has none")
+                    outcomes.fail(index, error)
+                    continue
+                entries.append(Entry(index, target, *self.entry_of(item)))
 
-        async def send(call: list[Entry]) -> list[Entry]:
-            return await self.call(call, outcomes)
+            async def send(call: list[Entry]) -> list[Entry]:
+                return await self.call(call, outcomes)
 
-        def fail(entry: Entry, error: Exception) -> None:
-            outcomes.fail(entry.index, error)
+            def fail(entry: Entry, error: Exception) -> None:
+                outcomes.fail(entry.index, error)
 
-        delivery = self._delivery(self.operation, send, fail, self._split)
-        calls = chunk_groups(
-            entries,
-            key_of=lambda entry: entry.target,
-            max_count=self.max_entries,
-            max_bytes=self.max_call_bytes(),
-            size_of=lambda entry: entry.size,
-        )
-        in_order = any(self.in_order(call[0].target) for call in calls)
-        await self._run_calls(delivery, calls, outcomes, in_order=in_order)
-        return outcomes.results()
+            delivery = self._delivery(
+                self.operation, send, fail, self._split, outcomes, indices_of=lambda entry: (entry.index,)
+            )
+            calls = chunk_groups(
+                entries,
+                key_of=lambda entry: entry.target,
+                max_count=self.max_entries,
+                max_bytes=self.max_call_bytes(),
+                size_of=lambda entry: entry.size,
+            )
+            in_order = any(self.in_order(call[0].target) for call in calls)
+            await self._run_calls(delivery, calls, outcomes, in_order=in_order)
+            return outcomes.results()

@@ -1,8 +1,15 @@
-"""What the AWS batchers share: the aioboto3 client they open at start and close at stop, and the retry policy.
+"""What the AWS batchers share: the aioboto3 client they open at start and close at stop, the retry policy, and
+what the callers of a batch cut off by a stop get.
 
 One client per batcher, not one per batch: opening a client builds its endpoint, credentials and HTTP
 connection pool, which costs more than a small batch call. The client is opened in ``on_start`` (the first
 batch waits for it) and closed in ``on_stop`` after the drain.
+
+A stop that cuts a batch off (``stop(force=True)``, an expired ``stop(timeout=...)``) asks
+:meth:`AwsBatcher.abandoned_error`, which reads the batch's :class:`~async_batcher.aws._delivery.Outcomes` as they
+are at that moment: callers of a batch none of whose items can have been applied (nothing sent yet, or every call
+so far answered "not applied", as a throttled call is) get the plain ``BatcherStoppedError``; otherwise every
+caller gets an :class:`~async_batcher.aws.errors.AbandonedBatchError`, which knows each item's outcome.
 """
 
 from __future__ import annotations
@@ -10,11 +17,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+import socket
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, Final, TypeVar
 
-from async_batcher.aws._delivery import Delivery, Outcomes, Splitter
-from async_batcher.aws._sdk import AioConfig, aioboto3
+from async_batcher.aws._delivery import Delivery, Outcomes, Splitter, answer_may_have_applied, record_attempt
+from async_batcher.aws._sdk import (
+    AioConfig,
+    ClientConnectorError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ProxyConnectionError,
+    SSLError,
+    aioboto3,
+)
+from async_batcher.aws.errors import AwsOutcomeUnknownError
 from async_batcher.aws.retry import RetryPolicy
 from async_batcher.batcher import AsyncBatcher
 
@@ -44,6 +61,29 @@ def client_config(config: AioConfig | None) -> AioConfig:
     return merged
 
 
+def never_sent(error: BaseException) -> bool:
+    """Whether a transport error says the request never left: the connection could not be opened (refused, no
+    route, DNS, TLS handshake, proxy, connect timeout). Anything else (a connection lost mid-call, a read
+    timeout) may have come after the service received the request."""
+    if isinstance(error, ConnectTimeoutError | ProxyConnectionError):
+        return True
+    if isinstance(error, EndpointConnectionError | SSLError):
+        # aiobotocore raises EndpointConnectionError for any aiohttp connection error, a reset mid-call included;
+        # only a connector error is the connection failing to open.
+        return isinstance(error.kwargs.get("error"), ClientConnectorError | socket.gaierror)
+    return False
+
+
+def _on_response_received(event_name: str, exception: BaseException | None = None,
+                          response_dict: dict[str, Any] | None = None, **_: Any) -> None:  # fmt: skip
+    """botocore's report of one HTTP attempt: note whether it may have applied the call (see ``_delivery``)."""
+    if exception is not None:
+        verdict = not never_sent(exception)
+    else:
+        verdict = answer_may_have_applied((response_dict or {}).get("status_code"))
+    record_attempt(event_name, verdict)
+
+
 class AwsBatcher(AsyncBatcher[T, R]):
     """An :class:`AsyncBatcher` with an aioboto3 client of ``service_name``.
 
@@ -63,6 +103,8 @@ class AwsBatcher(AsyncBatcher[T, R]):
     """
 
     service_name: ClassVar[str]
+    has_effects: ClassVar[bool] = True
+    """Whether the batcher writes or sends (False for reads: nothing it does can be applied twice)."""
 
     def __init__(
         self,
@@ -90,6 +132,10 @@ class AwsBatcher(AsyncBatcher[T, R]):
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         self._client: Any = None
         self._client_stack: contextlib.AsyncExitStack | None = None
+        # The outcomes of each batch in process_batch, by id() of its list: what abandoned_error() reads.
+        # (the list, its items as given, their outcomes): a process_batch that reorders or empties its list must not
+        # change which item an outcome belongs to.
+        self._batches: dict[int, tuple[list[Any], tuple[Any, ...], Outcomes[Any]]] = {}
 
     @property
     def client(self) -> Any:
@@ -115,8 +161,55 @@ class AwsBatcher(AsyncBatcher[T, R]):
         send: Callable[[list[E]], Awaitable[Sequence[E]]],
         fail: Callable[[E, Exception], None],
         split: Splitter[E],
+        outcomes: Outcomes[Any],
+        indices_of: Callable[[E], Iterable[int]],
     ) -> Delivery[E]:
-        return Delivery(send=send, fail=fail, policy=self.retry, operation=operation, split=split, sleep=self._sleep)
+        return Delivery(
+            send=send,
+            fail=fail,
+            policy=self.retry,
+            operation=operation,
+            split=split,
+            sleep=self._sleep,
+            outcomes=outcomes,
+            indices_of=indices_of,
+            observed=True,  # on_start listens to botocore's reports of each attempt
+        )
+
+    def _outcomes(self, size: int, operation: str) -> Outcomes[Any]:
+        return Outcomes(size, operation=operation, effects=self.has_effects)
+
+    @contextlib.contextmanager
+    def _tracking(self, batch: list[Any], outcomes: Outcomes[Any]) -> Iterator[None]:
+        """Keep ``outcomes`` where :meth:`abandoned_error` finds them while ``process_batch`` works on ``batch``.
+
+        Kept after a cancellation: the loop shutting down cancels the batch before asking the hook."""
+        self._batches[id(batch)] = (batch, tuple(batch), outcomes)
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._batches.pop(id(batch), None)
+            raise
+        else:
+            self._batches.pop(id(batch), None)
+
+    def abandoned_error(self, batch: list[T], error: BaseException) -> BaseException:
+        """What the callers of a batch cut off by a stop get (see the module docstring): the stop's error when
+        none of its items can have been applied, else :class:`~async_batcher.aws.errors.AbandonedBatchError`."""
+        kept = self._batches.pop(id(batch), None)
+        if not self.has_effects:
+            return error
+        if kept is not None and kept[0] is batch:
+            try:
+                return kept[2].abandoned(kept[1], error)
+            except Exception:  # a bug here must not turn into the core's default, the plain stop
+                logger.exception("%s: could not tell what the stop cut off; its callers are told 'unknown'", self.name)
+        # Not a batch this class tracked (a subclass's own process_batch): nothing says what it did.
+        unknown = AwsOutcomeUnknownError(self.service_name, "the batcher was stopped while its batch was under way")
+        unknown.__cause__ = error
+        return unknown
 
     async def _run_calls(
         self,
@@ -128,8 +221,8 @@ class AwsBatcher(AsyncBatcher[T, R]):
     ) -> bool:
         """Deliver ``calls`` concurrently, or one after the other with ``in_order`` (a FIFO queue or topic, whose
         message groups keep their order only so). When the service gives no answer (connection refused,
-        timeout, after botocore's retries), every item still without an outcome gets that error; returns False
-        then."""
+        timeout, after botocore's retries), every item still without an outcome gets that error, or an
+        ``AwsOutcomeUnknownError`` caused by it if a call may have applied the item; returns False then."""
         if in_order:
             answers: list[BaseException | None] = []
             for call in calls:
@@ -156,10 +249,14 @@ class AwsBatcher(AsyncBatcher[T, R]):
 
     async def on_start(self) -> None:
         await self._close_client()
+        self._batches.clear()  # (those of a previous run that a cancellation left behind)
         stack = contextlib.AsyncExitStack()
-        self._client = await stack.enter_async_context(
+        client = await stack.enter_async_context(
             self.aioboto3_session.client(self.service_name, **self._client_kwargs())
         )
+        # Each HTTP attempt's end, for Delivery to know what a call may have applied (botocore retries inside it).
+        client.meta.events.register("response-received", _on_response_received)
+        self._client = client
         self._client_stack = stack
         logger.debug("%s: %s client opened (endpoint %s)", self.name, self.service_name, self.endpoint_url)
 

@@ -3,6 +3,6 @@ aiosqlite, ...). 0.2.2's path stays: ``async_batcher.sqlalchemy.write.AsyncSqlal
 
 from __future__ import annotations
 
-from async_batcher.sqlalchemy.write import AsyncSqlalchemyWriteBatcher, CommitUnknownError
+from async_batcher.sqlalchemy.write import AsyncSqlalchemyWriteBatcher, CommitUnknownError, RowNotFoundError
 
-__all__ = ["AsyncSqlalchemyWriteBatcher", "CommitUnknownError"]
+__all__ = ["AsyncSqlalchemyWriteBatcher", "CommitUnknownError", "RowNotFoundError"]

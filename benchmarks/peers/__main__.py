@@ -2,11 +2,21 @@
 
 Each variant runs in its own uvicorn process on 127.0.0.1 (the peers in their own environments under
 ``.cache/peers-server/``); once all answer, the rig checks that they give the same predictions for the same inputs,
-then drives them in turn with wrk, round after round (the order rotating), a warm-up before each step. It writes
-``reports/peers.md``, ``reports/peers.csv`` and ``reports/peers.png``.
+then drives one at a time (the others paused), round after round (the order rotating), in up to three modes:
+
+- ``closed``: wrk at each connection count (each connection sends its next request when the last is answered);
+- ``open``: the open-loop generator (:mod:`benchmarks.openloop.generate`) at fractions of the run's saturation
+  (the ``ours-greedy`` variant's closed-loop maximum) and at fixed rates, for each arrival shape;
+- ``mixed``: open-loop arrivals beside a closed-loop population, and the same arrivals alone.
+
+It writes ``reports/peers.md`` (``--report`` names it), the closed-loop steps' ``peers.csv`` and ``peers.png`` and
+the open-loop steps' ``peers-open.csv`` and ``peers-open.png``. ``python -m benchmarks.openloop`` is this rig with
+the open-loop modes only.
 
 ``--ours LABEL:key=value,...`` adds a variant of this package with other settings (``max_queue_time``,
-``max_latency``, ``concurrency``, ...): ``--ours wait1ms:max_queue_time=0.001``.
+``max_latency``, ``concurrency``, ...): ``--ours wait1ms:max_queue_time=0.001``. In the open-loop modes the variant
+``ours-greedy`` (``max_queue_time=0, max_hold_time=0``) is added unless ``--ours greedy:...`` gives its settings or
+``--no-greedy`` leaves it out.
 """
 
 from __future__ import annotations
@@ -14,23 +24,52 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.openloop import report as open_report
+from benchmarks.openloop import schedule
+from benchmarks.openloop.steps import OpenStep, closed_probe, run_open_step
 from benchmarks.peers import envs, load, report
-from benchmarks.peers.servers import ROOT, Variant, agreement, running, train_model
+from benchmarks.peers.servers import ROOT, Server, Variant, agreement, running, train_model
 from benchmarks.provenance import cpu_model, revision
 
-__all__ = ["main", "parse_args"]
+__all__ = ["Defaults", "main", "parse_args"]
 
 BASE = ("none", "ours", "async-batcher-0.2.2", "batched", "fast-dynamic-batcher")
 NO_ENV = ("none", "ours")  # they run in this interpreter
+MODES = ("closed", "open", "mixed")
+GREEDY_SETTINGS: dict[str, Any] = {"max_queue_time": 0, "max_hold_time": 0}
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What differs between ``python -m benchmarks.peers`` and ``python -m benchmarks.openloop``."""
+
+    prog: str = "python -m benchmarks.peers"
+    modes: str = "closed,open,mixed"
+    shapes: str = "poisson"
+    report: str = "peers"
+    title: str = "Head-to-head: one Keras model, one FastAPI app, one batcher per variant"
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers") from None
+    if not values or not all(v > 0 and v != float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers > 0")
+    return values
 
 
 def _ints(text: str) -> list[int]:
@@ -60,29 +99,63 @@ def _settings(text: str) -> tuple[str, dict[str, Any]]:
     return label, settings
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: 1 and 8 connections, 1 s steps, 1 round")
+def parse_args(argv: Sequence[str] | None, defaults: Defaults = Defaults()) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=defaults.prog, description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: fewer steps, short ones, 1 round")
+    p.add_argument("--modes", default=defaults.modes, help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--variants", default=",".join(BASE), help=f"comma-separated, of {', '.join(BASE)}")
     p.add_argument("--ours", type=_settings, action="append", default=[], help="LABEL:key=value,...: one more ours")
     p.add_argument(
         "--settings", type=_settings, action="append", default=[], help="VARIANT:key=value,...: override its settings"
     )
-    p.add_argument("--connections", type=_ints, help="comma-separated (default 1,8,64,256)")
-    p.add_argument("--seconds", type=int, help="measured seconds per step, whole (wrk's unit; default 10)")
-    p.add_argument("--warmup", type=int, help="warm-up seconds before each step, whole (default 3; 0: none)")
+    p.add_argument("--no-greedy", action="store_true", help="no ours-greedy variant in the open-loop modes")
     p.add_argument("--rounds", type=int, help="rounds over the variants (default 2)")
-    p.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (at most the connections)")
     p.add_argument("--taskset-server", help="CPU list for the servers (taskset -c), e.g. 1")
-    p.add_argument("--taskset-load", help="CPU list for wrk (taskset -c), e.g. 0")
+    p.add_argument("--taskset-load", help="CPU list for wrk and the generator (taskset -c), e.g. 0")
     p.add_argument("--peers-dir", type=Path, default=ROOT / ".cache" / "peers-server")
     p.add_argument("--out-dir", type=Path, default=ROOT / "reports")
+    p.add_argument(
+        "--report", default=defaults.report, help=f"the report's name in --out-dir (default {defaults.report})"
+    )
+    closed = p.add_argument_group("closed loop (wrk)")
+    closed.add_argument("--connections", type=_ints, help="comma-separated (default 1,8,64,256)")
+    closed.add_argument("--seconds", type=int, help="measured seconds per step, whole (wrk's unit; default 10)")
+    closed.add_argument("--warmup", type=int, help="warm-up seconds before each step, whole (default 3; 0: none)")
+    closed.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (at most the connections)")
+    ol = p.add_argument_group("open loop and mixed (benchmarks.openloop.generate)")
+    ol.add_argument("--shapes", default=defaults.shapes, help="arrival shapes: poisson, onoff, onoff:ON_MS/OFF_MS")
+    ol.add_argument("--fractions", type=_floats, help="rates as fractions of the saturation (default 0.1,0.3,...)")
+    ol.add_argument("--rates", type=_floats, default=[], help="fixed rates too, requests/s, e.g. 1000,3000,6000")
+    ol.add_argument("--saturation", type=float, help="requests/s the fractions are of (default: measured)")
+    ol.add_argument("--saturation-from", default=open_report.GREEDY, help="the variant whose maximum it is")
+    ol.add_argument("--saturation-connections", type=int, default=64, help="its closed-loop probe's connections")
+    ol.add_argument("--open-seconds", type=float, help="measured seconds per open-loop step (default 5)")
+    ol.add_argument("--open-warmup", type=float, help="seconds at the same rate before, not measured (default 1)")
+    ol.add_argument("--timeout", type=float, default=2.0, help="seconds from the intended send time to a timeout")
+    ol.add_argument("--max-connections", type=int, default=512, help="the generator's cap, then requests wait")
+    ol.add_argument("--slo-ms", type=float, default=25.0, help="the p99 bound of goodput (default 25)")
+    ol.add_argument("--lag-limit-ms", type=float, default=1.0, help="the generator's p99 lag to hold (default 1)")
+    ol.add_argument("--mixed-connections", type=int, help="mixed: closed-loop connections (default 8)")
+    ol.add_argument("--mixed-fraction", type=float, default=0.3, help="mixed: the open-loop rate (default 0.3)")
+    ol.add_argument("--mixed-think", type=float, default=0.0, help="mixed: the closed-loop clients' think seconds")
     args = p.parse_args(argv)
     quick = args.quick
+    args.defaults = defaults
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or set(args.modes) - set(MODES):
+        p.error(f"--modes: expected some of {', '.join(MODES)}, got {args.modes}")
+    try:
+        args.shapes = [schedule.parse_shape(t) for t in args.shapes.split(",") if t.strip()]
+    except ValueError as e:
+        p.error(f"--shapes: {e}")
     args.connections = args.connections or ([1, 8] if quick else [1, 8, 64, 256])
     args.seconds = args.seconds or (1 if quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if quick else 3)
     args.rounds = args.rounds or (1 if quick else 2)
+    args.fractions = args.fractions or ([0.3, 1.0] if quick else [0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.3])
+    args.open_seconds = args.open_seconds or (1.0 if quick else 5.0)
+    args.open_warmup = args.open_warmup if args.open_warmup is not None else (0.5 if quick else 1.0)
+    args.mixed_connections = args.mixed_connections if args.mixed_connections is not None else (4 if quick else 8)
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [n for n in names if n not in BASE]
     if bad:
@@ -93,10 +166,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"--settings for variants not in the run: {sorted(unknown)}")
     args.plan = [(n, n, overrides.get(n, {})) for n in names]
     args.plan += [(f"ours-{label}", "ours", settings) for label, settings in args.ours]
+    wants_greedy = {"open", "mixed"} & set(args.modes) and not args.no_greedy
+    if wants_greedy and open_report.GREEDY not in {n for n, _, _ in args.plan}:
+        args.plan.append((open_report.GREEDY, "ours", dict(GREEDY_SETTINGS)))
     if len({n for n, _, _ in args.plan}) != len(args.plan):
         p.error("two variants share a name")
     if args.rounds < 1 or args.wrk_threads < 1 or args.seconds < 1 or args.warmup < 0:
         p.error("--rounds, --wrk-threads and --seconds must be >= 1, --warmup >= 0")
+    if not (args.open_seconds > 0 and args.open_warmup >= 0 and args.timeout > 0 and args.max_connections >= 1):
+        p.error("--open-seconds, --timeout and --max-connections must be > 0, --open-warmup >= 0")
+    if args.mixed_connections < 0 or not args.mixed_fraction > 0 or args.mixed_think < 0:
+        p.error("--mixed-connections and --mixed-think must be >= 0, --mixed-fraction > 0")
+    if args.saturation is not None and not args.saturation > 0:
+        p.error("--saturation must be > 0 requests/s")
+    if args.saturation is None and {"open", "mixed"} & set(args.modes):
+        if args.saturation_from not in {n for n, _, _ in args.plan}:
+            p.error(f"--saturation-from {args.saturation_from!r} is not in the run; give --saturation RPS instead")
     return args
 
 
@@ -111,30 +196,72 @@ def _variants(args: argparse.Namespace) -> list[Variant]:
     return out
 
 
-def _header(args: argparse.Namespace, infos: dict[str, dict[str, Any]], seconds: float, load_avg: str) -> list[str]:
+def _header(
+    args: argparse.Namespace,
+    infos: dict[str, dict[str, Any]],
+    seconds: float,
+    load_avg: str,
+    saturation: tuple[float, str] | None,
+    open_steps: list[OpenStep],
+) -> list[str]:
     ours = next((i for n, i in infos.items() if n == "ours" or n.startswith("ours-")), None)
     shared = ours or next(iter(infos.values()))
     stack = ", ".join(f"{k} {v}" for k, v in shared["versions"].items() if k != "async-batcher")
     dist = {"async-batcher-0.2.2": "async-batcher"}
     peers = ", ".join(f"{n} {i['versions'][dist.get(n, n)]}" for n, i in infos.items() if n in report.PEER_NAMES)
     mine = f"; ours: async-batcher {ours['versions'].get('async-batcher', '?')}" if ours else ""
-    command = shlex.join(["python", "-m", "benchmarks.peers", *sys.argv[1:]])
-    return [
+    command = shlex.join([*args.defaults.prog.split(), *sys.argv[1:]])
+    lines = [
         f"Command: `{command}`; the run took {seconds / 60:.1f} min",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; revision {revision()}",
         f"Machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
-        f"servers and wrk share them"
+        "the servers and the load generators share them"
         + (
-            f" (taskset: servers {args.taskset_server}, wrk {args.taskset_load})"
+            f" (taskset: servers {args.taskset_server}, load {args.taskset_load})"
             if args.taskset_server or args.taskset_load
             else " (no pinning)"
         ),
-        f"Load average (1 min) before / after: {load_avg}",
+        f"Load average (1 min) before / after: {load_avg} (above 0 before: other work on the machine; compare the "
+        "ratios within this report)",
         f"Every server: Python {shared['python']}, {stack}; one uvicorn worker, uvloop, httptools{mine}",
         f"Peers (each in its own venv, same stack, versions checked): {peers or 'none in this run'}",
-        f"Load: `{load.wrk_version()}`, {args.wrk_threads} thread(s), `--timeout 2s`, POST of one row; "
-        f"{args.warmup:g} s warm-up, then {args.seconds:g} s per step; {args.rounds} round(s), variants rotating",
+        f"Modes: {', '.join(args.modes)}; {args.rounds} round(s), the variants' order rotating; the variants not "
+        "under load are paused (SIGSTOP)",
     ]
+    if "closed" in args.modes:
+        lines.append(
+            f"Closed loop: `{load.wrk_version()}`, {args.wrk_threads} thread(s), `--timeout 2s`, POST of one row; "
+            f"{args.warmup:g} s warm-up, then {args.seconds:g} s per step"
+        )
+    if open_steps:
+        gen_max = max(s.gen_cpu for s in open_steps)
+        lagged = sum(1 for s in open_steps if not s.held)
+        cv = {sh: statistics.median(s.schedule_cv for s in open_steps if s.shape == sh) for sh in _shape_names(args)}
+        cvs = ", ".join(f"{sh} {v:.2f}" for sh, v in cv.items() if not math.isnan(v))
+        sat = f"{saturation[0]:,.0f}".replace(",", " ") + f" req/s, {saturation[1]}" if saturation else "n/a"
+        lines += [
+            f"Open loop: `python -m benchmarks.openloop.generate`, one process (uvloop) and its clock thread, "
+            f"keep-alive HTTP/1.1 connections opened as needed up to {args.max_connections} (then requests wait in "
+            f"the generator, their latency still counted from their intended time); {args.open_warmup:g} s at the "
+            f"rate before {args.open_seconds:g} s measured per step; timeout {args.timeout:g} s; goodput at p99 ≤ "
+            f"{args.slo_ms:g} ms",
+            f"Saturation (the rates' 100 %): {sat}; fractions {', '.join(f'{f:g}' for f in args.fractions)}"
+            + (f"; fixed rates {', '.join(f'{r:g}' for r in args.rates)}" if args.rates else ""),
+            f"Arrival shapes (the gaps' coefficient of variation, median over steps): {cvs}",
+            f"The generator: at most {gen_max:.0f} % of one core in a step; it held the schedule (p99 lag ≤ "
+            f"{args.lag_limit_ms:g} ms or ≤ a tenth of the step's p99, and CPU < 95 %) in "
+            f"{len(open_steps) - lagged} of {len(open_steps)} steps" + (" (the others are marked †)" if lagged else ""),
+        ]
+        if "mixed" in args.modes:
+            lines.append(
+                f"Mixed: Poisson at {args.mixed_fraction:g} of the saturation beside {args.mixed_connections} "
+                f"closed-loop connections of the generator (think time {args.mixed_think:g} s)"
+            )
+    return lines
+
+
+def _shape_names(args: argparse.Namespace) -> list[str]:
+    return [sh.name for sh in args.shapes]
 
 
 def _describe(info: dict[str, Any]) -> str:
@@ -142,62 +269,227 @@ def _describe(info: dict[str, Any]) -> str:
     return f"{report.DESCRIPTIONS[info['variant']]} Settings: {settings}."
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def _order(variants: list[Variant], rnd: int) -> list[Variant]:
+    return variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
+
+
+def _closed(
+    args: argparse.Namespace, variants: list[Variant], servers: dict[str, Server], body: str
+) -> list[load.Step]:
+    steps: list[load.Step] = []
+    for rnd in range(args.rounds):
+        for v in _order(variants, rnd):
+            servers[v.name].resume()
+            for conns in args.connections:
+                step = load.run_step(
+                    variant=v.name,
+                    rnd=rnd,
+                    url=servers[v.name].url,
+                    server_pid=servers[v.name].pid,
+                    other_pids=[s.pid for n, s in servers.items() if n != v.name],
+                    connections=conns,
+                    seconds=args.seconds,
+                    warmup=args.warmup,
+                    threads=args.wrk_threads,
+                    body=body,
+                    taskset=args.taskset_load,
+                )
+                steps.append(step)
+                print(
+                    f"closed round {rnd + 1} {v.name} c={conns}: {step.rps:,.0f} req/s, p99 {step.p99_ms:.1f} ms, "
+                    f"{step.items_per_call or 0:.1f}/call, server {step.server_cpu or 0:.0f} %, "
+                    f"wrk {step.wrk_cpu:.0f} %",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            servers[v.name].pause()
+    return steps
+
+
+def _saturation(
+    args: argparse.Namespace, closed: list[load.Step], servers: dict[str, Server], body: str
+) -> tuple[float, str]:
+    """The rates' 100 %: given, or the reference variant's closed-loop maximum (from the wrk steps when they ran,
+    else a probe with the generator's closed loop)."""
+    ref = args.saturation_from
+    if args.saturation is not None:
+        return args.saturation, "given on the command line"
+    mine = report.summarise([s for s in closed if s.variant == ref])
+    if mine:
+        best = max(mine.values(), key=lambda s: s.rps)
+        return best.rps, f"{ref}'s closed-loop maximum (wrk, {best.connections} connections, median of the rounds)"
+    server = servers[ref]
+    server.resume()
+    try:
+        probe = closed_probe(
+            url=server.url,
+            server_pid=server.pid,
+            body=body,
+            connections=args.saturation_connections,
+            seconds=max(args.open_seconds, 2.0),
+            warmup=args.open_warmup,
+            taskset=args.taskset_load,
+        )
+    finally:
+        server.pause()
+    rps = float(probe["answered_rps"])
+    if not rps > 0:
+        raise RuntimeError(f"{ref} answered nothing in the saturation probe: {probe}")
+    return rps, (
+        f"{ref}'s closed-loop maximum (the generator's closed loop, {args.saturation_connections} connections, "
+        f"{max(args.open_seconds, 2.0):g} s, generator CPU {probe['gen_cpu']:.0f} %)"
+    )
+
+
+def _open_step(args: argparse.Namespace, v: Variant, server: Server, body: str, **kw: Any) -> OpenStep:
+    step = run_open_step(
+        variant=v.name,
+        url=server.url,
+        server_pid=server.pid,
+        body=body,
+        seconds=args.open_seconds,
+        warmup=args.open_warmup,
+        timeout=args.timeout,
+        max_connections=args.max_connections,
+        lag_limit_ms=args.lag_limit_ms,
+        taskset=args.taskset_load,
+        **kw,
+    )
+    print(
+        f"open round {step.round + 1} {v.name} {step.shape} {step.rate:,.0f}/s"
+        + (f" + {step.mixed} closed" if step.mixed else "")
+        + f": p50 {step.p50_ms:.1f} p99 {step.p99_ms:.1f} ms, {step.items_per_call or 0:.1f}/call, "
+        f"{step.errors + step.timeouts} failed, lag p99 {step.lag_p99_ms:.2f} ms, gen {step.gen_cpu:.0f} %"
+        + ("" if step.held else " (NOT HELD)"),
+        file=sys.stderr,
+        flush=True,
+    )
+    return step
+
+
+def _round(rate: float) -> float:
+    """Three significant digits (a rate of a report, not of a calculator), at least 1 a second."""
+    return max(1.0, float(f"{rate:.3g}"))
+
+
+def _open(
+    args: argparse.Namespace, variants: list[Variant], servers: dict[str, Server], body: str, saturation: float
+) -> list[OpenStep]:
+    rates = sorted({_round(f * saturation) for f in args.fractions} | set(args.rates))
+    steps: list[OpenStep] = []
+    # Each rate's variants one after the other, so that a drift of the machine's load weighs on all alike.
+    if "open" in args.modes:
+        for rnd in range(args.rounds):
+            for k, shape in enumerate(args.shapes):
+                for i, rate in enumerate(rates):
+                    seed = 1_000_000 * k + 1000 * rnd + i  # the same arrivals for every variant of the round
+                    for v in _order(variants, rnd + i):
+                        servers[v.name].resume()
+                        try:
+                            steps.append(
+                                _open_step(
+                                    args,
+                                    v,
+                                    servers[v.name],
+                                    body,
+                                    rnd=rnd,
+                                    shape=shape.name,
+                                    rate=rate,
+                                    fraction=rate / saturation,
+                                    seed=seed,
+                                )
+                            )
+                        finally:
+                            servers[v.name].pause()
+    if "mixed" in args.modes and args.mixed_connections > 0:
+        rate = _round(args.mixed_fraction * saturation)
+        for rnd in range(args.rounds):
+            for v in _order(variants, rnd):
+                servers[v.name].resume()
+                try:
+                    for scenario, mixed in (("alone", 0), ("mixed", args.mixed_connections)):
+                        steps.append(
+                            _open_step(
+                                args,
+                                v,
+                                servers[v.name],
+                                body,
+                                rnd=rnd,
+                                shape="poisson",
+                                rate=rate,
+                                fraction=rate / saturation,
+                                seed=7_000_000 + rnd,
+                                scenario=scenario,
+                                mixed=mixed,
+                                think=args.mixed_think,
+                            )
+                        )
+                finally:
+                    servers[v.name].pause()
+    return steps
+
+
+def main(argv: Sequence[str] | None = None, defaults: Defaults = Defaults()) -> int:
+    args = parse_args(argv, defaults)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    load.wrk_path()  # fail before minutes of set-up, not after
+    if "closed" in args.modes:
+        load.wrk_path()  # fail before minutes of set-up, not after
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     variants = _variants(args)
     train_model()
     log_dir = args.peers_dir / "logs"
+    names = [v.name for v in variants]
+    wants_open = bool({"open", "mixed"} & set(args.modes))
+    saturation: tuple[float, str] | None = None
     with running(variants, log_dir, args.taskset_server) as servers:
         infos = {v.name: load.get_json(f"{servers[v.name].url}/info") for v in variants}
-        agree, body = agreement(servers, [v.name for v in variants])
-        steps: list[load.Step] = []
+        agree, body = agreement(servers, names)
         for server in servers.values():
             server.pause()  # each resumes for its own steps only
-        for rnd in range(args.rounds):
-            order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
-            for v in order:
-                servers[v.name].resume()
-                for conns in args.connections:
-                    step = load.run_step(
-                        variant=v.name,
-                        rnd=rnd,
-                        url=servers[v.name].url,
-                        server_pid=servers[v.name].pid,
-                        other_pids=[s.pid for n, s in servers.items() if n != v.name],
-                        connections=conns,
-                        seconds=args.seconds,
-                        warmup=args.warmup,
-                        threads=args.wrk_threads,
-                        body=body,
-                        taskset=args.taskset_load,
-                    )
-                    steps.append(step)
-                    print(
-                        f"round {rnd + 1} {v.name} c={conns}: {step.rps:,.0f} req/s, p99 {step.p99_ms:.1f} ms, "
-                        f"{step.items_per_call or 0:.1f}/call, server {step.server_cpu or 0:.0f} %, "
-                        f"wrk {step.wrk_cpu:.0f} %",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                servers[v.name].pause()
-    names = [v.name for v in variants]
+        closed = _closed(args, variants, servers, body) if "closed" in args.modes else []
+        open_steps: list[OpenStep] = []
+        if wants_open:
+            saturation = _saturation(args, closed, servers, body)
+            print(f"saturation: {saturation[0]:,.0f} req/s ({saturation[1]})", file=sys.stderr, flush=True)
+            open_steps = _open(args, variants, servers, body, saturation[0])
+    name = args.report
+    open_name = f"{name}-open" if closed else name
+    files = ([f"`{name}.csv` (closed loop)"] if closed else []) + (
+        [f"`{open_name}.csv` (open loop)"] if open_steps else []
+    )
+    charts = ([f"`{name}.png`"] if closed else []) + ([f"`{open_name}.png`"] if open_steps else [])
+    shapes = {sh.name: sh.describe() for sh in args.shapes}
     text = report.markdown(
-        steps=steps,
+        title=args.defaults.title,
+        header=_header(
+            args,
+            infos,
+            time.monotonic() - started,
+            f"{load_before:.1f} / {os.getloadavg()[0]:.1f}",
+            saturation,
+            open_steps,
+        ),
         variants=names,
-        connections=args.connections,
-        header=_header(args, infos, time.monotonic() - started, f"{load_before:.1f} / {os.getloadavg()[0]:.1f}"),
         settings={n: _describe(infos[n]) for n in names},
         agreement=agree,
+        closed_steps=closed,
+        connections=args.connections,
+        open_steps=open_steps,
+        shapes=shapes,
+        slo_ms=args.slo_ms,
+        timeout=args.timeout,
+        files=", ".join(files) + "; charts: " + ", ".join(charts),
     )
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "peers.md").write_text(text, encoding="utf-8")
-    report.write_csv(args.out_dir / "peers.csv", steps)
-    report.write_png(args.out_dir / "peers.png", steps, names, args.connections)
-    print(f"wrote {args.out_dir / 'peers.md'}, peers.csv, peers.png", file=sys.stderr)
+    (args.out_dir / f"{name}.md").write_text(text, encoding="utf-8")
+    if closed:
+        report.write_csv(args.out_dir / f"{name}.csv", closed)
+        report.write_png(args.out_dir / f"{name}.png", closed, names, args.connections)
+    if open_steps:
+        open_report.write_csv(args.out_dir / f"{open_name}.csv", open_steps)
+        open_report.write_png(args.out_dir / f"{open_name}.png", open_steps, names, args.slo_ms)
+    print(f"wrote {args.out_dir / name}.md and its CSV and charts", file=sys.stderr)
     return 0
 
 

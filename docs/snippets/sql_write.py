@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from async_batcher.sqlalchemy import AsyncSqlalchemyWriteBatcher
+from async_batcher.sqlalchemy import AsyncSqlalchemyWriteBatcher, RowNotFoundError
 
 
 class Base(DeclarativeBase):
@@ -53,6 +53,16 @@ async def main() -> None:
     # An upsert: insert, or update the row that has the same primary key.
     async with AsyncSqlalchemyWriteBatcher(Event, engine, on_conflict="update") as sql:
         await sql.process({"id": 0, "kind": "view", "amount": 1_000})
+
+    # An update of a key that names no row writes nothing, and its caller is told.
+    async with AsyncSqlalchemyWriteBatcher(Event, engine, operation="update") as sql:
+        updated = await asyncio.gather(
+            sql.process({"id": 2, "amount": 20}),
+            sql.process({"id": 5_000, "amount": 1}),  # no such row
+            return_exceptions=True,
+        )
+    print(updated)  # [None, RowNotFoundError("no row of table ... has id=5000 ...")]
+    assert updated[0] is None and isinstance(updated[1], RowNotFoundError)
 
     async with engine.connect() as connection:
         count = len((await connection.execute(select(Event.id))).all())

@@ -12,7 +12,10 @@ and asks its rules, in order, what to do with it:
   (``BatchGetItem``), ``Failed`` (``SendMessageBatch``, ``PublishBatch``), a record with an ``ErrorCode``
   (``PutRecords``). The withheld entries never reach the server, so a client that drops them loses them for
   real, and a read-back shows it;
-* :class:`Disconnect`: close the connection without an answer.
+* :class:`Disconnect`: close the connection without an answer, before or (``after_forwarding``) after the server
+  has applied the request;
+* :class:`Hold`: keep the request (before or after forwarding it) until the test releases it: the service slow to
+  answer, for a stop to come while the call is under way.
 
 Neither DynamoDB Local nor moto checks request signatures, so the edited requests are accepted. Because the
 proxy edits DynamoDB's answers, it recomputes their ``x-amz-crc32`` checksum, which botocore verifies.
@@ -20,6 +23,7 @@ proxy edits DynamoDB's answers, it recomputes their ``x-amz-crc32`` checksum, wh
 
 from __future__ import annotations
 
+import asyncio
 import json
 import zlib
 from collections.abc import Callable, Iterable
@@ -31,7 +35,7 @@ from aiohttp import web
 
 from tests.aws import faultquery
 
-__all__ = ["Disconnect", "FaultProxy", "Reply", "Rule", "Withhold", "first_calls"]
+__all__ = ["Disconnect", "FaultProxy", "Hold", "Reply", "Rule", "Withhold", "first_calls"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,34 @@ class Withhold:
 
 @dataclass(frozen=True)
 class Disconnect:
-    """Close the client's connection without answering."""
+    """Close the client's connection without answering; with ``after_forwarding``, once the server has answered
+    (it applied the request, and the client never hears so)."""
+
+    after_forwarding: bool = False
 
 
-Fault = Reply | Withhold | Disconnect
+class Hold:
+    """Keep the request until :meth:`release`: before forwarding it (``forward=False``: the server never sees it
+    unless released), or after the server answered (``forward=True``: applied, the answer held back).
+
+    ``reached`` is set once the request is held (after the server's answer, with ``forward``). A proxy releases
+    every hold when it closes, so no handler outlives a test.
+    """
+
+    def __init__(self, *, forward: bool) -> None:
+        self.forward = forward
+        self.reached = asyncio.Event()
+        self._released = asyncio.Event()
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def wait(self) -> None:
+        self.reached.set()
+        await self._released.wait()
+
+
+Fault = Reply | Withhold | Disconnect | Hold
 Rule = Callable[[str, dict[str, Any]], Fault | None]
 """(operation name, request body) -> the fault to inject, or None to let the next rule decide."""
 
@@ -168,6 +196,8 @@ class FaultProxy:
     """Each request the proxy sent to the server, as sent: (operation, body)."""
 
     def __post_init__(self) -> None:
+        self._holds: list[Hold] = []
+        self._closing = False
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.url = ""
@@ -185,6 +215,9 @@ class FaultProxy:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        self._closing = True
+        for hold in self._holds:
+            hold.release()
         if self._session is not None:
             await self._session.close()
         if self._runner is not None:
@@ -209,9 +242,23 @@ class FaultProxy:
             if fault is not None:
                 break
         if isinstance(fault, Disconnect):
+            if fault.after_forwarding:
+                self.forwarded.append((operation, body))
+                await self._forward(request, raw)
             assert request.transport is not None
             request.transport.abort()
             return web.Response(status=500)  # never reaches the client: the connection is gone
+        if isinstance(fault, Hold):
+            self._holds.append(fault)
+            if not fault.forward:
+                await fault.wait()
+                if self._closing:  # released because the proxy closes: the request never reaches the server
+                    return web.Response(status=503)
+            self.forwarded.append((operation, body))
+            status, headers, answer = await self._forward(request, raw)
+            if fault.forward:
+                await fault.wait()
+            return web.Response(status=status, headers=headers, body=answer)
         if isinstance(fault, Reply):
             return self._error(fault, query=query)
         if isinstance(fault, Withhold):

@@ -6,13 +6,24 @@ test_sqs_* through a fault-injecting proxy.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 
+import aiohttp
 import pytest
-from botocore.exceptions import ClientError, EndpointConnectionError
+from aiohttp.client_reqrep import ConnectionKey
+from botocore.exceptions import (
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
 
-from async_batcher.aws._delivery import Delivery, splitter
-from async_batcher.aws.errors import RetriesExhaustedError
+from async_batcher import BatcherStoppedError
+from async_batcher.aws._delivery import Delivery, Outcomes, record_attempt, splitter
+from async_batcher.aws.base import never_sent
+from async_batcher.aws.errors import AbandonedBatchError, AwsOutcomeUnknownError, EntryOutcome, RetriesExhaustedError
 from async_batcher.aws.retry import RetryPolicy
 
 
@@ -173,3 +184,164 @@ async def test_nothing_to_deliver_makes_no_call() -> None:
     service = Service(lambda n, entries: [])
     await service.delivery().run([])
     assert service.calls == []
+
+
+# ---------------------------------------------------------------- what a call may have applied (issue 26, item 8)
+
+
+def tracked(
+    service: Service, size: int, *, max_attempts: int = 3, observed: bool = True
+) -> tuple[Delivery[str], Outcomes[str]]:
+    """A delivery of entries "e0".."e<size-1>" that records into batch outcomes (entry i is item i)."""
+    outcomes: Outcomes[str] = Outcomes(size, operation="Op")
+    delivery = service.delivery(max_attempts=max_attempts)
+    delivery.outcomes = outcomes
+    delivery.indices_of = lambda entry: (int(entry[1:]),)
+    delivery.observed = observed
+    delivery.fail = lambda entry, error: outcomes.fail(int(entry[1:]), error)
+    return delivery, outcomes
+
+
+def attempts(*verdicts: bool) -> Callable[[], None]:
+    """What botocore reports for the HTTP attempts of one call (True: it may have applied the call)."""
+    return lambda: [record_attempt("response-received.svc.Op", verdict) for verdict in verdicts] and None
+
+
+async def test_a_5xx_every_time_ends_unknown_a_throttle_every_time_not_applied() -> None:
+    for error, unknown in ((client_error("InternalError", 500), True), (client_error("ThrottlingException"), False)):
+        service = Service(lambda n, entries, error=error: error)  # type: ignore[misc]
+        delivery, outcomes = tracked(service, 2)
+        await delivery.run(["e0", "e1"])
+        results = outcomes.results()
+        if unknown:
+            assert all(isinstance(r, AwsOutcomeUnknownError) for r in results), results
+            assert isinstance(results[0].__cause__, RetriesExhaustedError)  # type: ignore[union-attr]
+            assert "may or may not have been applied" in str(results[0])
+        else:
+            assert all(type(r) is RetriesExhaustedError for r in results), results
+
+
+async def test_a_5xx_then_success_is_applied() -> None:
+    service = Service(lambda n, entries: client_error("InternalError", 500) if n == 1 else [])
+    delivery, outcomes = tracked(service, 2)
+    await delivery.run(["e0", "e1"])
+    assert service.done == ["e0", "e1"]  # the retry applied them
+    assert outcomes.is_maybe([0, 1])  # and the 5xx before may have too: they may be there twice
+    outcomes.succeed(0, "id-0")  # (what a batcher's send records for an entry applied)
+    assert outcomes.outcome(0) == EntryOutcome("applied", "id-0")
+    assert outcomes.outcome(1).state == "unknown"  # no result yet, and may have been applied
+
+
+def scripted_attempts(verdicts: tuple[bool, ...], error: BaseException | None) -> Service:
+    """A service whose first call reports ``verdicts`` for its HTTP attempts, then raises ``error`` (or leaves
+    every entry unprocessed); later calls apply everything."""
+
+    def script(n: int, entries: list[str]) -> Sequence[str] | BaseException:
+        if n == 1:
+            attempts(*verdicts)()
+            return error if error is not None else list(entries)
+        return []
+
+    return Service(script)
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "observed", "maybe"),
+    [
+        ((False,), True, False),  # the connection was refused: nothing left
+        ((True,), True, True),  # lost mid-call
+        ((True, False), True, True),  # lost, then botocore's retry refused: the first may have been applied
+        ((False, False), True, False),  # refused twice
+        ((), True, False),  # no attempt at all (an error before sending)
+        ((), False, True),  # attempts not observed: a transport error may be anything
+    ],
+)
+async def test_a_call_without_an_answer_is_unknown_unless_no_request_left(
+    verdicts: tuple[bool, ...], observed: bool, maybe: bool
+) -> None:
+    lost = EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
+    service = scripted_attempts(verdicts, lost)
+    delivery, outcomes = tracked(service, 2, observed=observed)
+    with pytest.raises(EndpointConnectionError):
+        await delivery.run(["e0", "e1"])
+    outcomes.fail_pending(lost)
+    results = outcomes.results()
+    if maybe:
+        assert all(isinstance(r, AwsOutcomeUnknownError) and r.__cause__ is lost for r in results), results
+    else:
+        assert results == [lost, lost]
+
+
+async def test_entries_left_unprocessed_after_an_earlier_attempt_that_may_have_applied_them_stay_unknown() -> None:
+    # botocore's first attempt got a 5xx (may have applied the call), its second an answer leaving both entries
+    # unprocessed; then the batcher gives up.
+    service = Service(lambda n, entries: (attempts(True, True)(), list(entries))[1])
+    delivery, outcomes = tracked(service, 2, max_attempts=2)
+    await delivery.run(["e0", "e1"])
+    assert all(isinstance(r, AwsOutcomeUnknownError) for r in outcomes.results())
+    # The same with only 4xx before: certainly not applied.
+    service = Service(lambda n, entries: (attempts(False, True)(), list(entries))[1])
+    delivery, outcomes = tracked(service, 2, max_attempts=2)
+    await delivery.run(["e0", "e1"])
+    assert all(type(r) is RetriesExhaustedError for r in outcomes.results())
+
+
+async def test_reads_are_never_unknown() -> None:
+    service = Service(lambda n, entries: client_error("InternalError", 500))
+    outcomes: Outcomes[str] = Outcomes(1, operation="Op", effects=False)
+    delivery = service.delivery(max_attempts=2)
+    delivery.outcomes, delivery.indices_of = outcomes, lambda entry: (0,)
+    delivery.fail = lambda entry, error: outcomes.fail(0, error)
+    await delivery.run(["e0"])
+    assert type(outcomes.results()[0]) is RetriesExhaustedError
+    assert outcomes.abandoned(["x"], stopped := BatcherStoppedError("stopped")) is stopped
+
+
+def test_what_a_stop_reports_depends_on_what_may_have_been_applied() -> None:
+    stopped = BatcherStoppedError("stopped with force=True")
+    items = [object() for _ in range(4)]
+    outcomes: Outcomes[str] = Outcomes(4, operation="Op")
+    assert outcomes.abandoned(items, stopped) is stopped  # nothing sent
+    outcomes.fail(3, ValueError("refused"))
+    outcomes.may_have_applied([])  # (nothing)
+    assert outcomes.abandoned(items, stopped) is stopped  # refused and not sent: still nothing applied
+    outcomes.calls_started([0, 1])
+    outcomes.succeed(0, "id-0")
+    error = outcomes.abandoned(items, stopped)
+    assert isinstance(error, AbandonedBatchError)
+    assert error.__cause__ is stopped
+    assert [error.outcome_of(item).state for item in items] == ["applied", "unknown", "not applied", "not applied"]
+    assert error.outcome_of(items[0]).result == "id-0"
+    assert isinstance(error.outcome_of(items[3]).error, ValueError)
+    assert "1 applied, 1 unknown, 2 not applied" in str(error)
+    outcomes.calls_ended([0, 1])
+    assert outcomes.abandoned(items, stopped).outcome_of(items[1]).state == "not applied"  # type: ignore[attr-defined]
+    outcomes.may_have_applied([1])
+    assert outcomes.abandoned(items, stopped).outcome_of(items[1]).state == "unknown"  # type: ignore[attr-defined]
+
+
+def test_outcome_of_finds_the_item_by_identity() -> None:
+    same, other = {"k": 1}, {"k": 1}
+    error = AbandonedBatchError(
+        "Op", [same, same, other], [EntryOutcome("applied", "a"), EntryOutcome("applied", "b"), EntryOutcome("unknown")]
+    )
+    assert error.outcome_of(other).state == "unknown"
+    assert error.outcome_of(same) == EntryOutcome("applied")  # both applied, with different results
+    with pytest.raises(ValueError, match="is not an item of this batch"):
+        error.outcome_of({"k": 1})
+    mixed = AbandonedBatchError("Op", [same, same], [EntryOutcome("applied", "a"), EntryOutcome("not applied")])
+    assert mixed.outcome_of(same).state == "unknown"
+
+
+def test_which_transport_errors_say_the_request_never_left() -> None:
+    key = ConnectionKey("127.0.0.1", 1, False, True, None, None, None)
+    refused = aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "refused"))
+    assert never_sent(EndpointConnectionError(endpoint_url="u", error=refused))
+    assert never_sent(ConnectTimeoutError(endpoint_url="u", error=TimeoutError()))
+    assert never_sent(EndpointConnectionError(endpoint_url="u", error=socket.gaierror(-2, "Name unknown")))
+    # aiobotocore raises EndpointConnectionError for a reset mid-call too: that one may have been received.
+    reset = aiohttp.ClientOSError(104, "Connection reset by peer")
+    assert not never_sent(EndpointConnectionError(endpoint_url="u", error=reset))
+    assert not never_sent(ConnectionClosedError(endpoint_url="u", error=aiohttp.ServerDisconnectedError()))
+    assert not never_sent(ReadTimeoutError(endpoint_url="u", error=TimeoutError()))
+    assert not never_sent(RuntimeError("anything else"))

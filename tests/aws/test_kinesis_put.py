@@ -183,12 +183,69 @@ async def test_records_refused_whole_call_are_isolated(moto_server: MotoServer) 
     assert where[b"hashed"].shard_id == "shardId-000000000000"  # hash key 0 is the first shard's
 
 
+MAX_HASH_KEY = 2**128 - 1  # Kinesis hash keys are 128-bit
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "²",  # str.isdigit() accepts superscripts
+        "١٢٣",  # and Arabic-Indic digits (str.isdecimal() too)
+        "\uff11\uff12",  # and fullwidth digits
+        "12²",
+        "",
+        " 1",
+        "1 ",
+        "1\n",
+        "+1",
+        "-1",
+        "1_000",  # int() accepts underscores
+        "01",  # the service's pattern is 0|([1-9]\d{0,38}): no leading zero
+        "0x1",
+        str(MAX_HASH_KEY + 1),
+        "9" * 39,
+        "1" + "0" * 39,
+    ],
+)
+def test_an_explicit_hash_key_that_is_not_a_128_bit_decimal_is_refused_when_the_record_is_made(key: str) -> None:
+    with pytest.raises(ValueError, match="explicit_hash_key must be") as refused:
+        KinesisRecord(data=b"x", partition_key="k", explicit_hash_key=key)
+    assert repr(key) in str(refused.value)  # the error names the bad value
+
+
+@pytest.mark.parametrize("key", ["0", "1", "42", str(2**127), str(MAX_HASH_KEY)])
+def test_an_explicit_hash_key_in_range_is_kept_as_given(key: str) -> None:
+    assert KinesisRecord(data=b"x", partition_key="k", explicit_hash_key=key).entry()["ExplicitHashKey"] == key
+
+
+def test_an_explicit_hash_key_that_is_not_a_str_is_refused() -> None:
+    with pytest.raises(ValueError, match="explicit_hash_key must be"):
+        KinesisRecord(data=b"x", partition_key="k", explicit_hash_key=5)  # type: ignore[arg-type]
+
+
+async def test_a_high_hash_key_reaches_the_last_shard(moto_server: MotoServer) -> None:
+    # moto treats a shard's ending hash key as exclusive (AWS: inclusive), so it has no shard for 2**128 - 1
+    # itself and answers 500: the top key is checked above, and one below it here.
+    high = str(MAX_HASH_KEY - 1)
+    async with admin(moto_server.endpoint_url) as kinesis:
+        stream = await create_stream(kinesis)
+        async with putter(moto_server.endpoint_url, stream_name=stream) as batcher:
+            first, last = await batcher.process_many(
+                [
+                    KinesisRecord(data=b"low", partition_key="k", explicit_hash_key="0"),
+                    KinesisRecord(data=b"high", partition_key="k", explicit_hash_key=high),
+                ]
+            )
+        assert await stored(kinesis, stream) == {b"low": first, b"high": last}
+    assert (first.shard_id, last.shard_id) == ("shardId-000000000000", "shardId-000000000001")
+
+
 def test_records_and_settings_are_validated_eagerly() -> None:
     with pytest.raises(ValueError, match="partition_key must be a str of 1 to 256 characters"):
         KinesisRecord(data=b"x", partition_key="")
     with pytest.raises(TypeError, match="data must be bytes or str, got int"):
         KinesisRecord(data=1, partition_key="k")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="explicit_hash_key must be a decimal str"):
+    with pytest.raises(ValueError, match="explicit_hash_key must be None or a str of ASCII digits"):
         KinesisRecord(data=b"x", partition_key="k", explicit_hash_key="0x1")
     with pytest.raises(ValueError, match="the most is 1 MiB"):
         KinesisRecord(data=b"x" * (1024 * 1024), partition_key="k")

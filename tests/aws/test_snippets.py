@@ -24,7 +24,13 @@ def endpoints(moto: MotoServer, dynamodb: DynamoDBLocal) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    "path", ["docs/snippets/aws_sns.py", "docs/snippets/aws_kinesis.py", "docs/snippets/aws_retries.py"]
+    "path",
+    [
+        "docs/snippets/aws_sns.py",
+        "docs/snippets/aws_kinesis.py",
+        "docs/snippets/aws_retries.py",
+        "docs/snippets/aws_unknown.py",  # it checks by receiving: each order exactly once
+    ],
 )
 def test_the_snippet_runs(path: str, tmp_path: Path, moto_server: MotoServer, dynamodb_local: DynamoDBLocal) -> None:
     # Each snippet checks what it did with an assert (an AssertionError fails the run) and prints a result.

@@ -265,3 +265,18 @@ async def test_a_server_that_dies_mid_run_fails_callers_promptly() -> None:
         messages = [SqsMessage(body=f"m{i}") for i in range(1500)]
         outcomes = await kill_mid_run(server, batcher, messages, SqsMessage(body="late"))
     assert all(isinstance(o, str | Exception) for o in outcomes)
+
+
+async def test_fifo_a_repeated_deduplication_id_is_accepted_and_dropped(moto_server: MotoServer) -> None:
+    """What docs/guides/aws.md says of deduplication ids: SQS answers a message whose id it saw in the last
+    5 minutes with a message id, and does not queue it. One id per distinct message."""
+    async with aioboto3.Session().client("sqs", endpoint_url=moto_server.endpoint_url) as admin:
+        fifo = await create_queue(admin, fifo=True)
+        messages = [
+            SqsMessage(queue_url=fifo, body=body, group_id="g", deduplication_id="same") for body in ("first", "second")
+        ]
+        async with sender(moto_server.endpoint_url) as batcher:
+            ids = await batcher.process_many(messages)
+        received = await receive_all(admin, fifo)
+    assert all(isinstance(message_id, str) for message_id in ids)
+    assert [m["Body"] for m in received] == ["first"]

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi import Depends, FastAPI
 
-from async_batcher import AsyncBatcher
+from async_batcher import AsyncBatcher, OutcomeUnknownError
 from async_batcher.fastapi import add_batcher_exception_handlers, batcher_dependency, batcher_lifespan, run_batchers
 from tests.servers import ThreadServer
 
@@ -260,3 +260,31 @@ def test_the_earlier_path_is_the_same_api() -> None:
 
     assert old.__all__ == new.__all__
     assert all(getattr(old, name) is getattr(new, name) for name in new.__all__)
+
+
+class UnknownOnStop(HeldDoubler):
+    """A batcher whose process_batch has effects: a batch cut off by a stop leaves its callers' outcome unknown."""
+
+    def abandoned_error(self, batch: list[int], error: BaseException) -> BaseException:
+        return OutcomeUnknownError(f"{len(batch)} items may have been written")
+
+
+@pytest.mark.single_loop
+async def test_an_unknown_outcome_answers_500_without_retry_after() -> None:
+    # A request whose write a forced stop cut off may have been done: not a 503 that invites a retry.
+    batcher = UnknownOnStop(max_queue_time=0)
+    server = ThreadServer(_app(batcher))
+    server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            call = asyncio.ensure_future(client.post("/double", params={"x": 1}))
+            await _wait_thread_event(batcher.entered)
+            await asyncio.to_thread(batcher.stop_sync, True)  # on the server's loop, from a thread
+            response = await call
+    finally:
+        batcher.release.set()
+        server.begin_shutdown()
+        server.join()
+    assert response.status_code == 500
+    assert "Retry-After" not in response.headers
+    assert "outcome is unknown" in response.json()["detail"]

@@ -143,8 +143,65 @@ def test_bad_arguments_are_refused(regressor: Any) -> None:
         KerasAsyncBatcher(model=regressor, buckets=(0, 8), max_batch_size=8)
 
 
-async def test_items_of_different_shapes_fail_their_batch_with_the_shapes(regressor: Any) -> None:
-    async with KerasAsyncBatcher(model=regressor, max_queue_time=0.05) as batcher:
-        outcomes = await asyncio.gather(batcher.process([0.0] * 10), batcher.process([0.0] * 9), return_exceptions=True)
-    assert all(isinstance(o, ValueError) for o in outcomes)
-    assert "item 0 has shape (10,), item 1 has shape (9,)" in str(outcomes[0])
+async def test_an_item_of_another_shape_fails_only_its_caller(regressor: Any) -> None:
+    # Issue 26, item 10: one malformed item used to fail every caller of its batch.
+    rows = _rows(4)
+    items: list[Any] = [list(map(float, row)) for row in rows]
+    items.insert(1, [0.0] * 9)
+    items.insert(3, ["a"] * 10)
+    seen: list[tuple[int, ...]] = []
+
+    def predict(x: Any) -> Any:
+        seen.append(x.shape)
+        return regressor.predict_on_batch(x)
+
+    batcher = KerasAsyncBatcher(model=regressor, predict_fn=predict, max_batch_size=len(items), max_queue_time=0.05)
+    async with batcher:
+        calls = (batcher.process(item) for item in items)
+        outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
+    assert seen == [(4, 10)]
+    good = [outcomes[0], outcomes[2], outcomes[4], outcomes[5]]
+    np.testing.assert_allclose(np.stack(good), regressor.predict_on_batch(rows), rtol=RTOL)
+    assert isinstance(outcomes[1], ValueError)
+    assert "item 1 has shape (9,) of numbers, where the batch's items have shape (10,) of numbers" in str(outcomes[1])
+    assert isinstance(outcomes[3], TypeError)
+    assert "item 3 has shape (10,) of strings, where the batch's items have shape (10,) of numbers" in str(outcomes[3])
+
+
+async def test_a_multi_output_model_with_as_many_outputs_as_items_splits_its_list_of_outputs() -> None:
+    # predict_on_batch returns a list for a model built with a list of outputs: two outputs of one shape and a
+    # batch of two items read both ways, and the batcher reads it as Keras means it.
+    keras.utils.set_random_seed(13)
+    x = keras.Input(shape=(3,))
+    model = keras.Model(x, [keras.layers.Dense(2)(x), keras.layers.Dense(2)(x)])
+    rows = _rows(2, width=3)
+    async with KerasAsyncBatcher(model=model, max_batch_size=2, max_queue_time=0.05) as batcher:
+        results = await asyncio.wait_for(asyncio.gather(*(batcher.process(row) for row in rows)), 60)
+    first, second = model.predict_on_batch(rows)
+    for n, result in enumerate(results):
+        assert isinstance(result, list) and len(result) == 2
+        np.testing.assert_allclose(result[0], first[n], rtol=RTOL)
+        np.testing.assert_allclose(result[1], second[n], rtol=RTOL)
+
+
+async def test_with_buckets_the_batch_is_padded_from_the_items_that_stack(regressor: Any) -> None:
+    shapes: list[tuple[int, ...]] = []
+
+    def predict(x: Any) -> Any:
+        shapes.append(x.shape)
+        return regressor.predict_on_batch(x)
+
+    rows = _rows(4)
+    items: list[Any] = [*rows[:2], np.zeros(3), *rows[2:]]
+    batcher = KerasAsyncBatcher(
+        model=regressor, predict_fn=predict, buckets=(4, 8), max_batch_size=8, max_queue_time=0.05
+    )
+    async with batcher:
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(batcher.process(i) for i in items), return_exceptions=True), 60
+        )
+    assert shapes == [(4, 10)]  # the four rows that stack, in a bucket of 4, not 5 rows in a bucket of 8
+    np.testing.assert_allclose(
+        np.stack([outcomes[n] for n in (0, 1, 3, 4)]), regressor.predict_on_batch(rows), rtol=RTOL
+    )
+    assert isinstance(outcomes[2], ValueError) and "item 2 has shape (3,)" in str(outcomes[2])

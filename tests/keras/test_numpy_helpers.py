@@ -28,7 +28,9 @@ def test_stack_python_lists_and_explicit_dtype() -> None:
 
 
 def test_stack_different_shapes_names_both_shapes() -> None:
-    with pytest.raises(ValueError, match=r"item 0 has shape \(3,\), item 2 has shape \(2,\)"):
+    with pytest.raises(
+        ValueError, match=r"item 2 has shape \(2,\) of numbers, where the batch's items have shape \(3,\)"
+    ):
         collate([np.zeros(3), np.zeros(3), np.zeros(2)])
 
 
@@ -69,7 +71,7 @@ def test_pad_sequences_with_feature_axes_and_int_mask() -> None:
 
 
 def test_pad_sequences_other_axes_must_match() -> None:
-    with pytest.raises(ValueError, match=r"item 1 has shape \(2, 4\).*only the first axis"):
+    with pytest.raises(ValueError, match=r"item 1 has shape \(2, 4\).*\(\*, 3\).*only the first axis"):
         collate([np.zeros((1, 3)), np.zeros((2, 4))], pad_sequences=True)
 
 
@@ -159,7 +161,7 @@ def test_batch_larger_than_largest_bucket_is_refused() -> None:
 
 def test_split_multi_output_list_and_tuple() -> None:
     outputs = [np.array([[1], [2]]), np.array([3, 4])]
-    assert [[a.tolist(), b.tolist()] for a, b in split_outputs(outputs, 2)] == [[[1], 3], [[2], 4]]
+    assert [[a.tolist(), b.tolist()] for a, b in split_outputs(outputs, 2, lists="outputs")] == [[[1], 3], [[2], 4]]
     pairs = split_outputs((np.array([1, 2]), np.array([3, 4])), 2)
     assert all(isinstance(p, tuple) for p in pairs) and [tuple(map(int, p)) for p in pairs] == [
         (1, 3),
@@ -170,11 +172,11 @@ def test_split_multi_output_list_and_tuple() -> None:
 def test_split_refuses_misaligned_outputs() -> None:
     with pytest.raises(ValueError, match="the output has 1 rows for 2 items"):
         split_outputs(np.zeros((1, 1)), 2)
-    with pytest.raises(ValueError, match="output 1 has 3 rows for a batch of 4 rows"):
+    with pytest.raises(ValueError, match=r"output\[1\] has 3 rows for a batch of 4 rows"):
         split_outputs([np.zeros(4), np.zeros(3)], 2, padded_size=4)
     with pytest.raises(ValueError, match="scalar"):
         split_outputs(np.float32(1.0), 1)
-    with pytest.raises(ValueError, match="'y' has 1 rows"):
+    with pytest.raises(ValueError, match=r"y has 1 rows for 2 items \(shape \(1,\)\)"):
         split_outputs({"y": np.zeros(1)}, 2)
 
 
@@ -197,3 +199,51 @@ def test_split_namedtuple_outputs_keep_their_type() -> None:
     rows = split_outputs(point(np.array([1, 2]), np.array([3, 4])), 2)
     assert all(isinstance(row, point) for row in rows)
     assert [(int(row.x), int(row.y)) for row in rows] == [(1, 3), (2, 4)]
+
+
+def test_the_batch_is_what_most_items_are_and_odd_items_are_left_out_on_request() -> None:
+    items = [np.zeros(2), np.zeros(3), np.zeros(3), "abc", np.array([1, "a"], dtype=object), [2**70, 1], np.ones(3)]
+    with pytest.raises(
+        ValueError, match=r"item 0 has shape \(2,\) of numbers, where the batch's items have shape \(3,"
+    ):
+        collate(items)
+    batch = collate(items, odd_items="exclude", buckets=(4,))
+    assert (batch.size, batch.padded_size) == (3, 4) and sorted(batch.left_out) == [0, 3, 4, 5]
+    assert "item 3 has shape () of strings, where the batch's items have shape (3,) of numbers" in str(
+        batch.left_out[3]
+    )
+    assert "item 4 is not a rectangular array of numbers" in str(batch.left_out[4])
+    results = batch.split(batch.inputs.sum(axis=1))
+    assert [float(results[n]) for n in (1, 2, 6)] == [0.0, 0.0, 3.0]
+    assert results[5] is batch.left_out[5]
+    with pytest.raises(ValueError, match="odd_items must be 'raise' or 'exclude'"):
+        collate(items, odd_items="drop")  # type: ignore[arg-type]
+
+
+def test_what_numpy_promotes_stacks_together() -> None:
+    # Found: datetimes of two units were taken for two dtypes, though numpy promotes them.
+    dates = collate([np.datetime64("2020-01-01"), np.datetime64("2020-01-02T03:04", "m")])
+    assert dates.inputs.dtype == np.dtype("datetime64[m]") and dates.size == 2
+    assert collate([[True, False], [0.5, 1.0]]).inputs.dtype == np.float64
+    assert collate(["ab", "cde"]).inputs.tolist() == ["ab", "cde"]
+    mixed = collate([np.datetime64("2020-01-01"), 1.5, np.datetime64("2020-01-03")], odd_items="exclude")
+    assert list(mixed.left_out) == [1] and "of numbers, where the batch's items have shape () of datetimes" in str(
+        mixed.left_out[1]
+    )
+
+
+def test_dict_items_with_an_odd_feature_or_a_nested_dict_are_left_out() -> None:
+    items = [{"a": [1.0, 2.0]}, {"a": {"b": 1}}, {"a": [3.0, 4.0]}, {"a": [5.0]}, {"b": [1.0, 2.0]}, [1.0, 2.0]]
+    batch = collate(items, odd_items="exclude")
+    assert isinstance(batch.inputs, dict) and batch.inputs["a"].tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    assert sorted(batch.left_out) == [1, 3, 4, 5]
+    assert "feature 'a': item 1 is not a rectangular array of numbers" in str(batch.left_out[1])
+    assert "feature 'a' of different shapes: item 3 has shape (1,)" in str(batch.left_out[3])
+    assert "missing ['a'], unexpected ['b']" in str(batch.left_out[4])
+    assert "item 5 is a list, where the batch's items are mappings of features ['a']" in str(batch.left_out[5])
+
+
+def test_nothing_left_gives_an_empty_batch_whose_split_reads_no_output() -> None:
+    batch = collate([None, "x"], odd_items="exclude", pad_sequences=True)
+    assert (batch.size, batch.padded_size, batch.inputs.size) == (0, 0, 0)
+    assert [type(r) for r in batch.split(object())] == [TypeError, ValueError]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sqlalchemy import CheckConstraint, String, event, select
+from sqlalchemy import CheckConstraint, String, event, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -62,3 +63,35 @@ class StatementLog:
 
     def count(self, verb: str) -> int:
         return self.statements.count(verb)
+
+
+async def read_rows(engine: AsyncEngine, table: Any) -> list[dict[str, Any]]:
+    """Every row of ``table`` (a ``Table`` or a declarative class), as dicts, in primary key order."""
+    table = getattr(table, "__table__", table)
+    async with engine.connect() as connection:
+        rows = (await connection.execute(select(table).order_by(*table.primary_key.columns))).mappings().all()
+    return [dict(row) for row in rows]
+
+
+async def until_sql(engine: AsyncEngine, query: str, *, within: float = 20.0, **params: Any) -> None:
+    """Poll ``query`` (its first column of its first row) until it is true; AssertionError after ``within`` s.
+
+    For waiting on the server's state (a backend blocked on a lock, a connection gone): each poll is a query.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        async with engine.connect() as connection:
+            if (await connection.execute(text(query), params)).scalar():
+                return
+        if loop.time() > deadline:
+            raise AssertionError(f"not reached within {within} s: {query}")
+        await asyncio.sleep(0.02)
+
+
+def blocked_on_a_lock(application_name: str) -> str:
+    """A query for :func:`until_sql`: a backend of ``application_name`` waits for a lock."""
+    return (
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        f"AND application_name = '{application_name}'"
+    )

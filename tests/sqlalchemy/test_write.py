@@ -4,16 +4,17 @@ table back and counts its rows."""
 from __future__ import annotations
 
 import asyncio
+import pickle
+import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
-from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
+from sqlalchemy import Column, Integer, MetaData, String, Table, select, text
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from async_batcher.sqlalchemy import AsyncSqlalchemyWriteBatcher
+from async_batcher.sqlalchemy import AsyncSqlalchemyWriteBatcher, RowNotFoundError
 from async_batcher.sqlalchemy._statements import dialect_insert
-from async_batcher.sqlalchemy.write import is_row_fault
-from tests.sqlalchemy.helpers import StatementLog, database, person_model, read_table
+from tests.sqlalchemy.helpers import StatementLog, database, person_model, read_rows, read_table
 
 pytestmark = pytest.mark.single_loop
 
@@ -105,7 +106,7 @@ async def test_update_sets_the_given_columns_of_each_row(database_url: str) -> N
             {"id": 0, "age": 50},
             {"id": 1, "name": "renamed"},
             {"id": 0, "age": 51},  # the same row twice: in order, the last one stays
-            {"id": 99, "age": 1},  # no such row: nothing changes, nothing is created
+            {"id": 99, "age": 1},  # no such row: nothing changes, nothing is created, its caller is told
             {"name": "no key", "age": 2},
             {"id": 2},
             {"id": 3, "age": -5},
@@ -113,7 +114,9 @@ async def test_update_sets_the_given_columns_of_each_row(database_url: str) -> N
         async with updater:
             results = await asyncio.gather(*(updater.process(u) for u in updates), return_exceptions=True)
         stored = await read_table(engine, model)
-    assert results[:4] == [None] * 4
+    assert results[:3] == [None] * 3
+    assert isinstance(results[3], RowNotFoundError) and results[3].key == {"id": 99}
+    assert "no row of table" in str(results[3]) and "id=99" in str(results[3])
     assert isinstance(results[4], ValueError) and "lacks ['id']" in str(results[4])
     assert isinstance(results[5], ValueError) and "at least one column to set" in str(results[5])
     assert isinstance(results[6], IntegrityError)
@@ -181,18 +184,54 @@ def test_settings_are_validated_eagerly() -> None:
         dialect_insert("mysql")
 
 
-def test_which_errors_are_a_rows_fault() -> None:
-    class Orig(Exception):
-        def __init__(self, sqlstate: str | None) -> None:
-            super().__init__("x")
-            self.sqlstate = sqlstate
+async def test_an_update_of_missing_rows_tells_their_callers_and_writes_the_others(database_url: str) -> None:
+    model = person_model()
+    async with database(database_url, model) as engine:
+        async with AsyncSqlalchemyWriteBatcher(model, engine) as inserter:
+            await inserter.process_many([{"id": i, "name": f"n{i}", "age": i} for i in range(0, 20, 2)])
+        updater = AsyncSqlalchemyWriteBatcher(model, engine, operation="update", max_batch_size=20, max_queue_time=1)
+        async with updater:
+            results = await asyncio.wait_for(
+                asyncio.gather(
+                    *(updater.process({"id": i, "age": 100 + i}) for i in range(20)), return_exceptions=True
+                ),
+                30,
+            )
+        stored = await read_table(engine, model)
+    assert stored == {i: (f"n{i}", 100 + i) for i in range(0, 20, 2)}  # the odd ids were never there, nor are now
+    assert [results[i] for i in range(0, 20, 2)] == [None] * 10
+    assert all(isinstance(results[i], RowNotFoundError) for i in range(1, 20, 2)), results
+    assert [results[i].key for i in range(1, 20, 2)] == [{"id": i} for i in range(1, 20, 2)]
 
-    def error(sqlstate: str | None, *, invalidated: bool = False) -> DBAPIError:
-        return DBAPIError("INSERT", {}, Orig(sqlstate), connection_invalidated=invalidated)
 
-    assert is_row_fault(error("23505")) and is_row_fault(error("22001")) and is_row_fault(error("21000"))
-    assert not is_row_fault(error("42P01"))  # undefined table: the statement's fault
-    assert not is_row_fault(error("23505", invalidated=True))
-    assert is_row_fault(error(None))  # a driver refusing a value, no SQLSTATE
-    assert is_row_fault(StatementError("A value is required for bind parameter 'age'", "INSERT", {}, None))
-    assert not is_row_fault(OSError("connection refused"))
+def key_value_table() -> Table:
+    return Table(
+        f"kv_{uuid.uuid4().hex[:10]}", MetaData(), Column("id", Integer, primary_key=True), Column("v", String(20))
+    )
+
+
+async def test_an_upsert_with_returning_of_a_row_that_gives_only_its_key(database_url: str) -> None:
+    table = key_value_table()
+    async with database(database_url, table) as engine:
+        async with engine.begin() as connection:
+            await connection.execute(table.insert(), [{"id": 1, "v": "old"}])
+        upserter = AsyncSqlalchemyWriteBatcher(
+            table, engine, on_conflict="update", returning=[table.c.id, table.c.v], max_batch_size=4, max_queue_time=1
+        )
+        rows = [{"id": 1}, {"id": 50, "v": "new"}, {"id": 51, "v": "new"}, {"id": 52}]
+        async with upserter:
+            results = await asyncio.wait_for(
+                asyncio.gather(*(upserter.process(row) for row in rows), return_exceptions=True), 30
+            )
+        stored = await read_rows(engine, table)
+    # A row that gives only its key: inserted if missing, left as it is if there, and its row comes back.
+    assert results == [(1, "old"), (50, "new"), (51, "new"), (52, None)]
+    assert stored == [{"id": 1, "v": "old"}, {"id": 50, "v": "new"}, {"id": 51, "v": "new"}, {"id": 52, "v": None}]
+
+
+def test_row_not_found_error_says_which_key_and_survives_pickling() -> None:
+    error = RowNotFoundError("person", {"id": 99, "part": "a"})
+    assert str(error) == "no row of table 'person' has id=99, part='a': the update changed nothing"
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is RowNotFoundError and copy.key == {"id": 99, "part": "a"} and str(copy) == str(error)
+    assert isinstance(error, LookupError)

@@ -148,15 +148,23 @@ async def test_outputs_keep_their_structure_and_can_move_to_another_device() -> 
     assert [tuple(r["double"].shape) for r in results] == [(2,)] * 3
 
 
-async def test_a_bad_batch_fails_its_callers_with_the_bad_values_and_the_batcher_serves_on() -> None:
-    batcher = TorchAsyncBatcher(model=lambda x: x + 1, max_queue_time=0.05)
+async def test_an_odd_item_fails_alone_a_model_error_fails_its_batch_and_the_batcher_serves_on() -> None:
+    def model(x: torch.Tensor) -> torch.Tensor:
+        if (x < 0).any():
+            raise ValueError("negative inputs")
+        return x + 1
+
+    batcher = TorchAsyncBatcher(model=model, max_batch_size=3, max_queue_time=0.05)
     async with batcher:
-        outcomes = await asyncio.gather(
-            batcher.process(torch.zeros(2)), batcher.process(torch.zeros(3)), return_exceptions=True
-        )
-        assert all(isinstance(o, ValueError) for o in outcomes)
-        assert "item 0 has shape (2,), item 1 has shape (3,)" in str(outcomes[0])
-        assert (await batcher.process(torch.zeros(2))).tolist() == [1.0, 1.0]
+        calls = (batcher.process(torch.zeros(2)), batcher.process(torch.zeros(3)), batcher.process(torch.ones(2)))
+        outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
+        assert [o.tolist() for o in (outcomes[0], outcomes[2])] == [[1.0, 1.0], [2.0, 2.0]]
+        assert isinstance(outcomes[1], ValueError)
+        assert "item 1 has shape (3,) of torch.float32, where the batch's items have shape (2,)" in str(outcomes[1])
+        calls = (batcher.process(torch.zeros(2)), batcher.process(-torch.ones(2)))
+        outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
+        assert [str(o) for o in outcomes] == ["negative inputs"] * 2
+        assert (await asyncio.wait_for(batcher.process(torch.zeros(2)), 60)).tolist() == [1.0, 1.0]
 
 
 def test_device_defaults_to_the_models() -> None:

@@ -4,8 +4,10 @@ Each caller's ``await batcher.process(GetItem(table_name=..., key=...))`` return
 Python values (numbers as ``Decimal``, as boto3's resource API gives them), or None when there is no such
 item. It raises the service's error when the service refused that key (a ``ValidationException`` isolated by
 bisection, a missing table), :class:`~async_batcher.aws.errors.RetriesExhaustedError` when the key stayed
-in ``UnprocessedKeys`` (or the table kept throttling) for ``retry.max_attempts`` calls, or the transport
-error when the service did not answer.
+in ``UnprocessedKeys`` (or the table kept throttling or failing) for ``retry.max_attempts`` calls, or the
+transport error when the service did not answer. A read has no effect, so none of these is "unknown": a stop
+that cuts a batch off gives its callers the plain :class:`~async_batcher.BatcherStoppedError`, and any of them
+may simply read again.
 
 * Several callers asking for the same key in one batch share one read (the service refuses a call that
   names a key twice) and each gets the item.
@@ -78,6 +80,9 @@ class AsyncDynamoDbGetBatcher(AwsBatcher[GetItem, "dict[str, Any] | None"]):
     """
 
     service_name: ClassVar[str] = "dynamodb"
+    # A read changes nothing: a stop gives its callers the plain BatcherStoppedError (read again), a lost
+    # connection the transport error, as neither can have done anything twice.
+    has_effects: ClassVar[bool] = False
 
     def __init__(
         self, *, max_batch_size: int = MAX_KEYS_PER_CALL, consistent_read: bool = False, **kwargs: Any
@@ -86,7 +91,7 @@ class AsyncDynamoDbGetBatcher(AwsBatcher[GetItem, "dict[str, Any] | None"]):
         self.consistent_read = bool(consistent_read)
 
     async def process_batch(self, batch: list[GetItem]) -> list[dict[str, Any] | Exception | None]:
-        outcomes: Outcomes[dict[str, Any] | None] = Outcomes(len(batch))
+        outcomes: Outcomes[dict[str, Any] | None] = self._outcomes(len(batch), "BatchGetItem")
         reads = self._prepare(batch, outcomes)
 
         async def send(call: list[_Read]) -> list[_Read]:
@@ -104,7 +109,7 @@ class AsyncDynamoDbGetBatcher(AwsBatcher[GetItem, "dict[str, Any] | None"]):
             for index in read.indices:
                 outcomes.fail(index, error)
 
-        delivery = self._delivery("BatchGetItem", send, fail, _SPLIT)
+        delivery = self._delivery("BatchGetItem", send, fail, _SPLIT, outcomes, indices_of=lambda read: read.indices)
         calls = [reads[start : start + MAX_KEYS_PER_CALL] for start in range(0, len(reads), MAX_KEYS_PER_CALL)]
         await self._run_calls(delivery, calls, outcomes)
         return outcomes.results()

@@ -10,8 +10,13 @@ write, or raises:
   throttling for ``retry.max_attempts`` calls; the write was not applied;
 * ``TypeError`` / ``ValueError`` naming the attribute, for an item that cannot be stored (a float, a missing
   key attribute);
-* the transport error (connection refused, timeout) when the service did not answer even after botocore's
-  retries; the write may or may not have been applied.
+* :class:`~async_batcher.aws.errors.AwsOutcomeUnknownError` when the service may or may not have applied it: the
+  connection was lost or timed out after the request may have left, or the batcher gave up after a call that
+  answered 5xx; :class:`~async_batcher.aws.errors.AbandonedBatchError` when a stop cut its batch off while some
+  of it may have been applied (``outcome_of(item)`` says what became of each item);
+* the transport error when the connection could not be opened (refused, DNS, connect timeout), even after
+  botocore's retries, or its call was never made because an earlier call of the batch got no answer: the
+  write was not applied.
 
 How a batch becomes calls:
 
@@ -132,26 +137,32 @@ class AsyncDynamoDbWriteBatcher(AwsBatcher[WriteOperation, None]):
         return tuple(element["AttributeName"] for element in ordered)
 
     async def process_batch(self, batch: list[WriteOperation]) -> list[Exception | None]:
-        outcomes: Outcomes[None] = Outcomes(len(batch))
-        writes = await self._prepare(batch, outcomes)
+        outcomes: Outcomes[None] = self._outcomes(len(batch), "BatchWriteItem")
+        with self._tracking(batch, outcomes):
+            writes = await self._prepare(batch, outcomes)
 
-        async def send(call: list[_Write]) -> list[_Write]:
-            left = await self._call(call)
-            kept = {id(write) for write in left}
-            for write in call:
-                if id(write) not in kept:
-                    outcomes.succeed(write.index, None)
-            return left
+            async def send(call: list[_Write]) -> list[_Write]:
+                left = await self._call(call, outcomes)
+                kept = {id(write) for write in left}
+                for write in call:
+                    if id(write) not in kept:
+                        outcomes.succeed(write.index, None)
+                return left
 
-        delivery = self._delivery(
-            "BatchWriteItem", send, lambda write, error: outcomes.fail(write.index, error), _SPLIT
-        )
-        budget = max(1, self.max_request_bytes - _ENVELOPE_BYTES)
-        for round_ in split_rounds(writes, key_of=lambda write: (write.table, write.key)):
-            calls = chunk(round_, max_count=MAX_ITEMS_PER_CALL, max_bytes=budget, size_of=lambda write: write.size)
-            if not await self._run_calls(delivery, calls, outcomes):
-                break  # the service does not answer: the later rounds already got its error
-        return outcomes.results()
+            delivery = self._delivery(
+                "BatchWriteItem",
+                send,
+                lambda write, error: outcomes.fail(write.index, error),
+                _SPLIT,
+                outcomes,
+                indices_of=lambda write: (write.index,),
+            )
+            budget = max(1, self.max_request_bytes - _ENVELOPE_BYTES)
+            for round_ in split_rounds(writes, key_of=lambda write: (write.table, write.key)):
+                calls = chunk(round_, max_count=MAX_ITEMS_PER_CALL, max_bytes=budget, size_of=lambda write: write.size)
+                if not await self._run_calls(delivery, calls, outcomes):
+                    break  # the service does not answer: the later rounds, never sent, get its error
+            return outcomes.results()
 
     async def _prepare(self, batch: list[WriteOperation], outcomes: Outcomes[None]) -> list[_Write]:
         """Convert each operation to its wire request; record an error for those that cannot be sent."""
@@ -179,7 +190,7 @@ class AsyncDynamoDbWriteBatcher(AwsBatcher[WriteOperation, None]):
             writes.append(_Write(index, operation.table_name, request, key, names, json_size(request)))
         return writes
 
-    async def _call(self, writes: list[_Write]) -> list[_Write]:
+    async def _call(self, writes: list[_Write], outcomes: Outcomes[None]) -> list[_Write]:
         """One ``BatchWriteItem`` call; returns the writes the service left unprocessed."""
         request_items: dict[str, list[dict[str, Any]]] = {}
         for write in writes:
@@ -198,7 +209,9 @@ class AsyncDynamoDbWriteBatcher(AwsBatcher[WriteOperation, None]):
                 try:
                     left.append(by_key[(table, key_identity(wire or {}, names_of[table], table))])
                 except (KeyError, ValueError):
-                    # Not one of ours: we cannot tell which write it is, so none counts as done.
+                    # Not one of ours: we cannot tell which write it is, so none counts as done, and any of them
+                    # may have been.
                     logger.error("%s: unrecognised UnprocessedItems entry for %r; retrying the call", self.name, table)
+                    outcomes.may_have_applied(write.index for write in writes)
                     return writes
         return left

@@ -11,8 +11,13 @@ Each caller's ``await batcher.process(KinesisRecord(data=..., partition_key=...)
 * the service's error (botocore ``ClientError``) when Kinesis refused the call for a reason of this record's
   (``ValidationException``, ``InvalidArgumentException``: isolated by bisection) or of its stream
   (``ResourceNotFoundException``, KMS errors: every record for that stream);
-* the transport error when Kinesis did not answer even after botocore's retries; the record may or may not
-  have been put.
+* :class:`~async_batcher.aws.errors.AwsOutcomeUnknownError` when Kinesis may or may not have put it: the
+  connection was lost or timed out after the request may have left, or the batcher gave up after a call that
+  answered 5xx; :class:`~async_batcher.aws.errors.AbandonedBatchError` when a stop cut its batch off while some
+  of it may have been put (``outcome_of(item)`` says what became of each item);
+* the transport error when the connection could not be opened (refused, DNS, connect timeout), even after
+  botocore's retries, or its call was never made because an earlier call of the batch got no answer: the
+  record was not put.
 
 A call carries records for one stream only, at most 500 of them and at most 5 MiB (data plus partition keys).
 The calls of a batch go one after the other, so the records of a partition key keep their order inside a
@@ -23,6 +28,7 @@ call, so a retried record can land after later records of its shard.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -33,6 +39,7 @@ from async_batcher.aws.errors import KinesisRecordError
 from async_batcher.aws.retry import RETRYABLE_ERROR_CODES
 
 __all__ = [
+    "MAX_HASH_KEY",
     "MAX_RECORDS_PER_CALL",
     "MAX_RECORD_BYTES",
     "MAX_REQUEST_BYTES",
@@ -53,6 +60,22 @@ MAX_RECORD_BYTES = 1024 * 1024
 # What one bad record can make Kinesis refuse a whole PutRecords call with.
 _BISECT_CODES = frozenset({"ValidationException", "InvalidArgumentException"})
 
+MAX_HASH_KEY = 2**128 - 1
+"""The largest hash key: Kinesis hashes partition keys to 128-bit integers."""
+
+# The service's pattern for a hash key, 0|([1-9]\d{0,38}), with ASCII digits only: str.isdigit() and \d in a str
+# pattern also take "²" or Arabic-Indic digits, which int() reads but Kinesis refuses.
+_HASH_KEY = re.compile(r"0|[1-9][0-9]{0,38}")
+
+
+def _check_hash_key(key: object) -> None:
+    """Refuse a hash key Kinesis would refuse: anything but the decimal form of an integer in [0, 2**128 - 1]."""
+    if not isinstance(key, str) or _HASH_KEY.fullmatch(key) is None or int(key) > MAX_HASH_KEY:
+        raise ValueError(
+            f"explicit_hash_key must be None or a str of ASCII digits without a leading zero, "
+            f"at most 2**128 - 1, got {key!r:.100}"
+        )
+
 
 @dataclass(kw_only=True)
 class KinesisRecord:
@@ -61,7 +84,8 @@ class KinesisRecord:
     Args:
         data: The record's data (a str is sent as UTF-8).
         partition_key: Picks the shard (1 to 256 characters).
-        explicit_hash_key: A decimal hash value that picks the shard instead of the partition key's hash.
+        explicit_hash_key: A hash value that picks the shard instead of the partition key's hash: the decimal
+            form of an integer from 0 to 2**128 - 1 (ASCII digits, no leading zero), checked here.
         stream_name: The stream; the batcher's ``stream_name`` if None.
     """
 
@@ -75,10 +99,8 @@ class KinesisRecord:
             raise TypeError(f"data must be bytes or str, got {type(self.data).__name__}")
         if not isinstance(self.partition_key, str) or not 1 <= len(self.partition_key) <= 256:
             raise ValueError(f"partition_key must be a str of 1 to 256 characters, got {self.partition_key!r:.300}")
-        if self.explicit_hash_key is not None and (
-            not isinstance(self.explicit_hash_key, str) or not self.explicit_hash_key.isdigit()
-        ):
-            raise ValueError(f"explicit_hash_key must be a decimal str or None, got {self.explicit_hash_key!r:.100}")
+        if self.explicit_hash_key is not None:
+            _check_hash_key(self.explicit_hash_key)
         if self.stream_name is not None and (not isinstance(self.stream_name, str) or not self.stream_name):
             raise ValueError(f"stream_name must be a non-empty str or None, got {self.stream_name!r}")
         if self.size > MAX_RECORD_BYTES:
@@ -149,7 +171,8 @@ class AsyncKinesisPutBatcher(TargetedBatcher[KinesisRecord, KinesisPutResult]):
         response = await self.client.put_records(StreamName=entries[0].target, Records=[e.entry for e in entries])
         answers = response.get("Records") or []
         if len(answers) != len(entries):
-            # Kinesis answers every record, in order; without that, none of them counts as put.
+            # Kinesis answers every record, in order; without that, none of them counts as put, and any may be.
+            outcomes.may_have_applied(put.index for put in entries)
             return entries
         left: list[Entry] = []
         for put, answer in zip(entries, answers, strict=True):

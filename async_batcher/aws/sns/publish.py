@@ -9,8 +9,13 @@ Each caller's ``await batcher.process(SnsMessage(...))`` returns the message id 
 * the service's error (botocore ``ClientError``) when SNS refused the call for a reason of this message's
   (``InvalidParameter``, such as a FIFO message without ``group_id``: isolated by bisection) or of its topic
   (``NotFound``: every message for that topic);
-* the transport error when SNS did not answer even after botocore's retries; the message may or may not have
-  been published.
+* :class:`~async_batcher.aws.errors.AwsOutcomeUnknownError` when SNS may or may not have published it: the
+  connection was lost or timed out after the request may have left, or the batcher gave up after a call that
+  answered 5xx; :class:`~async_batcher.aws.errors.AbandonedBatchError` when a stop cut its batch off while some
+  of it may have been published (``outcome_of(item)`` says what became of each item);
+* the transport error when the connection could not be opened (refused, DNS, connect timeout), even after
+  botocore's retries, or its call was never made because an earlier call of the batch got no answer: the
+  message was not published.
 
 A call carries messages for one topic only, at most 10 of them and at most 256 KiB of payload (messages,
 subjects and attributes). ``batch_key`` returns the topic ARN, so the batcher never mixes topics in a batch,

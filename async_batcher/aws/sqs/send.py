@@ -9,8 +9,13 @@ raises:
   (``SenderFault`` false) or kept throttling for ``retry.max_attempts`` calls; the message was not sent;
 * the service's error (botocore ``ClientError``) when SQS refused the call for a reason of this message's
   (isolated by bisection) or of its queue (``QueueDoesNotExist``: every message for that queue);
-* the transport error when SQS did not answer even after botocore's retries; the message may or may not have
-  been sent.
+* :class:`~async_batcher.aws.errors.AwsOutcomeUnknownError` when SQS may or may not have sent it: the
+  connection was lost or timed out after the request may have left, or the batcher gave up after a call that
+  answered 5xx; :class:`~async_batcher.aws.errors.AbandonedBatchError` when a stop cut its batch off while some
+  of it may have been sent (``outcome_of(item)`` says what became of each item);
+* the transport error when the connection could not be opened (refused, DNS, connect timeout), even after
+  botocore's retries, or its call was never made because an earlier call of the batch got no answer: the
+  message was not sent.
 
 A call carries messages for one queue only, at most 10 of them, and at most ``max_batch_bytes`` of payload
 (bodies plus attributes, counted as SQS counts them; 256 KiB by default, which every queue accepts: raise it to

@@ -18,8 +18,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("async_batcher.ml.keras needs numpy: pip install 'async-batcher[keras]'") from exc
 
 from async_batcher.batcher import AsyncBatcher
-from async_batcher.ml._collate import check_bucketed_batch_size
-from async_batcher.ml.numpy import PadValue, collate
+from async_batcher.ml._collate import check_bucketed_batch_size, check_lists
+from async_batcher.ml.numpy import Lists, PadValue, collate
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -36,6 +36,10 @@ class KerasAsyncBatcher(AsyncBatcher[Any, Any]):
     for a model on 10 features) or, for a model with named inputs, a dict of them. The result is the item's row
     of the output (a numpy array; a dict or list of them for a multi-output model).
 
+    An item that does not stack with the rest of its batch (another shape or set of features than most of the
+    batch's items have, strings among numbers, not an array) fails alone, with an error naming its shape and
+    the batch's; the others run. An error of the model or of its outputs fails its whole batch.
+
     Args:
         model: the Keras model (any backend); called through ``predict_on_batch`` unless ``predict_fn`` is given.
         max_batch_size, max_queue_time, concurrency, executor, **kwargs: as for ``AsyncBatcher``. The model runs
@@ -48,6 +52,9 @@ class KerasAsyncBatcher(AsyncBatcher[Any, Any]):
             ``predict_fn`` that takes ``batch`` if the model needs it.
         buckets: the allowed batch sizes: batches are padded up to one of them, so a compiled model sees few
             shapes; ``max_batch_size`` must fit in the largest.
+        lists: how a list in the outputs is read (see ``async_batcher.ml.numpy.split_outputs``). Default:
+            ``"outputs"`` with ``model.predict_on_batch`` (a Keras model returns a list for a list of outputs),
+            ``"auto"`` with a ``predict_fn``.
     """
 
     def __init__(
@@ -63,6 +70,7 @@ class KerasAsyncBatcher(AsyncBatcher[Any, Any]):
         pad_sequences: bool = False,
         pad_value: PadValue = 0,
         buckets: Collection[int] | None = None,
+        lists: Lists | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -84,14 +92,18 @@ class KerasAsyncBatcher(AsyncBatcher[Any, Any]):
         self.pad_sequences = pad_sequences
         self.pad_value = pad_value
         self.buckets = buckets
+        self.lists: Lists = check_lists(lists if lists is not None else "outputs" if predict_fn is None else "auto")
 
     def process_batch(self, batch: list[Any]) -> Sequence[Any]:
-        """Stack, predict, split: runs in the executor, never on the event loop."""
+        """Stack, predict, split: runs in the executor, never on the event loop. The items that do not stack
+        are left out of the model's batch and get their errors in their places."""
         collated = collate(
             batch,
             dtype=self.dtype,
             pad_sequences=self.pad_sequences,
             pad_value=self.pad_value,
             buckets=self.buckets,
+            odd_items="exclude",
         )
-        return collated.split(self.predict_fn(collated.inputs))
+        outputs = self.predict_fn(collated.inputs) if collated.size else None
+        return collated.split(outputs, lists=self.lists)

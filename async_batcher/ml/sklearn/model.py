@@ -5,8 +5,8 @@ keyword-only). A caller's item is one row of features (a list or 1-D array of ``
 numbers); the batch's rows are stacked into one 2-D array with :mod:`async_batcher.ml.numpy`, and ``method``
 (``predict`` by default, or ``predict_proba``, ``decision_function``, ``transform``, ...) runs once on it in the
 executor, never on the event loop. Each caller gets its own row of the output: a scalar from ``predict``, a 1-D
-array from ``predict_proba`` or ``transform``. A row of the wrong shape fails only its caller, with a
-``ValueError`` naming both shapes.
+array from ``predict_proba`` or ``transform``, a 1-row CSR matrix from a sparse output (a ``OneHotEncoder``'s
+``transform``). A row of the wrong shape fails only its caller, with a ``ValueError`` naming both shapes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from async_batcher.batcher import AsyncBatcher
 try:
     import numpy as np
 
-    from async_batcher.ml.numpy import collate
+    from async_batcher.ml._collate import check_lists
+    from async_batcher.ml.numpy import Lists, collate
 except ImportError as error:  # pragma: no cover - exercised in a subprocess by tests/sklearn/test_sklearn_batcher.py
     raise ImportError(
         f"async_batcher.ml.sklearn needs numpy ({error.name} is missing): pip install 'async-batcher[sklearn]'"
@@ -42,6 +43,10 @@ class SklearnAsyncBatcher(AsyncBatcher[Any, Any]):
             ``"predict_log_proba"``, ``"decision_function"``, ``"transform"``, or any other of the model's
             methods that takes a 2-D array and returns one row (or one value) per input row.
         dtype: Cast the stacked rows to it (say ``numpy.float32``) instead of keeping their dtype.
+        lists: How a list returned by ``method`` is read: ``"auto"`` (the default: several outputs when it holds
+            arrays, as ``predict_proba`` of a multi-output classifier returns, one element per row when it holds
+            plain Python values, refused when it could be both), ``"outputs"`` or ``"items"`` (see
+            ``async_batcher.ml.numpy.split_outputs``).
         max_batch_size, max_queue_time, concurrency, executor, **kwargs: as for ``AsyncBatcher`` (0.2.2's
             defaults). The model runs in ``executor`` (the loop's default executor if None).
     """
@@ -52,6 +57,7 @@ class SklearnAsyncBatcher(AsyncBatcher[Any, Any]):
         model: Any,
         method: str = "predict",
         dtype: npt.DTypeLike | None = None,
+        lists: Lists = "auto",
         max_batch_size: int = -1,
         max_queue_time: float = 0.01,
         concurrency: int = 1,
@@ -70,6 +76,7 @@ class SklearnAsyncBatcher(AsyncBatcher[Any, Any]):
         self.model = model
         self.method = method
         self.dtype = dtype
+        self.lists = check_lists(lists)
         features = getattr(model, "n_features_in_", None)
         self.n_features: int | None = features if isinstance(features, int) else None
 
@@ -78,9 +85,11 @@ class SklearnAsyncBatcher(AsyncBatcher[Any, Any]):
         results: list[Any] = [self._check(row) for row in batch]
         good = [index for index, result in enumerate(results) if result is None]
         if good:
-            collated = collate([batch[index] for index in good], dtype=self.dtype)
-            outputs = collated.split(getattr(self.model, self.method)(collated.inputs))
-            for index, output in zip(good, outputs, strict=True):
+            # Rows of a model that does not say its width (no n_features_in_) may still differ: those of
+            # another width than most are left out with their error, as the rows checked above.
+            collated = collate([batch[index] for index in good], dtype=self.dtype, odd_items="exclude")
+            outputs = getattr(self.model, self.method)(collated.inputs) if collated.size else None
+            for index, output in zip(good, collated.split(outputs, lists=self.lists), strict=True):
                 results[index] = output
         return results
 

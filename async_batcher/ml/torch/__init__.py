@@ -16,6 +16,8 @@ except ImportError as exc:
 from async_batcher.ml.torch.model import TorchAsyncBatcher
 from async_batcher.ml.torch.tensors import (
     Batch,
+    Lists,
+    OddItems,
     PaddingSide,
     PadValue,
     check_buckets,
@@ -26,6 +28,8 @@ from async_batcher.ml.torch.tensors import (
 
 __all__ = [
     "Batch",
+    "Lists",
+    "OddItems",
     "PadValue",
     "PaddingSide",
     "TorchAsyncBatcher",

@@ -12,8 +12,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from async_batcher.batcher import AsyncBatcher
-from async_batcher.ml._collate import PaddingSide, PadValue, check_bucketed_batch_size, check_padding_side
-from async_batcher.ml.torch.tensors import Batch, _as_device, collate
+from async_batcher.ml._collate import (
+    Lists,
+    PaddingSide,
+    PadValue,
+    check_bucketed_batch_size,
+    check_lists,
+    check_padding_side,
+)
+from async_batcher.ml.torch._devices import _as_device
+from async_batcher.ml.torch.tensors import Batch, collate
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -26,9 +34,13 @@ class TorchAsyncBatcher(AsyncBatcher[Any, Any]):
 
     An item is one model input without the batch axis: a tensor (or a list of numbers) or, for a model with
     named inputs, a dict of them (``{"input_ids": ..., "attention_mask": ...}``). The result is the item's row
-    of the output: a tensor on the model's device (a dict, list or tuple of them for a model with several
-    outputs), a view of the batch's output made under inference mode: ``clone()`` it to change it in place or
-    to use it in autograd.
+    of the output: a tensor on the model's device (the same structure of them for a model with several or
+    nested outputs, a transformers ``ModelOutput`` say; see ``split_outputs`` for the rule), a view of the
+    batch's output made under inference mode: ``clone()`` it to change it in place or to use it in autograd.
+
+    An item that does not stack with the rest of its batch (another shape, dtype or set of features than most
+    of the batch's items have, or not an array of numbers) fails alone, with an error naming its shape and
+    dtype and the batch's; the others run. An error of the model or of its outputs fails its whole batch.
 
     Args:
         model: a ``torch.nn.Module`` in eval mode (one in training mode is refused: BatchNorm and Dropout would
@@ -44,6 +56,9 @@ class TorchAsyncBatcher(AsyncBatcher[Any, Any]):
         trim: give each caller its sequence outputs cut to its own length (see ``Batch.split``); needs
             ``pad_sequences``.
         output_device: move the outputs there (``"cpu"``, say) in one copy before splitting them.
+        lists: how a list in the model's outputs is read: ``"auto"`` (the default: several outputs when it holds
+            tensors, one element per item when it holds plain Python values, refused when it could be both),
+            ``"outputs"`` or ``"items"`` (see ``split_outputs``).
     """
 
     def __init__(
@@ -66,6 +81,7 @@ class TorchAsyncBatcher(AsyncBatcher[Any, Any]):
         pin_memory: bool = False,
         trim: bool | str = False,
         output_device: torch.device | str | int | None = None,
+        lists: Lists = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -97,9 +113,13 @@ class TorchAsyncBatcher(AsyncBatcher[Any, Any]):
         self.pin_memory = pin_memory
         self.trim = trim
         self.output_device = None if output_device is None else _as_device(output_device)
+        self.lists = check_lists(lists)
 
     def process_batch(self, batch: list[Any]) -> Sequence[Any]:
-        """Collate, run the model, split: in the executor, never on the event loop, under inference mode."""
+        """Collate, run the model, split: in the executor, never on the event loop, under inference mode.
+
+        The items that do not stack are left out of the model's batch and get their errors in their places.
+        """
         with torch.inference_mode():
             collated = collate(
                 batch,
@@ -112,9 +132,10 @@ class TorchAsyncBatcher(AsyncBatcher[Any, Any]):
                 device=self.device,
                 non_blocking=self.non_blocking,
                 pin_memory=self.pin_memory,
+                odd_items="exclude",
             )
-            outputs = self.predict_fn(collated)
-            return collated.split(outputs, trim=self.trim, device=self.output_device)
+            outputs = self.predict_fn(collated) if collated.size else None
+            return collated.split(outputs, trim=self.trim, device=self.output_device, lists=self.lists)
 
     def _call_model(self, batch: Batch) -> Any:
         if isinstance(batch.inputs, Mapping):

@@ -1,0 +1,340 @@
+"""The open-loop generator and its report (``benchmarks/openloop/``): the schedules' statistics, latency counted from
+each request's intended send time (a server that stalls shows as latency, never as a lower rate), the closed-loop
+mode, the targets' verdicts and the report. The generator runs as the rig runs it, a process of its own, against a
+tiny real HTTP server on 127.0.0.1 (``tiny_server.py``); no assertion on speed, only bounds the physics sets (an
+answer is never faster than the server's delay, a closed loop never sends faster than its connections allow).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.openloop import report as open_report
+from benchmarks.openloop import schedule
+from benchmarks.openloop.stats import percentile, summary
+from benchmarks.openloop.steps import OpenStep
+from benchmarks.peers import report as peers_report
+from benchmarks.peers.load import Step
+from tests.bench.tiny_server import tiny_server
+
+pytestmark = pytest.mark.single_loop
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _generate(url: str, *args: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.openloop.generate", "--url", url, "--stats-path", "", *args]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+# -- schedules ---------------------------------------------------------------------------------------------------
+
+
+def test_poisson_schedule_has_the_mean_rate_and_exponential_gaps() -> None:
+    rate, seconds = 2000.0, 50.0
+    times = schedule.offsets(schedule.parse_shape("poisson"), rate, seconds, seed=3)
+    n = len(times)
+    assert abs(n - rate * seconds) < 4 * math.sqrt(rate * seconds)  # Poisson count: within 4 sigma
+    assert times == sorted(times) and 0 < times[0] and times[-1] < seconds
+    assert 0.98 < schedule.cv(times) < 1.02  # exponential gaps: their coefficient of variation is 1
+    # Counts in 10 ms windows: Poisson, so their variance equals their mean (dispersion index 1).
+    counts = [0] * int(seconds * 100)
+    for t in times:
+        counts[int(t * 100)] += 1
+    mean, var = statistics.fmean(counts), statistics.pvariance(counts)
+    assert abs(mean - rate / 100) < 0.5 and 0.9 < var / mean < 1.1
+    # The same seed gives the same arrivals (every variant of a round sees them), another seed others.
+    assert schedule.offsets(schedule.parse_shape("poisson"), rate, 1.0, seed=3) == [t for t in times if t < 1.0]
+    assert schedule.offsets(schedule.parse_shape("poisson"), rate, 1.0, seed=4) != [t for t in times if t < 1.0]
+
+
+def test_onoff_schedule_keeps_the_mean_rate_in_bursts() -> None:
+    shape = schedule.parse_shape("onoff:50/150")
+    assert (shape.on_s, shape.off_s, shape.peak, shape.name) == (0.05, 0.15, 4.0, "onoff:50/150")
+    assert schedule.parse_shape(shape.name) == shape  # the name is what the generator's --shape reads
+    rate, seconds = 1000.0, 40.0
+    times = schedule.offsets(shape, rate, seconds, seed=1)
+    assert abs(len(times) - rate * seconds) < 4 * math.sqrt(rate * seconds)
+    assert all((t % 0.2) < 0.05 for t in times)  # nothing in an off phase
+    assert schedule.cv(times) > 1.5  # bursty: the off phases are long gaps
+    assert schedule.parse_shape("onoff") == shape
+
+
+@pytest.mark.parametrize("bad", ["poison", "onoff:50", "onoff:0/100", "onoff:a/b", "poisson:1"])
+def test_a_bad_shape_is_named(bad: str) -> None:
+    with pytest.raises(ValueError, match=bad.split(":")[0]):
+        schedule.parse_shape(bad)
+
+
+def test_percentiles_count_failures_as_slower_than_any_answer() -> None:
+    answers = [0.001 * i for i in range(1, 100)]  # 99 answers, 1 ms to 99 ms
+    assert percentile(answers, 0, 0.5) == 0.050
+    assert percentile(answers, 1, 0.99) == 0.099  # the 99th of 100 is still an answer
+    assert percentile(answers, 2, 0.99) == math.inf  # with two failures it is one of them
+    figures = summary(answers, 2)
+    assert figures["p99_ms"] == math.inf and figures["max_ms"] == math.inf
+    assert figures["mean_ms"] == pytest.approx(50.0)  # of the answers
+    assert math.isnan(percentile([], 0, 0.5))
+
+
+# -- the generator against a real server ---------------------------------------------------------------------------
+
+
+def test_latency_counts_from_the_intended_send_time() -> None:
+    # One connection, a server that takes 20 ms: it answers 50 a second at most, the schedule asks for 100. A
+    # closed-loop client would report 50/s at 20 ms; this one keeps the schedule and counts the wait in the client.
+    with tiny_server(delay=0.020) as server:
+        r = _generate(
+            server.url,
+            "--rate",
+            "100",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0",
+            "--max-connections",
+            "1",
+            "--timeout",
+            "10",
+        )
+    assert r["scheduled"] > 50 and r["ok"] == r["scheduled"] and r["errors"] == r["timeouts"] == 0
+    assert r["connections"] == 1 and server.requests == r["scheduled"]
+    assert r["p50_ms"] > 60  # the queue grows by ~10 ms a request: its middle waits far beyond the server's 20 ms
+    assert r["max_ms"] > 200
+    assert r["wait_p99_ms"] > 100  # ... waiting in the client for the busy connection, counted in the latency
+
+
+def test_a_stalled_server_shows_as_latency_not_as_a_lower_rate() -> None:
+    with tiny_server(delay=0.0) as server:
+        server.stall_after = 100  # the 100th request stalls the server for 300 ms
+        server.stall_for = 0.3
+        r = _generate(server.url, "--rate", "200", "--seconds", "2", "--warmup", "0", "--timeout", "10")
+    assert server.stalled_at is not None
+    assert r["ok"] == r["scheduled"] == server.requests  # every request was sent and answered
+    # Arrivals went on during the stall, on new connections: the rate is the schedule's, not the server's.
+    during = [t for t in server.arrivals if server.stalled_at < t < server.stalled_at + 0.3]
+    assert len(during) >= 20  # ~60 expected at 200/s
+    assert r["connections"] > 5
+    assert r["p99_ms"] > 150 and r["max_ms"] > 200  # the stall is in the tail
+
+
+def test_the_closed_loop_waits_for_answers() -> None:
+    with tiny_server(delay=0.010) as server:
+        r = _generate(server.url, "--mode", "closed", "--connections", "4", "--seconds", "1", "--warmup", "0.2")
+    assert r["ok"] > 0 and r["errors"] == r["timeouts"] == 0
+    assert r["answered_rps"] <= 4 / 0.010  # 4 clients, each waiting 10 ms for each answer
+    assert r["p50_ms"] >= 10
+    assert server.connections == 4
+
+
+def test_answers_split_over_reads_are_framed_and_non_2xx_are_errors() -> None:
+    with tiny_server(delay=0.001) as server:
+        server.split = True
+        r = _generate(server.url, "--rate", "200", "--seconds", "0.5", "--warmup", "0")
+        assert r["ok"] == r["scheduled"] > 0 and r["errors"] == 0
+        assert r["p50_ms"] >= 2  # the server's 1 ms, then 1 ms more for the rest of the answer
+        server.split, server.status = False, 503
+        r = _generate(server.url, "--rate", "200", "--seconds", "0.5", "--warmup", "0")
+    assert r["ok"] == 0 and r["errors"] == r["scheduled"] > 0 and r["timeouts"] == 0
+    assert r["p50_ms"] == math.inf  # an error is no answer: it counts as slower than any
+
+
+def test_an_unreachable_server_gives_errors_not_a_hang() -> None:
+    with tiny_server() as server:
+        url = server.url  # its port, free again once it stops
+    r = _generate(url, "--rate", "50", "--seconds", "0.5", "--warmup", "0", "--timeout", "1")
+    assert r["ok"] == 0 and r["errors"] + r["timeouts"] == r["scheduled"] > 0
+    assert r["p50_ms"] == math.inf
+
+
+# -- the report ----------------------------------------------------------------------------------------------------
+
+
+def _open(
+    variant: str,
+    rate: float,
+    p99: float,
+    *,
+    fraction: float | None = None,
+    scenario: str = "sweep",
+    mixed: int = 0,
+    held: bool = True,
+    rnd: int = 0,
+    shape: str = "poisson",
+) -> OpenStep:
+    return OpenStep(
+        variant=variant, round=rnd, shape=shape, rate=rate, fraction=fraction if fraction is not None else rate / 1000,
+        scenario=scenario, mixed=mixed, seconds=5.0, scheduled=int(rate * 5), offered_rps=rate, answered_rps=rate,
+        ok=int(rate * 5), errors=0, timeouts=0 if p99 < math.inf else 10, p50_ms=p99 / 3, p90_ms=p99 / 2,
+        p99_ms=p99, p999_ms=p99 * 1.5, max_ms=p99 * 2, mean_ms=p99 / 3, lag_p50_ms=0.1, lag_p99_ms=0.5,
+        lag_max_ms=1.0, wait_p99_ms=0.0, max_waiting=0, connections=8, schedule_cv=1.0, items_per_call=4.0,
+        server_cpu=80.0, gen_cpu=10.0, machine_busy=60.0, held=held,
+        closed_rps=900.0 if mixed else None, closed_p99_ms=12.0 if mixed else None,
+        closed_errors=0 if mixed else None, closed_gen_cpu=5.0 if mixed else None,
+    )  # fmt: skip
+
+
+STEPS = [
+    # 10 % and 50 % of a saturation of 1000/s, then past it.
+    _open("ours", 100, 4.0), _open("ours-greedy", 100, 3.9), _open("batched", 100, 5.0),
+    _open("ours", 500, 12.0), _open("ours-greedy", 500, 6.0), _open("batched", 500, 7.0),
+    _open("ours", 1400, math.inf), _open("ours-greedy", 1400, 30.0), _open("batched", 1400, math.inf),
+    _open("ours", 300, 5.0, scenario="alone"), _open("ours", 300, 5.5, scenario="mixed", mixed=8),
+    _open("ours-greedy", 300, 4.0, scenario="alone"), _open("ours-greedy", 300, 9.0, scenario="mixed", mixed=8),
+]  # fmt: skip
+
+
+def _verdicts(rows: list[list[str]]) -> list[tuple[str, str, str, str]]:
+    return [(r[0], r[1], r[2], r[4]) for r in rows]
+
+
+def test_open_loop_targets_are_computed_as_the_issue_states() -> None:
+    rows = open_report.open_target_rows(STEPS, ["ours", "ours-greedy", "batched"], slo_ms=25.0)
+    assert _verdicts(rows) == [
+        ("ours", "Poisson 100/s (10 %)", "p99 ≤ 1.1x ours-greedy's", "PASS"),  # 4.0 <= 1.1 * 3.9
+        ("ours", "Poisson 100/s (10 %)", "p99 ≤ every peer's", "PASS"),  # 4.0 <= 5.0
+        ("ours", "Poisson 500/s (50 %)", "p99 ≤ 1.1x ours-greedy's", "FAIL"),  # 12 > 6.6
+        ("ours", "Poisson 500/s (50 %)", "p99 ≤ every peer's", "FAIL"),  # 12 > 7
+        ("ours", "Poisson, p99 ≤ 25 ms", "goodput ≥ 1.1x the best peer's", "FAIL"),  # 500 vs 500
+        ("ours", "mixed: 300/s (30 %) + 8 closed-loop connections", "p99 ≤ 1.2x alone", "PASS"),  # 5.5 <= 6.0
+        # The reference itself: against the peers only. 1400/s (140 %) is past the targets' range.
+        ("ours-greedy", "Poisson 100/s (10 %)", "p99 ≤ every peer's", "PASS"),
+        ("ours-greedy", "Poisson 500/s (50 %)", "p99 ≤ every peer's", "PASS"),
+        ("ours-greedy", "Poisson, p99 ≤ 25 ms", "goodput ≥ 1.1x the best peer's", "FAIL"),  # 500 vs 500
+        ("ours-greedy", "mixed: 300/s (30 %) + 8 closed-loop connections", "p99 ≤ 1.2x alone", "FAIL"),  # 9 > 4.8
+    ]
+    assert rows[0][3] == "p99 4.00 vs 3.90 ms (1.03x)" and rows[1][3] == "p99 4.00 vs 5.00 ms (0.80x) (batched)"
+    goodput_row = next(r for r in rows if r[0] == "ours-greedy" and r[2].startswith("goodput"))
+    assert goodput_row[3] == "500 vs 500 req/s (batched): 1.00x"
+    # A faster goodput passes: ours-greedy at 1400/s within 25 ms, batched only up to 500/s.
+    faster = [s if (s.variant, s.rate) != ("ours-greedy", 1400) else _open("ours-greedy", 1400, 20.0) for s in STEPS]
+    rows = open_report.open_target_rows(faster, ["ours-greedy", "batched"], slo_ms=25.0)
+    goodput_row = next(r for r in rows if r[2].startswith("goodput"))
+    assert goodput_row[3] == "1 400 vs 500 req/s (batched): 2.80x" and goodput_row[4] == "PASS"
+
+
+def test_two_p99s_beyond_the_timeout_compare_their_failures() -> None:
+    # At 90 % of saturation both time out at the p99: the one with fewer failures has the lower tail.
+    def dead(variant: str, failed: int) -> OpenStep:
+        step = _open(variant, 900, math.inf)
+        step.timeouts, step.ok = failed, step.scheduled - failed
+        return step
+
+    steps = [dead("ours", 500), dead("ours-greedy", 100), dead("batched", 600), dead("async-batcher-0.2.2", 400)]
+    rows = open_report.open_target_rows(steps, ["ours", "ours-greedy", "batched", "async-batcher-0.2.2"], 25.0)
+    mine = [r for r in rows if r[0] == "ours" and r[1].startswith("Poisson 900")]
+    assert [(r[3], r[4]) for r in mine] == [
+        ("p99 timeout vs timeout: 11 % vs 2 % failed", "FAIL"),  # 500 of 4500 vs 100 of 4500
+        ("p99 timeout vs timeout: 11 % vs 9 % failed (async-batcher-0.2.2)", "FAIL"),  # the peer that failed least
+    ]
+    greedy = [r for r in rows if r[0] == "ours-greedy" and r[1].startswith("Poisson 900")]
+    assert [r[4] for r in greedy] == ["PASS"]
+
+
+def test_goodput_is_the_highest_rate_meeting_the_slo_at_every_rate_below() -> None:
+    summary_ = open_report.summarise(STEPS)
+    g = open_report.goodput(summary_, "ours-greedy", "poisson", 25.0)
+    assert g is not None and (g.rate, g.first_miss, g.first_miss_p99) == (500, 1400, 30.0)
+    g = open_report.goodput(summary_, "ours-greedy", "poisson", 50.0)
+    assert g is not None and (g.rate, g.first_miss) == (1400, None)
+    g = open_report.goodput(summary_, "ours", "poisson", 4.5)
+    assert g is not None and (g.rate, g.first_miss) == (100, 500)
+    g = open_report.goodput(summary_, "ours", "poisson", 1.0)  # missed at the lowest rate
+    assert g is not None and (g.rate, g.first_miss) == (0.0, 100)
+    assert open_report.goodput(summary_, "ours", "onoff:50/150", 25.0) is None
+
+
+def _closed(variant: str, conns: int, rps: float, p99: float) -> Step:
+    return Step(variant, 0, conns, 10.0, int(rps * 10), rps, p99 / 3, p99 / 2, p99, p99 / 3, p99, 0, 0, 2.0, 100.0,
+                5.0, 90.0, 0.0)  # fmt: skip
+
+
+def test_closed_loop_targets_are_computed_as_the_issue_states() -> None:
+    steps = [
+        _closed("ours", 1, 900.0, 3.0), _closed("batched", 1, 600.0, 4.0),  # 1.5x: passes
+        _closed("ours", 8, 2000.0, 6.0), _closed("batched", 8, 1500.0, 7.0),  # 1.33x: fails
+        _closed("ours", 64, 4000.0, 22.0), _closed("batched", 64, 4000.0, 22.0),  # equal, same p99: passes
+        _closed("ours", 256, 4100.0, 95.0), _closed("batched", 256, 4000.0, 90.0),  # faster, higher p99: fails
+    ]  # fmt: skip
+    rows = peers_report.closed_target_rows(peers_report.summarise(steps), ["ours", "batched"], [1, 8, 64, 256])
+    assert [(r[1], r[4]) for r in rows] == [
+        ("closed loop, 1 connections", "PASS"),
+        ("closed loop, 8 connections", "FAIL"),
+        ("closed loop, 64 connections", "PASS"),
+        ("closed loop, 256 connections", "FAIL"),
+    ]
+
+
+def test_the_report_renders_both_modes_and_round_trips_its_csv(tmp_path: Path) -> None:
+    closed = [_closed("ours", 64, 4000.0, 22.0), _closed("batched", 64, 3000.0, 25.0)]
+    opened = [*STEPS, _open("ours", 100, 9.0, rnd=1, held=False), _open("ours", 100, 4.0, shape="onoff:50/150")]
+    variants = ["ours", "ours-greedy", "batched"]
+    shapes = {"poisson": "Poisson", "onoff:50/150": "on/off"}
+    text = peers_report.markdown(
+        title="T", header=["h"], variants=variants, settings=dict.fromkeys(variants, "s"), agreement=["agree"],
+        closed_steps=closed, connections=[64], open_steps=opened, shapes=shapes, slo_ms=25.0, timeout=2.0,
+        files="`x.csv`",
+    )  # fmt: skip
+    for section in (
+        "## Targets (issue 24)",
+        "## Closed loop (wrk)",
+        "## Open loop, Poisson: p50 / p99 ms",
+        "## Open loop, on/off: p50 / p99 ms",
+        "## Goodput: the highest rate with p99 ≤ 25 ms",
+        "## Mixed: a closed-loop population and open-loop arrivals at once",
+        "### Poisson, beside 8 closed-loop connections",
+    ):
+        assert section in text, section
+    assert "| ours | closed loop, 64 connections | req/s ≥ the best peer's, p99 no higher |" in text
+    assert "| ours | 2.17 / 6.50 † | 4.00 / 12.0 | timeout / timeout |" in text  # round 1 lagged: marked †
+    assert "| ours | 100/s (10 %) | 100 | 100 | 2.17 | 6.50 | 4.00-9.00 |" in text  # median and spread of 2 rounds
+    path = tmp_path / "open.csv"
+    open_report.write_csv(path, opened)
+    back = open_report.read_csv(path)
+    assert [(s.variant, s.rate, s.scenario, s.held) for s in back] == [(s.variant, s.rate, s.scenario, s.held)
+                                                                       for s in opened]  # fmt: skip
+    assert back[6].p99_ms == math.inf and back[0].closed_rps is None and back[10].closed_rps == 900.0
+    open_report.write_png(tmp_path / "open.png", opened, variants, 25.0)
+    assert (tmp_path / "open.png").read_bytes().startswith(b"\x89PNG")
+
+
+# -- end to end ----------------------------------------------------------------------------------------------------
+
+
+def test_quick_run_of_one_variant(tmp_path: Path) -> None:
+    """``python -m benchmarks.openloop --quick`` with one variant: a real server, the real model, every scenario."""
+    started = time.monotonic()
+    cmd = [sys.executable, "-m", "benchmarks.openloop", "--quick", "--variants", "ours", "--no-greedy"]
+    cmd += ["--saturation", "400", "--fractions", "0.5", "--shapes", "poisson,onoff", "--out-dir", str(tmp_path)]
+    cmd += ["--peers-dir", str(tmp_path / "envs")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = open_report.read_csv(tmp_path / "open-loop.csv")
+    assert sorted((s.scenario, s.shape, s.rate) for s in steps) == [
+        ("alone", "poisson", 120.0),
+        ("mixed", "poisson", 120.0),
+        ("sweep", "onoff:50/150", 200.0),
+        ("sweep", "poisson", 200.0),
+    ]
+    for s in steps:
+        assert s.variant == "ours" and s.scheduled > 0 and s.ok + s.errors + s.timeouts == s.scheduled, s
+        assert s.items_per_call is not None and s.items_per_call >= 1 and s.server_cpu and s.server_cpu > 0, s
+    mixed = next(s for s in steps if s.scenario == "mixed")
+    assert mixed.mixed == 4 and mixed.closed_rps and mixed.closed_rps > 0
+    md = (tmp_path / "open-loop.md").read_text(encoding="utf-8")
+    assert "saturation (the rates' 100 %): 400 req/s, given on the command line" in md.lower()
+    assert "| ours | mixed: 120/s (30 %) + 4 closed-loop connections | p99 ≤ 1.2x alone |" in md
+    assert (tmp_path / "open-loop.png").read_bytes().startswith(b"\x89PNG")
+    assert time.monotonic() - started < 600
