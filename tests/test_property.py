@@ -434,7 +434,10 @@ async def drive(
 
 class Watched(concurrent.futures.ThreadPoolExecutor):
     """A one-thread executor whose work a virtual clock waits for, as it waits for the loop's default executor's:
-    else the clock would jump over a batch at work in the thread, and a bounded wait (SETTLE) expire under it."""
+    else the clock would jump over a batch at work in the thread, and a bounded wait (SETTLE) expire under it.
+
+    The clock may move again only once the batcher has heard of the end: the future handed out completes (running
+    the batcher's callback, which schedules its end on the loop) before the clock is told the thread is idle."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(max_workers=1)
@@ -444,10 +447,20 @@ class Watched(concurrent.futures.ThreadPoolExecutor):
         loop = self.loop
         if loop is None:
             return super().submit(fn, *args, **kwargs)
+        handed: concurrent.futures.Future[Any] = concurrent.futures.Future()
         loop.busy_threads += 1
-        future = super().submit(fn, *args, **kwargs)
-        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._idle))
-        return future
+
+        def ended(inner: concurrent.futures.Future[Any]) -> None:
+            if inner.cancelled():
+                handed.cancel()
+            elif inner.exception() is not None:
+                handed.set_exception(inner.exception())
+            else:
+                handed.set_result(inner.result())
+            loop.call_soon_threadsafe(self._idle)
+
+        super().submit(fn, *args, **kwargs).add_done_callback(ended)
+        return handed
 
     def _idle(self) -> None:
         assert self.loop is not None
@@ -611,7 +624,7 @@ class StreamWorld:
     taken: dict[int, int] = field(default_factory=dict)  # item -> parts its consumer took
     buffer: dict[int, int] = field(default_factory=dict)  # item -> stream_buffer when it was submitted
     limits: dict[str, list[Any]] = field(default_factory=dict)  # every value each setting had
-    kept: list[Any] = field(default_factory=list)  # streams kept in a variable, no longer read
+    kept: list[tuple[Any, Consumer]] = field(default_factory=list)  # streams kept in a variable, and their readers
     in_flight: int = 0
     running: bool = False
 
@@ -794,7 +807,7 @@ async def consume(b: Streamer, world: StreamWorld, c: Consumer, n: int) -> None:
                         break
         elif c.how == "kept":
             kept = b.stream(c.item, timeout=c.timeout)
-            world.kept.append(kept)
+            world.kept.append((kept, c))
             async for p in kept:
                 took(p)
                 if len(c.got) >= n:
@@ -849,16 +862,28 @@ async def stream_drive(cfg: dict[str, Any], ops: list[Any], kinds: list[tuple[st
             setattr(b, a, value)
             world.limits.setdefault(a, []).append(value)
         world.problems += violations(b._run)
+    # The consumers, and the stops (a drain waits for the streams), each end within SETTLE.
+    await settle_streams(b, world, [c.task for c in consumers if c.task is not None] + background, SETTLE * scale)
     await asyncio.gather(*background, return_exceptions=True)
-    if b.stream_stall_timeout is None:  # a stream kept and not read holds its batch until it leaves: it leaves
-        for kept in world.kept:
-            await kept.aclose()
-    await settle(world, [c.task for c in consumers if c.task is not None], SETTLE * scale)
     world.problems += violations(b._run)
     await b.stop(timeout=1.0 * scale)
-    for kept in world.kept:
+    for kept, _ in world.kept:
         await kept.aclose()
     check_streams(b, world, consumers)
+
+
+async def settle_streams(b: Streamer, world: StreamWorld, tasks: list[asyncio.Future[Any]], within: float) -> None:
+    """:func:`settle` for the consumers. With no stall timeout a stream kept and no longer read holds its batch (and
+    those behind it) until it leaves, as documented: each leaves (is closed) once its reader has stopped reading."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while (pending := [task for task in tasks if not task.done()]) and loop.time() < end:
+        if b.stream_stall_timeout is None:
+            for kept, reader in world.kept:
+                if reader.task is not None and reader.task.done():
+                    await kept.aclose()
+        await asyncio.wait(pending, timeout=within / 100)
+    await settle(world, tasks, 0)
 
 
 def check_streams(b: Streamer, world: StreamWorld, consumers: list[Consumer]) -> None:
