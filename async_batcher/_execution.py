@@ -161,8 +161,7 @@ def executor_done(b: Base, batch: Batch, future: Any) -> None:
         return
     error = future.exception()
     results = None if error is not None else future.result()
-    if results is _ABANDONED:  # it never reached process_batch
-        end(b, batch, ran=False)
+    if results is _ABANDONED:  # it never reached process_batch: the stop answered its callers, freed its slot
         return
     if error is None and inspect.isawaitable(results) and not batch.abandoned:
         # A sync process_batch that returned an awaitable: it runs on the loop (a coroutine as a task of its own,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -185,7 +186,7 @@ async def test_an_executor_that_cancels_a_queued_batch_fails_its_callers(gate: t
         with pytest.raises(ProcessBatchCancelledError, match="executor cancelled"):
             await call
         assert b.batches == []
-        assert b.stats.in_flight == 0
+        assert (b.stats.in_flight, b.stats.batches, b.stats.failed) == (0, 0, 1)  # it never ran: no batch counted
     finally:
         busy.set()
         one.shutdown()
@@ -289,7 +290,7 @@ async def test_an_awaitable_the_loop_cannot_await_fails_its_callers() -> None:
         b = Scripted(answer=lambda batch: foreign, max_queue_time=0)
         with pytest.raises(ValueError, match="loop"):
             await b.process(1)
-        assert (b.stats.in_flight, b.stats.failed) == (0, 1)
+        assert (b.stats.in_flight, b.stats.failed, b.stats.batches) == (0, 1, 1)  # process_batch did run
         b.answer = lambda batch: [x * 2 for x in batch]
         assert await b.process(2) == 4  # it serves on
         await b.stop()
@@ -319,4 +320,18 @@ async def test_every_outcome_of_an_awaitable_returned_from_the_thread_reaches_th
     assert outcomes[2] == [3, 6]
     s = b.stats
     assert (s.batches, s.processed, s.failed, s.succeeded) == (3, 6, 4, 2)  # each reached process_batch
+    await b.stop()
+
+
+async def test_a_thread_that_ran_a_batch_may_make_a_blocking_call_afterwards() -> None:
+    one = concurrent.futures.ThreadPoolExecutor(max_workers=1)  # the batch's thread, and the caller's after it
+    try:
+        b = Scripted(executor=one, max_queue_time=0)
+        assert await b.process(1) == 2
+        b.executor = None  # the next batches run in the loop's default executor
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(one, functools.partial(b.process_sync, 3, timeout=10)) == 6
+        assert len(set(b.threads)) == 2
+    finally:
+        one.shutdown()
     await b.stop()
