@@ -236,7 +236,7 @@ def answer(b: Base, batch: Batch, results: Any) -> int:
     return deliver(batch.sinks, checked, b._recorder, futures_only=batch.futures_only)
 
 
-def fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False) -> int:
+def fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool) -> int:
     """Give every caller of the batch still waiting the error (a ``KeyboardInterrupt`` or ``SystemExit`` is raised
     on after); return how many calls that resolved.
 

@@ -274,8 +274,9 @@ def test_a_keyboard_interrupt_in_process_batch_answers_the_callers_then_goes_on(
         call = loop.create_task(b.process(1))
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(call)
-        with pytest.raises(BatcherStoppedError, match="interrupted"):
+        with pytest.raises(BatcherStoppedError) as stopped:
             loop.run_until_complete(call)
+        assert str(stopped.value) == "Scripted: batch interrupted by KeyboardInterrupt"
         assert b.stats.in_flight == 0
         loop.run_until_complete(b.stop())
     finally:
