@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 
 import pytest
 
-from async_batcher import AsyncBatcher, AsyncBatchException, BatchSizeMismatchError, ProcessBatchCancelledError
+from async_batcher import (
+    AsyncBatcher,
+    AsyncBatchException,
+    BatchSizeMismatchError,
+    OutcomeUnknownError,
+    ProcessBatchCancelledError,
+)
 from async_batcher._queue import Queue
 from tests.batchers import Recording, SyncRecording, until
 
@@ -175,4 +182,112 @@ async def test_a_bug_in_the_dispatcher_fails_the_callers_instead_of_hanging_them
     assert [type(e["exception"]) for e in loop_errors] == [RuntimeError]
     assert loop_errors[0]["message"] == "Recording: internal error while dispatching batches"
     assert await b.process(4) == 8  # and it serves again
+    await b.stop()
+
+
+# ---------------------------------------------------------------------- what mutation testing let through
+
+
+class SlowStart(Recording):
+    """Its on_start() takes 1 s: the batches formed meanwhile wait for it, their callers free to leave."""
+
+    async def on_start(self) -> None:
+        await asyncio.sleep(1)
+
+
+@pytest.mark.virtual_time
+async def test_a_batch_whose_callers_all_left_before_it_started_frees_its_slot_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    b = SlowStart(max_queue_time=0)
+    with caplog.at_level(logging.WARNING, logger="async_batcher"):
+        calls = [asyncio.ensure_future(b.process(i)) for i in range(3)]
+        await asyncio.sleep(0.5)
+        assert b.stats.in_flight == 1  # formed, waiting for on_start()
+        for call in calls:
+            call.cancel()
+        await asyncio.sleep(1)
+        assert b.stats.in_flight == 0 and b.batches == []
+        assert await b.process(7) == 14  # it serves on
+        await b.stop()
+    assert caplog.messages == []
+    s = b.stats
+    assert (s.batches, s.processed, s.cancelled, s.succeeded) == (1, 1, 3, 1)
+
+
+@pytest.mark.virtual_time
+async def test_a_caller_leaving_before_its_batch_starts_takes_out_its_item_only_among_bulk_calls() -> None:
+    b = SlowStart(max_queue_time=0)
+    bulk = asyncio.ensure_future(b.process_many([1, 2]))
+    singles = [asyncio.ensure_future(b.process(x)) for x in (3, 4, 5, 6)]
+    await asyncio.sleep(0.5)
+    singles[1].cancel()
+    assert await bulk == [2, 4]
+    assert [await singles[i] for i in (0, 2, 3)] == [6, 10, 12]
+    assert b.batches == [[1, 2, 3, 5, 6]]
+    await b.stop()
+
+
+async def test_each_call_of_process_batch_counts_one_batch_however_it_ends() -> None:
+    def answer(batch: list[int]) -> Any:
+        if 0 in batch:
+            raise KeyError("no zero")
+        if 1 in batch:
+            raise asyncio.CancelledError  # of its own: its callers are not cancelled
+        return [x * 2 for x in batch]
+
+    b = Recording(max_queue_time=0, answer=answer)
+    for x in (0, 1, 2):
+        await asyncio.gather(b.process(x), return_exceptions=True)
+    s = b.stats
+    assert (s.batches, s.processed, s.failed, s.succeeded) == (3, 3, 2, 1)
+    await b.stop()
+
+    class Unstartable(Recording):
+        async def on_start(self) -> None:
+            raise ConnectionError("no model")
+
+    u = Unstartable(max_queue_time=0)
+    with pytest.raises(ConnectionError):
+        await u.process(1)
+    assert (u.stats.batches, u.stats.processed, u.batches) == (0, 0, [])  # it never reached process_batch
+    await u.stop()
+
+
+@pytest.mark.virtual_time
+async def test_the_callers_who_stay_while_one_leaves_a_running_batch_are_each_counted() -> None:
+    b = Recording(max_queue_time=0, delay=1.0)
+    calls = [asyncio.ensure_future(b.process(i)) for i in range(4)]
+    await asyncio.sleep(0.5)
+    calls[1].cancel()
+    assert [await calls[i] for i in (0, 2, 3)] == [0, 4, 6]
+    s = b.stats
+    assert (s.succeeded, s.cancelled, s.submitted) == (3, 1, 4)
+    await b.stop()
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize("hook", [False, True], ids=["default", "abandoned_error"])
+async def test_a_batch_whose_task_is_cancelled_from_outside_answers_its_callers_and_says_so(
+    hook: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Writer(Recording):
+        def abandoned_error(self, batch: list[int], error: BaseException) -> BaseException:
+            return OutcomeUnknownError("may have been written") if hook else error
+
+    b = Writer(max_queue_time=0, delay=10.0)
+    calls = [asyncio.ensure_future(b.process(i)) for i in range(2)]
+    await asyncio.sleep(1)
+    (batch,) = b._run.batches  # as the event loop's shutdown would: its task cancelled, no stop
+    with caplog.at_level(logging.WARNING, logger="async_batcher"):
+        batch.handle.cancel()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+    expected = "may have been written" if hook else "Writer: batch cancelled"
+    assert [str(r) for r in results] == [expected] * 2
+    assert caplog.messages == [
+        f"Writer: a batch of 2 items was cut off, its task cancelled (the event loop shutting down); its callers get "
+        f"{'OutcomeUnknownError' if hook else 'BatcherStoppedError'}"
+    ]
+    assert (b.stats.batches, b.stats.in_flight, b.stats.failed) == (1, 0, 2)
+    assert await b.process(5) == 10
     await b.stop()
