@@ -8,12 +8,13 @@ stopped batcher starts again as a new run, in the same loop or another.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from async_batcher import _dispatch, _room
+from async_batcher import _dispatch, _execution, _room
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
 from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
@@ -40,8 +41,12 @@ def admit(b: Base, loop: asyncio.AbstractEventLoop, n: int) -> Run:
     raise BatcherStoppedError(f"{b.name} is {run.state.value}; start() it again to submit items")
 
 
-def bind(b: Base, loop: asyncio.AbstractEventLoop) -> Run:
-    """Make the batcher run on ``loop``: start it, or start it again after a stop, as a new run."""
+def bind(b: Base, loop: asyncio.AbstractEventLoop, context: contextvars.Context | None = None) -> Run:
+    """Make the batcher run on ``loop``: start it, or start it again after a stop, as a new run.
+
+    ``context``: the run's own (:attr:`Run.context`), a copy of :meth:`AsyncBatcher.start`'s; ``None`` when a
+    caller's first call starts it, whose context must not be the batches': then an empty one.
+    """
     old = b._run
     if old.loop is loop and old.state is State.RUNNING:
         return old
@@ -65,12 +70,15 @@ def bind(b: Base, loop: asyncio.AbstractEventLoop) -> Run:
         by_keyword=_by_keyword(b.process_batch),
         is_coroutine=inspect.iscoroutinefunction(b.process_batch),
         is_stream=inspect.isasyncgenfunction(b.process_batch),
+        context=context,
     )
+    if context is not None:
+        context.run(_execution.current_batch.set, None)  # (start() called from inside another batcher's batch)
     run.batch_ended = partial(_dispatch.batch_ended, b, run)
     choose_fast_path(b, run)
     b._run = run
     if "on_start" in overridden:
-        run.startup = loop.create_task(b.on_start())
+        run.startup = loop.create_task(b.on_start(), context=run.context.copy())
         run.startup.add_done_callback(partial(_startup_done, b))
     return run
 
@@ -180,7 +188,7 @@ def begin_stop(b: Base, run: Run) -> None:
 
 def _drained(b: Base, run: Run) -> None:
     """The drain is over (:meth:`Run.check_drained`, once): run ``on_stop()``."""
-    run.closing = run.loop.create_task(_finish_stop(b, run))
+    run.closing = run.loop.create_task(_finish_stop(b, run), context=run.context.copy())
     run.closing.add_done_callback(partial(_closing_done, b, run))
 
 

@@ -7,6 +7,7 @@ import asyncio
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Sequence
 from concurrent.futures import Executor
+from contextvars import copy_context
 from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
@@ -288,7 +289,7 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
             return cast(R, await _admission.submit(self, item, timeout=timeout, priority=priority))
         fut: asyncio.Future[R] = run.new_future()
         lane = queue.lane0
-        entry = [item, fut, run.clock(), True, 1.0, lane, 0]
+        entry = [item, fut, run.clock(), True, 1.0, lane, 0, copy_context()]
         queue.fifo0.append(entry)
         lane.count += 1
         queue.waiting += 1
@@ -356,7 +357,7 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
             if self._run.state is State.STOPPED:
                 self._run = Run(self._run.loop, self._recorder, state=State.NEW, default_key=DEFAULT_KEY)
             return
-        _lifecycle.bind(self, loop)
+        _lifecycle.bind(self, loop, copy_context())
 
     async def is_running(self) -> bool:
         """Whether the batcher is started and not yet fully stopped (it is running while it drains)."""
