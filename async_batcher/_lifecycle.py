@@ -55,9 +55,12 @@ def bind(b: Base, loop: asyncio.AbstractEventLoop, context: contextvars.Context 
             raise BatcherStoppedError(f"{b.name} is stopping; it can be started again once stop() returns")
         if not old.loop.is_closed():
             raise RuntimeError(f"{b.name} is running on another event loop; stop it there before using it here")
-        # Its loop was closed without a stop: whatever it held went with it, its callers too.
-        logger.warning("%s: its event loop was closed without stop(); starting afresh", b.name)
-        _account_abandoned(b, old)
+        # Its loop was closed without a stop: whatever it held went with it, its callers too. Nothing to say when
+        # nothing was lost (a @batch function used in one asyncio.run after another): a warning only for items
+        # lost, or an on_stop() that never ran.
+        lost = _account_abandoned(b, old)
+        level = logging.WARNING if lost or "on_stop" in b._overridden else logging.DEBUG
+        logger.log(level, "%s: its event loop was closed without stop(); starting afresh (%d items lost)", b.name, lost)
     overridden = b._overridden
     run = Run(
         loop,
@@ -105,12 +108,14 @@ def _by_keyword(process_batch: Any) -> bool:
     return takes_kwargs and all(p.kind is inspect.Parameter.VAR_POSITIONAL for p in positional)
 
 
-def _account_abandoned(b: Base, run: Run) -> None:
-    # The callers of a run whose loop closed are gone: their items end here, as failed.
+def _account_abandoned(b: Base, run: Run) -> int:
+    # The callers of a run whose loop closed are gone: their items end here, as failed. Returns how many.
     rec = b._recorder
     lost = run.queue.waiting + run.awaiting_room
     rec.exited += lost
-    rec.failed += lost + sum(len(batch.items) for batch in run.batches)
+    lost += sum(len(batch.items) for batch in run.batches)
+    rec.failed += lost
+    return lost
 
 
 def _startup_done(b: Base, task: asyncio.Task[None]) -> None:
