@@ -99,6 +99,10 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
     11. **Validation.** Bad settings and arguments raise ``ValueError`` or ``TypeError`` naming the value, at
         construction (or when changed live, the old value kept).
     12. **Logging.** Through ``logging.getLogger("async_batcher")`` only; item payloads are never logged.
+    13. **Context.** ``process_batch`` runs in a fresh copy, per batch, of the context :meth:`start` ran in (an empty
+        one if a caller's first call started it), never a caller's: nothing set in it reaches a caller or the next
+        batch. :meth:`on_start` and :meth:`on_stop` run in copies of it too. Each item's caller context, and
+        whether its caller has left, are the batch's to ask: :func:`~async_batcher.current_batch`.
 
     Args:
         max_batch_size: The most items in one batch; ``-1`` for no limit.
