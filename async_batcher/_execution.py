@@ -205,9 +205,9 @@ def end(b: Base, batch: Batch, *, results: Any = None, error: BaseException | No
     ``ran``: the batch reached ``process_batch`` (the call counts in the statistics, however it ended). A
     ``KeyboardInterrupt`` or ``SystemExit`` is raised on once the callers have their answer.
     """
-    # The batch's task holds the batch in its context (current_batch): let go of the task, or the two would keep
-    # each other, and the batch's items and callers, alive until the cyclic garbage collector runs.
-    batch.handle = None
+    # The batch's task and its context hold the batch (current_batch): let go of them, or they would keep each
+    # other, and the batch's items and callers, alive until the cyclic garbage collector runs.
+    batch.let_go()
     try:
         if ran:
             record(b, batch)

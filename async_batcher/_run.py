@@ -240,6 +240,12 @@ class Batch:
         """Still in flight in its run: its slot is taken."""
         return not self.abandoned and self in self.run.batches
 
+    def let_go(self) -> None:
+        """The batch has ended: drop its task and its context, which hold it (the context's ``current_batch``), so
+        that it, its items and its callers are freed at once, not when the cyclic garbage collector runs."""
+        self.handle = None
+        self.context = contextvars.Context()
+
 
 def violations(run: Run) -> list[str]:
     """The invariants of :class:`Run` (and of its queue and deadlines) that do not hold now, described (for the

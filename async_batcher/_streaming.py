@@ -220,7 +220,7 @@ def _fail(b: Base, batch: Batch, error: BaseException) -> None:
 
 
 def _end(b: Base, batch: Batch, *, ran: bool) -> None:
-    batch.handle = None
+    batch.let_go()
     if ran:
         _execution.record(b, batch)
         if not batch.abandoned:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import threading
+import weakref
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from async_batcher import END, AsyncBatcher, batch
+from tests.batchers import until
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 app: contextvars.ContextVar[str] = contextvars.ContextVar("app", default="-")
@@ -203,3 +206,43 @@ def test_a_loop_thread_started_by_a_blocking_call_serves_batches_in_an_empty_con
     assert sorted(seen_in) == ["thread-0", "thread-1", "thread-2"]
     batches_saw_no_caller(b)
     assert [(hook, rid) for hook, rid, _ in b.hooks] == [("on_start", "-"), ("on_stop", "-")]
+
+
+class Item:
+    """An item that can be watched with a weak reference."""
+
+
+async def test_a_batch_its_context_and_its_items_are_freed_as_it_ends_without_the_cyclic_collector() -> None:
+    # A batch's context holds the batch (for current_batch()), and the batch its context: the end breaks the cycle.
+    class Async(AsyncBatcher[Item, int]):
+        async def process_batch(self, batch: list[Item]) -> list[int]:
+            return [1] * len(batch)
+
+    class Sync(AsyncBatcher[Item, int]):
+        def process_batch(self, batch: list[Item]) -> list[int]:  # type: ignore[override]
+            return [1] * len(batch)
+
+    class Stream(AsyncBatcher[Item, int]):
+        async def process_batch(self, batch: list[Item]) -> AsyncIterator[list[Any]]:  # type: ignore[override]
+            yield [END] * len(batch)
+
+    for cls in (Async, Sync, Stream):
+        b = cls(max_queue_time=0)
+        b.start()
+        gc.collect()
+        gc.disable()
+        try:
+            item = Item()
+            ref = weakref.ref(item)
+            if cls is Stream:
+                assert [part async for part in b.stream(item)] == []
+            else:
+                assert await b.process(item) == 1
+            del item
+            await until(lambda b=b: b.stats.in_flight == 0)
+            for _ in range(3):  # (the batch's task finishes its last step)
+                await asyncio.sleep(0)
+            assert ref() is None, f"{cls.__name__}: the batch's item outlived it"
+        finally:
+            gc.enable()
+        await b.stop()
