@@ -393,3 +393,17 @@ async def test_a_batcher_started_inside_a_span_still_makes_each_batch_the_root_o
     await b.stop()
     (span,) = traced.batches("doubler")
     assert span.parent is None and span.context.trace_id != traced.one("startup").context.trace_id
+
+
+async def test_a_batch_larger_than_the_sdks_link_limit_still_names_itself_to_every_caller(traced: Traced) -> None:
+    b = Doubling(traced, name="doubler", max_batch_size=256, max_queue_time=0.01)
+    instrument(b, tracer_provider=traced.provider)
+    callers = range(100, 300)  # (99 would fail the batch)
+    assert await asyncio.gather(*(call(traced, b, x) for x in callers)) == [x * 2 for x in callers]
+    await b.stop()
+    (span,) = traced.batches("doubler")
+    assert (len(span.links), span.dropped_links) == (128, 72)  # the SDK's default limit
+    sent = {trace.format_span_id(span.context.span_id)}
+    for x in callers:
+        request = traced.one(f"request {x}")
+        assert {a["async_batcher.batch.span_id"] for name, a in events(request) if name == EVENT_SENT} == sent
