@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable, Hashable
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from async_batcher._execution import current_batch as _batch_var
-from async_batcher._queue import CONTEXT, DEFAULT_KEY
+from async_batcher._queue import DEFAULT_KEY
 
 if TYPE_CHECKING:
     from async_batcher._run import Batch
@@ -27,8 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["CurrentBatch", "current_batch"]
 
 R = TypeVar("R")
-
-_context_of = itemgetter(CONTEXT)
 
 
 def current_batch() -> CurrentBatch:
@@ -102,13 +99,15 @@ class CurrentBatch:
         """
         batch = self._batch
         if batch.futures_only:
-            return tuple(map(_context_of, batch.callers))
-        return tuple(_context(batch.callers[k]) for k in self._owner_map())
+            return tuple(batch.contexts)
+        contexts = batch.contexts
+        return tuple(contexts[k] for k in self._owner_map())
 
     def run_as_caller(self, i: int, func: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
         """``func(*args, **kwargs)`` in a copy of item ``i``'s caller context: it logs or traces as that caller (its
         request id, its current span), and what it sets there stays there."""
-        return _context(self._batch.callers[self._caller(i)]).copy().run(func, *args, **kwargs)
+        context: contextvars.Context = self._batch.contexts[self._caller(i)]
+        return context.copy().run(func, *args, **kwargs)
 
     # ------------------------------------------------------------------ who has left
 
@@ -138,9 +137,3 @@ class CurrentBatch:
 
     def __repr__(self) -> str:
         return f"<CurrentBatch of {self.size} items, {len(self.departed)} departed>"
-
-
-def _context(caller: Any) -> contextvars.Context:
-    """The context of a caller as the batch keeps it: a single item's queue entry, or a ``process_many`` call."""
-    context: contextvars.Context = caller[CONTEXT] if caller.__class__ is list else caller.context
-    return context

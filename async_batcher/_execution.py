@@ -83,8 +83,8 @@ async def run_batch(b: Base, batch: Batch) -> None:
             await wait_for_start(run)
         # A caller may have left since the batch was formed (this task starts an iteration later): its item must
         # not reach process_batch.
-        batch.items, batch.sinks, batch.callers = without_departed(
-            batch.items, batch.sinks, batch.callers, futures_only=batch.futures_only
+        batch.items, batch.sinks, batch.contexts = without_departed(
+            batch.items, batch.sinks, batch.contexts, futures_only=batch.futures_only
         )
         batch.size = len(batch.items)
         if not batch.items:

@@ -39,6 +39,7 @@ DEFAULT_KEY: Hashable = object()
 
 _item_of = itemgetter(ITEM)
 _sink_of = itemgetter(SINK)
+_context_of = itemgetter(CONTEXT)
 _queued_of = itemgetter(QUEUED)
 _popleft = deque.popleft
 
@@ -46,17 +47,18 @@ _popleft = deque.popleft
 class Taken:
     """A batch just taken from the queue: its items, one sink per caller, their weight, its oldest arrival.
 
-    ``callers``, beside ``sinks``: what each caller queued, its entry or its :class:`~async_batcher._sinks.Bulk`
-    (where its arrival and its context are).
+    ``contexts``, beside ``sinks``: each caller's context (a snapshot; a bulk call's is its
+    :class:`~async_batcher._sinks.Bulk`'s). Only they are kept, not the entries: an entry kept alive for as long as
+    its batch runs would be one more object for every garbage collection to look at, per item.
     """
 
-    __slots__ = ("callers", "futures_only", "items", "newest", "oldest", "sinks", "weight", "weights")
+    __slots__ = ("contexts", "futures_only", "items", "newest", "oldest", "sinks", "weight", "weights")
 
     def __init__(
         self,
         items: list[Any],
         sinks: list[Any],
-        callers: list[Any],
+        contexts: list[Any],
         *,
         oldest: float,
         newest: float,
@@ -66,7 +68,7 @@ class Taken:
     ) -> None:
         self.items = items
         self.sinks = sinks
-        self.callers = callers
+        self.contexts = contexts
         self.oldest = oldest
         self.newest = newest  # the arrival of its newest item (the hold's measure of how its items arrived)
         self.weight = weight
@@ -286,7 +288,7 @@ class Queue:
         return Taken(
             list(map(_item_of, entries)),
             sinks,
-            entries,
+            list(map(_context_of, entries)),
             oldest=entries[0][ARRIVAL],
             newest=entries[-1][ARRIVAL],
             weight=n,
@@ -299,7 +301,7 @@ class Queue:
         """Entry by entry: priorities, weights, bulk calls, departed callers."""
         items: list[Any] = []
         sinks: list[Any] = []
-        callers: list[Any] = []
+        contexts: list[Any] = []
         weights: list[float] | None = [] if self.weighted else None
         weight = 0.0
         oldest = math.inf
@@ -325,7 +327,7 @@ class Queue:
                     sink = (sink, entry[INDEX], 1)
                     futures_only = False
                 sinks.append(sink)
-                callers.append(entry)
+                contexts.append(entry[CONTEXT])
                 oldest = min(oldest, entry[ARRIVAL])
                 newest = max(newest, entry[ARRIVAL])
                 continue
@@ -342,7 +344,7 @@ class Queue:
             else:
                 items = chunk
             sinks.append((entry, start, count))
-            callers.append(entry)
+            contexts.append(entry.context)
             futures_only = False
             entry.pos = start + count
             weight += count
@@ -357,7 +359,7 @@ class Queue:
         return Taken(
             items,
             sinks,
-            callers,
+            contexts,
             oldest=oldest,
             newest=newest,
             weight=weight,

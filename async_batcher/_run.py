@@ -190,15 +190,15 @@ def _ignore(batch: Batch, callers: int) -> None:
 class Batch:
     """A batch on its way: its items, one sink per caller, and what its statistics and its end need.
 
-    ``callers`` goes with ``sinks``: what each caller queued (its entry, or its bulk call), where its arrival and
-    its context are. ``context`` is the batch's own, a fresh copy of its run's: its task or its thread runs in it.
+    ``contexts`` goes with ``sinks``: each caller's context, a snapshot taken when it submitted. ``context`` is the
+    batch's own, a fresh copy of its run's: its task or its thread runs in it.
     """
 
     __slots__ = (
         "abandoned",
         "arrived_before",
-        "callers",
         "context",
+        "contexts",
         "entered",
         "futures_only",
         "handle",
@@ -218,7 +218,7 @@ class Batch:
         self.lane = lane  # the lane it was taken from (a streaming batch takes more from it as it runs)
         self.items = taken.items
         self.sinks = taken.sinks
-        self.callers = taken.callers
+        self.contexts = taken.contexts
         self.context = run.context.copy()
         self.futures_only = taken.futures_only  # every sink is a single caller's future (no bulk call)
         self.size = len(taken.items)  # as handed to process_batch, which may keep or mutate the list

@@ -175,34 +175,34 @@ def _wrong_type(results: object, n: int) -> str:
 
 
 def without_departed(
-    items: list[Any], sinks: list[Any], callers: list[Any], *, futures_only: bool
+    items: list[Any], sinks: list[Any], contexts: list[Any], *, futures_only: bool
 ) -> tuple[list[Any], list[Any], list[Any]]:
     """The batch without the items whose callers already left (the same lists when none did): its items, its sinks,
-    and what each caller queued (``callers``, one per sink)."""
+    and its callers' contexts (one per sink)."""
     if futures_only:
         if not any(map(future_done, sinks)):  # one pass in C: the common case costs next to nothing
-            return items, sinks, callers
+            return items, sinks, contexts
     elif not any(sink[0].future.done() if sink.__class__ is tuple else sink.done() for sink in sinks):
-        return items, sinks, callers
+        return items, sinks, contexts
     kept_items: list[Any] = []
     kept_sinks: list[Any] = []
-    kept_callers: list[Any] = []
+    kept_contexts: list[Any] = []
     i = 0
-    for sink, caller in zip(sinks, callers, strict=True):
+    for sink, context in zip(sinks, contexts, strict=True):
         if sink.__class__ is tuple:
             count = sink[2]
             if not sink[0].future.done():
                 kept_items.extend(items[i : i + count])
                 kept_sinks.append(sink)
-                kept_callers.append(caller)
+                kept_contexts.append(context)
             i += count
         else:
             if not sink.done():
                 kept_items.append(items[i])
                 kept_sinks.append(sink)
-                kept_callers.append(caller)
+                kept_contexts.append(context)
             i += 1
-    return kept_items, kept_sinks, kept_callers
+    return kept_items, kept_sinks, kept_contexts
 
 
 def fail_sinks(sinks: list[Any], exc: BaseException, recorder: _Recorder) -> None:
