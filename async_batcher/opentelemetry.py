@@ -28,9 +28,10 @@ the batch), then ``async_batcher.answered`` (``async_batcher.outcome``: ``ok`` o
 already exists and bounds the wait, so two instants on it say how long the request waited for its batch, without
 doubling the spans exported per request; the work is the batch's span, one link away.
 
-Spans are made only while a tracer provider is set (``tracer_provider=``, or the global one); with the API's
-no-op provider, a batch costs one check, and a caller without a recording span one more function call. Needs the
-``[opentelemetry]`` extra (``opentelemetry-api``; the SDK, which records and exports, is the application's choice).
+Spans are made only while a tracer provider is set (``tracer_provider=``, or the global one, looked up at each
+batch); with the API's no-op provider, a batch costs one check, and a call one more function call and a test. Needs
+the ``[opentelemetry]`` extra (``opentelemetry-api``; the SDK, which records and exports, is the application's
+choice).
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def _batcher_of(batcher: object) -> AsyncBatcher[Any, Any]:
 class _Instrumentation:
     """What :func:`instrument` keeps on a batcher: its tracer, and the attributes it shadowed."""
 
-    __slots__ = ("batcher", "previous", "provider", "tracer")
+    __slots__ = ("batcher", "on", "previous", "provider", "tracer")
 
     def __init__(self, batcher: AsyncBatcher[Any, Any], provider: Any) -> None:
         self.batcher = batcher
@@ -156,11 +157,15 @@ class _Instrumentation:
         # Without a provider, the API's proxy tracer: it makes real spans once the application sets one.
         self.tracer = trace.get_tracer("async_batcher", __version__, tracer_provider=provider)
         self.previous: dict[str, Any] = {}
+        self.on = False  # whether the last look found a provider: what a caller checks first, for nothing
+        self.active_tracer()
 
     def active_tracer(self) -> trace.Tracer | None:
-        """The tracer, if a tracer provider is set; ``None`` with the API's no-op one (no span, no work)."""
+        """The tracer, if a tracer provider is set; ``None`` with the API's no-op one (no span, no work). Each batch
+        looks (a provider set later is used from the next batch on)."""
         provider = self.provider if self.provider is not None else trace.get_tracer_provider()
-        return None if isinstance(provider, _NO_PROVIDER) else self.tracer
+        self.on = not isinstance(provider, _NO_PROVIDER)
+        return self.tracer if self.on else None
 
 
 # ---------------------------------------------------------------------- the batch's side
@@ -369,9 +374,11 @@ def _caller_wrapper(state: _Instrumentation, original: Callable[..., Coroutine[A
 
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Coroutine[Any, Any, R]:
+        if not state.on:
+            return original(*args, **kwargs)  # (no coroutine of its own: without a provider, one call and a test)
         span = trace.get_current_span()
-        if not span.is_recording() or state.active_tracer() is None:
-            return original(*args, **kwargs)  # (no coroutine of its own: a caller without a span pays one call)
+        if not span.is_recording():
+            return original(*args, **kwargs)
         return _traced_call(state.batcher.name, span, original(*args, **kwargs))
 
     return call
@@ -394,8 +401,8 @@ async def _traced_call(name: str, span: trace.Span, call: Coroutine[Any, Any, R]
 def _stream_wrapper(state: _Instrumentation, original: Callable[..., AsyncIterator[R]]) -> Callable[..., Any]:
     @functools.wraps(original)
     def stream(*args: Any, **kwargs: Any) -> AsyncIterator[R]:
-        span = trace.get_current_span()
-        if not span.is_recording() or state.active_tracer() is None:
+        span = trace.get_current_span() if state.on else trace.INVALID_SPAN
+        if not span.is_recording():
             return original(*args, **kwargs)
         return _traced_stream(state.batcher.name, span, original(*args, **kwargs))
 
