@@ -181,6 +181,7 @@ def _compact(batch: Batch) -> None:
         kept = [i for i, sink in enumerate(batch.sinks) if not sink.done()]
         batch.items[:] = [batch.items[i] for i in kept]
         batch.sinks[:] = [batch.sinks[i] for i in kept]
+        batch.contexts[:] = [batch.contexts[i] for i in kept]
         if batch.weights is not None:
             batch.weights[:] = [batch.weights[i] for i in kept]
 
@@ -202,6 +203,7 @@ def _join(b: Base, run: Run, batch: Batch) -> None:
         return
     batch.items.extend(taken.items)
     batch.sinks.extend(taken.sinks)
+    batch.contexts.extend(taken.contexts)
     if batch.weights is not None:
         batch.weights.extend(taken.weights or [1.0] * len(taken.items))
     batch.joined += len(taken.items)
@@ -218,7 +220,7 @@ def _fail(b: Base, batch: Batch, error: BaseException) -> None:
 
 
 def _end(b: Base, batch: Batch, *, ran: bool) -> None:
-    batch.handle = None
+    batch.let_go()
     batch.answered = sum(1 for sink in batch.sinks if not sink.cancelled())  # the streams it ended
     if ran:
         _execution.record(b, batch)
