@@ -73,6 +73,9 @@ def launch(b: Base, run: Run, taken: Taken, now: float, lane: Lane) -> None:
     ends (:func:`batch_ended`). Its task runs in the batch's own context (:attr:`Batch.context`), never in the one
     that happens to run the pump (a caller's, or the batch that just ended)."""
     batch = Batch(run, taken, now, lane)
+    # Formed by a probe of the hold if during its time (a later batch, after one that ended with nothing waiting,
+    # is not: it would judge the probe by other callers).
+    batch.probe = lane.probing and now <= lane.hold_from + b._max_hold_time
     run.batches[batch] = None
     run.in_flight += 1
     lane.in_flight += 1

@@ -232,7 +232,7 @@ class Batch:
         self.joined = 0  # items that joined a streaming batch while it ran (continuous batching)
         self.arrived_before = lane.arrived  # the lane's arrivals before it went (the hold counts those after)
         self.answered = 0  # the calls it resolved when it ended (a caller who had left is not one)
-        self.probe = lane.probing  # formed by a probe of the hold
+        self.probe = False  # formed by a probe of the hold (set by the dispatcher)
         self.weights = taken.weights  # each item's weight, when weights are kept (a streaming batch's budget)
         # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
         # now, and if it has not started in its thread, it will not.

@@ -21,8 +21,7 @@ The rules the hold keeps (contract point 1, docs/guides/subclassing.md "Holding 
 - every accepted item resolves exactly once.
 
 Each test states the rule it attacks. Every wait is bounded on the loop's clock (``until``, ``asyncio.wait_for``),
-so that a hang fails instead of blocking the suite. A test that shows a defect of the current code is marked
-``xfail(strict=True)`` with what happens and what should.
+so that a hang fails instead of blocking the suite.
 """
 
 from __future__ import annotations
@@ -293,13 +292,6 @@ async def test_an_open_loop_lane_is_not_held_because_another_lane_is_a_closed_lo
     assert p[0.03] <= 1.1 * p[0.0], f"open lane p99 {p[0.03]:.4f} with the hold, {p[0.0]:.4f} greedy"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with several slots the gate reads independent arrivals as a closed loop: the lane's rate since its "
-    "previous answer is taken over the gap between two batch ends, a few milliseconds with one arrival in it, which "
-    "reads as a rate many times the real one; the batch then 'held all its callers', and the hold keeps the items "
-    "queued at that moment for callers who do not exist (here 2 % of the batches; p99 1.14x greedy's)",
-)
 async def test_independent_arrivals_on_several_slots_keep_the_gate_off() -> None:
     # Five minutes of independent arrivals at 30/s, eight slots, 0.1 s batches, max_queue_time=0.005: most batches
     # take one item, and several run at once. The gate should stay off (as on one slot: at no more than 0.1 % of
@@ -420,12 +412,6 @@ async def test_a_probe_gathers_a_split_closed_loop_and_the_gate_keeps_it_gathere
     await b.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after a probe that gathered its lane's callers the next probe should be allowed 1 s later "
-    "(PROBE_EVERY), but Run.probe_at was set when the probe began, with the backed-off wait (32 s here, up to 64 s): "
-    "a closed loop that splits again stays split until then",
-)
 async def test_after_a_probe_that_gathered_a_split_loop_is_gathered_again_within_seconds() -> None:
     # As above: the probe at about 32 s gathers the clients, and the wait goes back to 1 s. At 35 s half of them
     # hiccup once (0.06 s, longer than the hold): the loop splits, the gate is off again. A probe is allowed from
