@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from async_batcher._current import CurrentBatch, current_batch
 from async_batcher._sinks import END
 from async_batcher._version import __version__
 from async_batcher.adaptive import AdaptiveWaitState
@@ -26,6 +27,7 @@ __all__ = [
     "BatchedFunction",
     "BatchedMethod",
     "BatcherStats",
+    "CurrentBatch",
     "LatencySummary",
     "BatchSizeMismatchError",
     "BatcherStoppedError",
@@ -35,5 +37,6 @@ __all__ = [
     "QueueFullException",
     "ReentrantCallError",
     "batch",
+    "current_batch",
     "__version__",
 ]

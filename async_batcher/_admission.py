@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator, Hashable, Iterable
+from contextvars import copy_context
 from typing import TYPE_CHECKING, Any
 
 from async_batcher import _checks, _dispatch, _execution, _lifecycle, _room, _sinks, _streaming
@@ -41,7 +42,7 @@ async def submit(b: Base, item: Any, *, timeout: float | None, priority: float) 
     queue = run.queue
     lane = queue.lane(key)
     fut: asyncio.Future[Any] = loop.create_future()
-    entry = [item, fut, loop.time(), True, weight, lane, 0]
+    entry = [item, fut, loop.time(), True, weight, lane, 0, copy_context()]
     queue.push(entry, priority)
     _dispatch.arrived(b, run, lane)
     expiry = None if deadline is None else run.deadlines.add(deadline, expire, b, run, entry)
@@ -115,13 +116,14 @@ def _enqueue_bulk(
     # Without keys or weights, one queue entry for the whole call, sliced into batches as they go out; else an
     # entry per item, in its key's lane.
     lane = queue.lane0 if keys_weights is None else None
-    bulk = Bulk(items, fut, now, return_exceptions=return_exceptions, lane=lane, recorder=b._recorder)
+    context = copy_context()
+    bulk = Bulk(items, fut, now, return_exceptions=return_exceptions, lane=lane, recorder=b._recorder, context=context)
     if keys_weights is None:
         queue.push_bulk(bulk, priority)
         return bulk
     bulk.entries = []
     for index, (key, weight) in enumerate(keys_weights):
-        entry = [items[index], bulk, now, True, weight, queue.lane(key), index]
+        entry = [items[index], bulk, now, True, weight, queue.lane(key), index, context]
         queue.push(entry, priority)
         bulk.entries.append(entry)
     return bulk
@@ -206,7 +208,7 @@ async def submit_stream(b: Base, item: Any, *, timeout: float | None, priority: 
     queue = run.queue
     lane = queue.lane(key)
     sink = _streaming.StreamSink(loop, b._stream_buffer, b._recorder)
-    entry = [item, sink, loop.time(), True, weight, lane, 0]
+    entry = [item, sink, loop.time(), True, weight, lane, 0, copy_context()]
     queue.push(entry, priority)
     _dispatch.arrived(b, run, lane)
     expiry = None if deadline is None else run.deadlines.add(deadline, _expire_stream, b, run, entry)

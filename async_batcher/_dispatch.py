@@ -70,16 +70,20 @@ def pump(b: Base, run: Run) -> None:
 
 def launch(b: Base, run: Run, taken: Taken, now: float, lane: Lane) -> None:
     """Send a batch just taken from the queue on its way, on its ``process_batch``'s path; it takes a slot until it
-    ends (:func:`batch_ended`)."""
+    ends (:func:`batch_ended`). Its task runs in the batch's own context (:attr:`Batch.context`), never in the one
+    that happens to run the pump (a caller's, or the batch that just ended)."""
     batch = Batch(run, taken, now, lane)
+    # Formed by a probe of the hold if during its time (a later batch, after one that ended with nothing waiting,
+    # is not: it would judge the probe by other callers).
+    batch.probe = lane.probing and now <= lane.hold_from + b._max_hold_time
     run.batches[batch] = None
     run.in_flight += 1
     lane.in_flight += 1
     startup = run.startup
     if run.is_stream:
-        batch.handle = run.loop.create_task(_streaming.run_stream_batch(b, batch))
+        batch.handle = run.loop.create_task(_streaming.run_stream_batch(b, batch), context=batch.context)
     elif run.is_coroutine or (startup is not None and (not _succeeded(startup) or run.start_line is not None)):
-        batch.handle = run.loop.create_task(_execution.run_batch(b, batch))
+        batch.handle = run.loop.create_task(_execution.run_batch(b, batch), context=batch.context)
     else:
         _execution.to_executor(b, batch)
 

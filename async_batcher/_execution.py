@@ -83,12 +83,15 @@ async def run_batch(b: Base, batch: Batch) -> None:
             await wait_for_start(run, run.startup)
         # A caller may have left since the batch was formed (this task starts an iteration later): its item must
         # not reach process_batch.
-        batch.items, batch.sinks = without_departed(batch.items, batch.sinks, futures_only=batch.futures_only)
+        batch.items, batch.sinks, batch.contexts = without_departed(
+            batch.items, batch.sinks, batch.contexts, futures_only=batch.futures_only
+        )
         batch.size = len(batch.items)
         if not batch.items:
             release(batch)
             return
         if not run.is_coroutine:  # a plain process_batch that had to wait for on_start(): on to the executor
+            batch.context = run.context.copy()  # (this task is in the batch's first one: the thread gets its own)
             to_executor(b, batch)
             return
         current_batch.set(batch)
@@ -116,15 +119,16 @@ async def run_batch(b: Base, batch: Batch) -> None:
 
 
 def to_executor(b: Base, batch: Batch) -> None:
-    """Send a batch to the executor (a plain ``process_batch``); :func:`executor_done` takes its end."""
+    """Send a batch to the executor (a plain ``process_batch``); :func:`executor_done` takes its end. The thread
+    runs it in the batch's own context: nothing it sets stays in the thread for the next batch."""
     loop = batch.run.loop
     future: Any
     try:
         if b.executor is None:
-            future = loop.run_in_executor(None, in_thread, b, batch)
+            future = loop.run_in_executor(None, batch.context.run, in_thread, b, batch)
             future.add_done_callback(partial(executor_done, b, batch))
         else:
-            future = b.executor.submit(in_thread, b, batch)
+            future = b.executor.submit(batch.context.run, in_thread, b, batch)
             future.add_done_callback(partial(_call_soon_on, loop, partial(executor_done, b, batch)))
     except Exception as exc:  # the executor refused it (shut down, say): as if process_batch had raised
         # Answered from the next iteration: this may run inside the pump, which must not be re-entered.
@@ -139,6 +143,7 @@ def in_thread(b: Base, batch: Batch) -> Any:
     if batch.abandoned:
         return _ABANDONED
     thread_batch.batch = batch
+    current_batch.set(batch)  # (in the batch's context, which this thread runs in)
     try:
         return call_process_batch(b, batch.run, batch.items)
     finally:
@@ -167,7 +172,11 @@ def executor_done(b: Base, batch: Batch, future: Any) -> None:
         # A sync process_batch that returned an awaitable: it runs on the loop (a coroutine as a task of its own,
         # which a forced stop can cancel), and its outcome is the batch's.
         try:
-            awaited = asyncio.ensure_future(results, loop=batch.run.loop)
+            awaited = (
+                batch.run.loop.create_task(results, context=batch.context)
+                if inspect.iscoroutine(results)
+                else asyncio.ensure_future(results, loop=batch.run.loop)
+            )
         except Exception as exc:  # a future of another loop, say
             end(b, batch, error=exc, ran=True)
             return
@@ -205,9 +214,9 @@ def end(
     ``cut_off``: ``error`` is not ``process_batch``'s but the batcher's, as its task was cancelled from outside. A
     ``KeyboardInterrupt`` or ``SystemExit`` is raised on once the callers have their answer.
     """
-    # The batch's task holds the batch in its context (current_batch): let go of the task, or the two would keep
-    # each other, and the batch's items and callers, alive until the cyclic garbage collector runs.
-    batch.handle = None
+    # The batch's task and its context hold the batch (current_batch): let go of them, or they would keep each
+    # other, and the batch's items and callers, alive until the cyclic garbage collector runs.
+    batch.let_go()
     try:
         if ran:
             record(b, batch)

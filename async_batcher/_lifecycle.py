@@ -20,7 +20,7 @@ from collections.abc import Awaitable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from async_batcher import _dispatch, _room
+from async_batcher import _dispatch, _execution, _room
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
 from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
@@ -65,8 +65,12 @@ def inside_hook(run: Run, hook: str) -> bool:
     return task is not None and not task.done()
 
 
-def bind(b: Base, loop: asyncio.AbstractEventLoop) -> Run:
-    """Make the batcher run on ``loop``: start it, or start it again after a stop, as a new run."""
+def bind(b: Base, loop: asyncio.AbstractEventLoop, context: contextvars.Context | None = None) -> Run:
+    """Make the batcher run on ``loop``: start it, or start it again after a stop, as a new run.
+
+    ``context``: the run's own (:attr:`Run.context`), a copy of :meth:`AsyncBatcher.start`'s; ``None`` when a
+    caller's first call starts it, whose context must not be the batches': then an empty one.
+    """
     old = b._run
     if old.loop is loop and old.state is State.RUNNING:
         return old
@@ -75,9 +79,12 @@ def bind(b: Base, loop: asyncio.AbstractEventLoop) -> Run:
             raise BatcherStoppedError(f"{b.name} is stopping; it can be started again once stop() returns")
         if not old.loop.is_closed():
             raise RuntimeError(f"{b.name} is running on another event loop; stop it there before using it here")
-        # Its loop was closed without a stop: whatever it held went with it, its callers too.
-        logger.warning("%s: its event loop was closed without stop(); starting afresh", b.name)
-        _account_abandoned(b, old)
+        # Its loop was closed without a stop: whatever it held went with it, its callers too. Nothing to say when
+        # nothing was lost (a @batch function used in one asyncio.run after another): a warning only for items
+        # lost, or an on_stop() that never ran.
+        lost = _account_abandoned(b, old)
+        level = logging.WARNING if lost or "on_stop" in b._overridden else logging.DEBUG
+        logger.log(level, "%s: its event loop was closed without stop(); starting afresh (%d items lost)", b.name, lost)
     overridden = b._overridden
     run = Run(
         loop,
@@ -90,11 +97,14 @@ def bind(b: Base, loop: asyncio.AbstractEventLoop) -> Run:
         by_keyword=_by_keyword(b.process_batch),
         is_coroutine=inspect.iscoroutinefunction(b.process_batch),
         is_stream=inspect.isasyncgenfunction(b.process_batch),
+        context=context,
     )
+    if context is not None:
+        context.run(_execution.current_batch.set, None)  # (start() called from inside another batcher's batch)
     run.batch_ended = partial(_dispatch.batch_ended, b, run)
     if "on_start" in overridden:
         started = _hook_call(b, "on_start")  # (before the run is the batcher's: refused, it stays as it was)
-        run.startup = loop.create_task(_in_hook(run, "on_start", started))
+        run.startup = loop.create_task(_in_hook(run, "on_start", started), context=run.context.copy())
         run.startup.add_done_callback(partial(_startup_done, b, run))
     choose_fast_path(b, run)
     b._run = run
@@ -138,12 +148,14 @@ def _by_keyword(process_batch: Any) -> bool:
     return takes_kwargs and all(p.kind is inspect.Parameter.VAR_POSITIONAL for p in positional)
 
 
-def _account_abandoned(b: Base, run: Run) -> None:
-    # The callers of a run whose loop closed are gone: their items end here, as failed.
+def _account_abandoned(b: Base, run: Run) -> int:
+    # The callers of a run whose loop closed are gone: their items end here, as failed. Returns how many.
     rec = b._recorder
     lost = run.queue.waiting + run.awaiting_room
     rec.exited += lost
-    rec.failed += lost + sum(len(batch.items) for batch in run.batches)
+    lost += sum(len(batch.items) for batch in run.batches)
+    rec.failed += lost
+    return lost
 
 
 def _startup_done(b: Base, run: Run, task: asyncio.Task[None]) -> None:
@@ -243,7 +255,7 @@ def begin_stop(b: Base, run: Run) -> None:
 
 def _drained(b: Base, run: Run) -> None:
     """The drain is over (:meth:`Run.check_drained`, once): run ``on_stop()``."""
-    run.closing = run.loop.create_task(_finish_stop(b, run))
+    run.closing = run.loop.create_task(_finish_stop(b, run), context=run.context.copy())
     run.closing.add_done_callback(partial(_closing_done, b, run))
 
 

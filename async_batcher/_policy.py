@@ -121,12 +121,18 @@ def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
     lane = batch.lane
     # It held them all if items arrived in the lane while it ran at a quarter of the lane's rate since its previous
     # answer or less, that rate bringing two or more (fewer tell nothing).
+    # (The rate over at least the batch's own time: with several slots, another batch may have ended just before.)
     during = lane.arrived - batch.arrived_before
-    rate = (lane.arrived - lane.arrived_at_end) / (now - lane.ended) if now > lane.ended else 0.0
-    expected = rate * (now - batch.started)
-    lane.alone = expected >= 2 and during * 4 <= expected and not run.is_stream
-    if batch.probe:  # a probe that failed waits twice as long for the next; one that gathered them, the least
-        run.probe_wait = PROBE_EVERY if lane.alone else min(2 * run.probe_wait, PROBE_AT_MOST)
+    ran = now - batch.started
+    since = max(now - lane.ended, ran)
+    rate = (lane.arrived - lane.arrived_at_end) / since if since > 0 else 0.0
+    lane.alone = rate * ran >= 2 and during * 4 <= rate * ran and not run.is_stream
+    if batch.probe:  # a probe that gathered them: the next may come soon; one that did not waits twice as long
+        if lane.alone:
+            run.probe_wait = PROBE_EVERY
+            run.probe_at = min(run.probe_at, now + PROBE_EVERY)
+        else:
+            run.probe_wait = min(2 * run.probe_wait, PROBE_AT_MOST)
     lane.ended, lane.arrived_at_end = now, lane.arrived
     if not b._max_hold_time or not callers:
         return

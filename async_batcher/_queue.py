@@ -3,11 +3,13 @@
 A queued single item is a small list, not an object: creating it is the one allocation per item besides its
 future, and the hot path reads it by index::
 
-    [item, sink, arrival, queued, weight, lane, index]
+    [item, sink, arrival, queued, weight, lane, index, context]
 
 ``sink`` is the caller's future, or the :class:`Bulk` of a ``process_many`` call (``index``: the item's place in
 it). ``queued`` turns False when the item leaves the queue: sent in a batch, or withdrawn because its caller left
 or a forced stop failed it. An entry leaves the queue exactly once; every count below changes with that step.
+``context`` is a snapshot of its caller's :mod:`contextvars` context (``contextvars.copy_context()``, one C call):
+the batch hands it to ``process_batch`` through :func:`async_batcher.current_batch`.
 
 A plain ``process_many`` call (no keys, no weights) is one entry of its own, a :class:`~async_batcher._sinks.Bulk`,
 sliced into batches as they go out: ``bulk.pos`` items of it have left the queue.
@@ -30,26 +32,33 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
-ITEM, SINK, ARRIVAL, QUEUED, WEIGHT, LANE, INDEX = range(7)
+ITEM, SINK, ARRIVAL, QUEUED, WEIGHT, LANE, INDEX, CONTEXT = range(8)
 
 # The key of every item when batch_key is not overridden.
 DEFAULT_KEY: Hashable = object()
 
 _item_of = itemgetter(ITEM)
 _sink_of = itemgetter(SINK)
+_context_of = itemgetter(CONTEXT)
 _queued_of = itemgetter(QUEUED)
 _popleft = deque.popleft
 
 
 class Taken:
-    """A batch just taken from the queue: its items, one sink per caller, their weight, its oldest arrival."""
+    """A batch just taken from the queue: its items, one sink per caller, their weight, its oldest arrival.
 
-    __slots__ = ("futures_only", "items", "newest", "oldest", "sinks", "weight", "weights")
+    ``contexts``, beside ``sinks``: each caller's context (a snapshot; a bulk call's is its
+    :class:`~async_batcher._sinks.Bulk`'s). Only they are kept, not the entries: an entry kept alive for as long as
+    its batch runs would be one more object for every garbage collection to look at, per item.
+    """
+
+    __slots__ = ("contexts", "futures_only", "items", "newest", "oldest", "sinks", "weight", "weights")
 
     def __init__(
         self,
         items: list[Any],
         sinks: list[Any],
+        contexts: list[Any],
         *,
         oldest: float,
         newest: float,
@@ -59,6 +68,7 @@ class Taken:
     ) -> None:
         self.items = items
         self.sinks = sinks
+        self.contexts = contexts
         self.oldest = oldest
         self.newest = newest  # the arrival of its newest item (the hold's measure of how its items arrived)
         self.weight = weight
@@ -278,6 +288,7 @@ class Queue:
         return Taken(
             list(map(_item_of, entries)),
             sinks,
+            list(map(_context_of, entries)),
             oldest=entries[0][ARRIVAL],
             newest=entries[-1][ARRIVAL],
             weight=n,
@@ -290,6 +301,7 @@ class Queue:
         """Entry by entry: priorities, weights, bulk calls, departed callers."""
         items: list[Any] = []
         sinks: list[Any] = []
+        contexts: list[Any] = []
         weights: list[float] | None = [] if self.weighted else None
         weight = 0.0
         oldest = math.inf
@@ -315,6 +327,7 @@ class Queue:
                     sink = (sink, entry[INDEX], 1)
                     futures_only = False
                 sinks.append(sink)
+                contexts.append(entry[CONTEXT])
                 oldest = min(oldest, entry[ARRIVAL])
                 newest = max(newest, entry[ARRIVAL])
                 continue
@@ -331,6 +344,7 @@ class Queue:
             else:
                 items = chunk
             sinks.append((entry, start, count))
+            contexts.append(entry.context)
             futures_only = False
             entry.pos = start + count
             weight += count
@@ -343,7 +357,14 @@ class Queue:
         if not items:
             return None
         return Taken(
-            items, sinks, oldest=oldest, newest=newest, weight=weight, futures_only=futures_only, weights=weights
+            items,
+            sinks,
+            contexts,
+            oldest=oldest,
+            newest=newest,
+            weight=weight,
+            futures_only=futures_only,
+            weights=weights,
         )
 
     def _next_level(self, lane: Lane, starved_before: float) -> tuple[deque[Any], Any] | None:

@@ -13,6 +13,7 @@ public class): it imports none of them. Where it must wake a layer above, it cal
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import math
 import sys
@@ -64,6 +65,7 @@ class Run:
         "by_keyword",
         "clock",
         "closing",
+        "context",
         "deadlines",
         "dispatches",
         "drained",
@@ -104,6 +106,7 @@ class Run:
         by_keyword: bool = False,
         is_coroutine: bool = False,
         is_stream: bool = False,
+        context: contextvars.Context | None = None,
     ) -> None:
         # -- The loop: its thread, its clock and its futures. For the standard loop the clock is time.monotonic and
         #    a future is made by the C class directly, to spare a Python frame per item; a loop with a clock of its
@@ -123,6 +126,9 @@ class Run:
             )
         # -- Lifecycle.
         self.state = state
+        # The run's own context: a copy of start()'s, or an empty one when a caller's first process() started it.
+        # Every batch, on_start() and on_stop() run in a copy of it of their own, never in a caller's.
+        self.context = contextvars.Context() if context is None else context
         self.startup: asyncio.Task[None] | None = None  # on_start(): the first batch waits for it
         # The last batch in line for on_start(): set once it has passed, so that the batches formed after it,
         # which see on_start() done, still reach process_batch after it (in the order they were formed).
@@ -184,12 +190,18 @@ def _ignore(batch: Batch, callers: int) -> None:
 
 
 class Batch:
-    """A batch on its way: its items, one sink per caller, and what its statistics and its end need."""
+    """A batch on its way: its items, one sink per caller, and what its statistics and its end need.
+
+    ``contexts`` goes with ``sinks``: each caller's context, a snapshot taken when it submitted. ``context`` is the
+    batch's own, a fresh copy of its run's: its task or its thread runs in it.
+    """
 
     __slots__ = (
         "abandoned",
         "answered",
         "arrived_before",
+        "context",
+        "contexts",
         "entered",
         "futures_only",
         "handle",
@@ -209,6 +221,8 @@ class Batch:
         self.lane = lane  # the lane it was taken from (a streaming batch takes more from it as it runs)
         self.items = taken.items
         self.sinks = taken.sinks
+        self.contexts = taken.contexts
+        self.context = run.context.copy()
         self.futures_only = taken.futures_only  # every sink is a single caller's future (no bulk call)
         # As handed to process_batch, which may keep or mutate the list (a streaming batch: the most items it held
         # at once, as items join and leave it).
@@ -218,7 +232,7 @@ class Batch:
         self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
         self.arrived_before = lane.arrived  # the lane's arrivals before it went (the hold counts those after)
         self.answered = 0  # the calls it resolved when it ended (a caller who had left is not one)
-        self.probe = lane.probing  # formed by a probe of the hold
+        self.probe = False  # formed by a probe of the hold (set by the dispatcher)
         self.weights = taken.weights  # each item's weight, when weights are kept (a streaming batch's budget)
         # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
         # now, and if it has not started in its thread, it will not.
@@ -231,6 +245,12 @@ class Batch:
     def is_live(self) -> bool:
         """Still in flight in its run: its slot is taken."""
         return not self.abandoned and self in self.run.batches
+
+    def let_go(self) -> None:
+        """The batch has ended: drop its task and its context, which hold it (the context's ``current_batch``), so
+        that it, its items and its callers are freed at once, not when the cyclic garbage collector runs."""
+        self.handle = None
+        self.context = contextvars.Context()
 
 
 def violations(run: Run) -> list[str]:

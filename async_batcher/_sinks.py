@@ -8,6 +8,7 @@ per item (a bulk call's items when the call resolves).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
@@ -53,6 +54,7 @@ class Bulk:
 
     __slots__ = (
         "arrival",
+        "context",
         "entries",
         "future",
         "items",
@@ -73,10 +75,12 @@ class Bulk:
         return_exceptions: bool,
         lane: Lane | None,
         recorder: _Recorder,
+        context: contextvars.Context,
     ) -> None:
         self.items = items
         self.future = future
         self.arrival = arrival
+        self.context = context  # its caller's (a snapshot), as a single item's entry keeps it
         self.return_exceptions = return_exceptions
         self.lane = lane  # the lane of its single entry; None when each item is an entry of its own
         self.recorder = recorder
@@ -166,29 +170,35 @@ def _wrong_type(results: object, n: int) -> str:
     )
 
 
-def without_departed(items: list[Any], sinks: list[Any], *, futures_only: bool) -> tuple[list[Any], list[Any]]:
-    """The batch without the items whose callers already left (the same lists when none did)."""
+def without_departed(
+    items: list[Any], sinks: list[Any], contexts: list[Any], *, futures_only: bool
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """The batch without the items whose callers already left (the same lists when none did): its items, its sinks,
+    and its callers' contexts (one per sink)."""
     if futures_only:
         if not any(map(future_done, sinks)):  # one pass in C: the common case costs next to nothing
-            return items, sinks
+            return items, sinks, contexts
     elif not any(sink[0].future.done() if sink.__class__ is tuple else sink.done() for sink in sinks):
-        return items, sinks
+        return items, sinks, contexts
     kept_items: list[Any] = []
     kept_sinks: list[Any] = []
+    kept_contexts: list[Any] = []
     i = 0
-    for sink in sinks:
+    for sink, context in zip(sinks, contexts, strict=True):
         if sink.__class__ is tuple:
             count = sink[2]
             if not sink[0].future.done():
                 kept_items.extend(items[i : i + count])
                 kept_sinks.append(sink)
+                kept_contexts.append(context)
             i += count
         else:
             if not sink.done():
                 kept_items.append(items[i])
                 kept_sinks.append(sink)
+                kept_contexts.append(context)
             i += 1
-    return kept_items, kept_sinks
+    return kept_items, kept_sinks, kept_contexts
 
 
 def fail_sinks(sinks: list[Any], exc: BaseException, recorder: _Recorder) -> int:

@@ -241,6 +241,7 @@ def _compact(batch: Batch) -> None:
         kept = [i for i, sink in enumerate(batch.sinks) if not sink.done()]
         batch.items[:] = [batch.items[i] for i in kept]
         batch.sinks[:] = [batch.sinks[i] for i in kept]
+        batch.contexts[:] = [batch.contexts[i] for i in kept]
         if batch.weights is not None:
             batch.weights[:] = [batch.weights[i] for i in kept]
 
@@ -262,6 +263,7 @@ def _join(b: Base, run: Run, batch: Batch) -> int:
         return 0
     batch.items.extend(taken.items)
     batch.sinks.extend(taken.sinks)
+    batch.contexts.extend(taken.contexts)
     if batch.weights is not None:
         batch.weights.extend(taken.weights or ())  # (a list: the queue was weighted when the batch formed)
     batch.size = max(batch.size, len(batch.items))
@@ -278,7 +280,7 @@ def _fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False)
 
 def _end(b: Base, batch: Batch, entered: int) -> None:
     """The batch is over: its statistics (if it reached process_batch), then its slot."""
-    batch.handle = None
+    batch.let_go()
     batch.answered = sum(1 for sink in batch.sinks if not sink.cancelled())  # the streams it ended
     if entered:
         _execution.record(b, batch)

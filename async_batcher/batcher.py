@@ -7,6 +7,7 @@ import asyncio
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Sequence
 from concurrent.futures import Executor
+from contextvars import copy_context
 from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
@@ -94,6 +95,10 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
     11. **Validation.** Bad settings and arguments raise ``ValueError`` or ``TypeError`` naming the value, at
         construction (or when changed live, the old value kept).
     12. **Logging.** Through ``logging.getLogger("async_batcher")`` only; item payloads are never logged.
+    13. **Context.** ``process_batch`` runs in a fresh copy, per batch, of the context :meth:`start` ran in (an empty
+        one if a caller's first call started it), never a caller's: nothing set in it reaches a caller or the next
+        batch. :meth:`on_start` and :meth:`on_stop` run in copies of it too. Each item's caller context, and
+        whether its caller has left, are the batch's to ask: :func:`~async_batcher.current_batch`.
 
     Args:
         max_batch_size: The most items in one batch; ``-1`` for no limit.
@@ -283,7 +288,7 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
             return cast(R, await _admission.submit(self, item, timeout=timeout, priority=priority))
         fut: asyncio.Future[R] = run.new_future()
         lane = queue.lane0
-        entry = [item, fut, run.clock(), True, 1.0, lane, 0]
+        entry = [item, fut, run.clock(), True, 1.0, lane, 0, copy_context()]
         queue.fifo0.append(entry)
         lane.count += 1
         queue.waiting += 1
@@ -350,7 +355,7 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
             if self._run.state is State.STOPPED:
                 self._run = Run(self._run.loop, self._recorder, state=State.NEW, default_key=DEFAULT_KEY)
             return
-        _lifecycle.bind(self, loop)
+        _lifecycle.bind(self, loop, copy_context())
 
     async def is_running(self) -> bool:
         """Whether the batcher is started and not yet fully stopped (it is running while it drains)."""

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hasha
 from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar, cast, overload
 
+from async_batcher import _misuse
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.stats import BatcherStats
 
@@ -53,23 +54,48 @@ class _FunctionBatcher(AsyncBatcher[Any, Any]):
             raise ReferenceError(f"{self.name}: the instance this batcher belongs to no longer exists")
         return self.func(owner, batch)
 
+    def _checked(self, results: Any, n: int) -> Any:
+        return _misuse.checked(self.func, results, n, method=self._owner is not None)
+
+    def _noted(self, exc: BaseException) -> None:
+        _misuse.note(self.func, exc, method=self._owner is not None)
+
 
 class _AsyncFunctionBatcher(_FunctionBatcher):
     async def process_batch(self, batch: list[Any]) -> Any:
-        return await self._call(batch)
+        try:
+            results = await self._call(batch)
+        except Exception as exc:
+            self._noted(exc)
+            raise
+        return self._checked(results, len(batch))
 
 
 class _StreamFunctionBatcher(_FunctionBatcher):
     # An async generator function: its steps are the batch's, and callers iterate stream().
     async def process_batch(self, batch: list[Any]) -> AsyncIterator[Any]:
-        async for step in self._call(batch):
-            yield step
+        try:
+            async for step in self._call(batch):
+                yield self._checked(step, len(batch))  # (the batch as it is at this step)
+        except Exception as exc:
+            self._noted(exc)
+            raise
 
 
 class _SyncFunctionBatcher(_FunctionBatcher):
     # A plain def: the core runs it in the batcher's executor, off the event loop.
     def process_batch(self, batch: list[Any]) -> Any:
-        return self._call(batch)
+        try:
+            results = self._call(batch)
+        except Exception as exc:
+            self._noted(exc)
+            raise
+        if inspect.isawaitable(results):  # (the core awaits it on the loop)
+            return self._awaited(results, len(batch))
+        return self._checked(results, len(batch))
+
+    async def _awaited(self, results: Awaitable[Any], n: int) -> Any:
+        return self._checked(await results, n)
 
 
 def _batcher_class(

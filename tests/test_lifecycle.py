@@ -107,9 +107,34 @@ def test_the_items_lost_with_a_loop_closed_under_them_count_as_failed(caplog: py
     b.max_queue_time = 0
     with caplog.at_level(logging.WARNING, logger="async_batcher"):
         assert asyncio.run(b.process(5)) == 10
-    assert "Recording: its event loop was closed without stop(); starting afresh" in messages(caplog)
+    assert "Recording: its event loop was closed without stop(); starting afresh (6 items lost)" in messages(caplog)
     s = b.stats
     assert (s.submitted, s.succeeded, s.failed, s.queued) == (8, 1, 7, 0)
+
+
+def test_a_batch_function_used_in_one_asyncio_run_after_another_warns_of_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Nothing was lost with the loops closed under it (no item, no on_stop() left to run): a DEBUG line, not a WARNING
+    # at every run (under pytest-asyncio, every test).
+    @async_batcher.batch(max_queue_time=0, name="double")
+    async def double(items: list[int]) -> list[int]:
+        return [x * 2 for x in items]
+
+    class Closing(Recording):
+        async def on_stop(self) -> None:
+            pass
+
+    closing = Closing(max_queue_time=0)
+    with caplog.at_level(logging.DEBUG, logger="async_batcher"):
+        assert [asyncio.run(double(i)) for i in range(3)] == [0, 2, 4]
+        assert [asyncio.run(closing.process(i)) for i in range(2)] == [0, 2]
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if "closed without stop()" in r.getMessage()]
+    assert logged == [
+        (logging.DEBUG, "double: its event loop was closed without stop(); starting afresh (0 items lost)")
+    ] * 2 + [
+        (logging.WARNING, "Closing: its event loop was closed without stop(); starting afresh (0 items lost)")
+    ]  # (an on_stop() that never ran: what it should have closed is still open)
 
 
 async def test_start_is_optional_and_idempotent() -> None:

@@ -128,6 +128,7 @@ def test_the_sdist_holds_what_its_tests_need(dist: dict[str, Path | str]) -> Non
         ("async_batcher.fastapi", "starlette", "fastapi"),
         ("async_batcher.ml.fastapi", "starlette", "fastapi"),
         ("async_batcher.metrics", "prometheus_client", "metrics"),
+        ("async_batcher.opentelemetry", "opentelemetry", "opentelemetry"),
     ],
 )
 def test_a_missing_extra_is_named(module: str, missing: str, extra: str) -> None:

@@ -9,6 +9,7 @@ profile hook; each test also counts something that must happen, so that a counte
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import re
 import sys
 from collections import Counter
@@ -165,4 +166,30 @@ async def test_calls_with_timeouts_share_one_loop_timer() -> None:
         # One timer for the hundred calls (their deadlines never come earlier than the first's), not one each; it
         # is cancelled once they have all ended, so the next hundred arm it afresh.
         assert counted["Deadlines._arm"] == 1
+    await b.stop()
+
+
+async def test_the_short_path_keeps_each_callers_context_with_one_c_call_and_no_python_call() -> None:
+    # Contract point 13: each item keeps its caller's context (current_batch().contexts), a snapshot taken on
+    # process()'s short path by contextvars.copy_context(), a C call: no Python function runs for it.
+    b = Recording(max_queue_time=0)
+    b.start()
+    copies: Counter[str] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_call" and arg is contextvars.copy_context and frame.f_code.co_filename.startswith(PACKAGE):
+            copies[_unmangled(frame.f_code.co_qualname)] += 1
+
+    with calls() as counted:
+        assert await asyncio.gather(*(b.process(i) for i in range(20))) == [i * 2 for i in range(20)]
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        assert await asyncio.gather(*(b.process(i) for i in range(20))) == [i * 2 for i in range(20)]
+    finally:
+        sys.setprofile(previous)
+    assert copies == {"AsyncBatcher.process": 20}  # one snapshot per item, where it is queued
+    assert counted["AsyncBatcher.process"] >= 20 and counted["submit"] == 0
+    ours = [name for name in counted if not name.startswith("test_")]
+    assert not [name for name in ours if "context" in name.lower()]  # (no Python function of ours for it)
     await b.stop()

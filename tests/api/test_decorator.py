@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import async_batcher
 from async_batcher import AsyncBatcher, BatchedFunction, BatchedMethod, BatcherStats, batch
 from tests.batchers import until
 
@@ -286,3 +287,81 @@ async def test_priority_reaches_the_batcher() -> None:
     assert await rest == [1, 2, [3]]
     assert seen == [[0], [3], [2], [1]]
     await one.stop()
+
+
+# ---------------------------------------------------------------------- a function written for one item
+
+
+async def test_a_function_written_for_one_item_gets_an_error_that_names_it_and_says_what_batch_expects() -> None:
+    @batch(max_queue_time=0)
+    async def double(x: int) -> int:  # wrong: @batch calls it with the list of the items
+        return x * 2  # ([7] * 2: two results for a batch of one)
+
+    with pytest.raises(async_batcher.BatchSizeMismatchError) as caught:
+        await double(7)
+    assert str(caught.value) == (
+        "@batch function 'test_a_function_written_for_one_item_gets_an_error_that_names_it_and_says_what_batch_"
+        "expects.<locals>.double' returned 2 results for a batch of 1 items: a @batch function is called with the "
+        "list of the items in the batch and must return a list with one result per item, in order ('test_a_function_"
+        "written_for_one_item_gets_an_error_that_names_it_and_says_what_batch_expects.<locals>.double' takes x: int, "
+        "one item: make it take list[int])"
+    )
+    await double.stop()
+
+
+@pytest.mark.parametrize("kind", ["async", "sync", "method", "stream"])
+async def test_results_that_do_not_fit_name_the_decorated_function(kind: str) -> None:
+    async def lengths_async(texts: list[str]) -> dict[str, int]:
+        return {t: len(t) for t in texts}  # wrong: a dict
+
+    def lengths_sync(texts: list[str]) -> dict[str, int]:
+        return {t: len(t) for t in texts}
+
+    class Model:
+        async def lengths(self, texts: list[str]) -> dict[str, int]:
+            return {t: len(t) for t in texts}
+
+    async def lengths_stream(texts: list[str]) -> Any:
+        yield {t: len(t) for t in texts}
+
+    func: Any = {"async": lengths_async, "sync": lengths_sync, "method": Model.lengths, "stream": lengths_stream}[kind]
+    decorated = batch(max_queue_time=0, name="lengths")(func)
+    f = decorated.__get__(Model()) if kind == "method" else decorated
+    with pytest.raises(TypeError) as caught:
+        if kind == "stream":
+            [part async for part in f.stream("abc")]
+        else:
+            await f("abc")
+    name = func.__qualname__
+    assert str(caught.value).startswith(f"@batch function {name!r} returned dict for a batch of 1 items: a @batch ")
+    assert str(caught.value).endswith("must return a list with one result per item, in order")
+    await f.stop()
+
+
+async def test_a_function_for_one_item_that_fails_on_the_list_gets_a_note_saying_why() -> None:
+    @batch(max_queue_time=0, name="shout")
+    def shout(text: str) -> str:
+        return text.upper()  # a list has no upper()
+
+    with pytest.raises(AttributeError) as caught:
+        await shout("hi")
+    assert caught.value.__notes__ == [
+        "@batch calls 'test_a_function_for_one_item_that_fails_on_the_list_gets_a_note_saying_why.<locals>.shout' "
+        "with the list of the items in the batch ('test_a_function_for_one_item_that_fails_on_the_list_gets_a_note_"
+        "saying_why.<locals>.shout' takes text: str, one item: make it take list[str])"
+    ]
+    await shout.stop()
+
+
+async def test_a_generator_of_results_is_read_once_and_results_that_fit_pass_untouched() -> None:
+    read: list[int] = []
+
+    @batch(max_queue_time=0.01)
+    def squares(xs: list[int]) -> Any:
+        for x in xs:
+            read.append(x)
+            yield x * x
+
+    assert await asyncio.gather(*(squares(x) for x in range(4))) == [0, 1, 4, 9]
+    assert sorted(read) == [0, 1, 2, 3]  # each read once, in its thread
+    await squares.stop()
