@@ -44,16 +44,12 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
     1. **Dispatch.** A batch goes out as soon as a concurrency slot is free and either it is full
        (``max_batch_size`` items, ``max_batch_weight``, or the largest of ``preferred_batch_sizes`` available) or
        its oldest item has waited ``max_queue_time`` seconds, measured from *its arrival* on the event loop's
-       clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: when a batch of
-       a lane ends, its slot may wait for the callers it answered to come back with their next items (clients
-       that send their next request once they have their answer), so that they share one batch instead of
-       splitting into alternating halves. It goes as soon as they are all back or the largest batch is full,
-       and at most ``max_hold_time`` after that batch ended; it waits only for callers that batch answered,
-       never while a caller waits for room in the queue or the batcher stops, and only while the lane's last
-       batch held all its callers (nothing else arrived in its lane while it ran), or once in a while as a try:
-       independent arrivals keep it off.
-       ``max_queue_time=0`` sends whatever is waiting the moment a slot is free (items that arrive in the same
-       loop iteration share the batch). Items go out in arrival order. An idle batcher schedules no wake-ups.
+       clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: a slot freed by a
+       batch may wait, at most that long after the batch ended, for the callers it answered to come back (only
+       while they come back together, as a closed loop's clients do; never while a caller waits for room or the
+       batcher stops; details in the guarantees). ``max_queue_time=0`` sends whatever is waiting the moment a
+       slot is free (items that arrive in the same loop iteration share the batch). Items go out in arrival
+       order. An idle batcher schedules no wake-ups.
     2. **Results.** ``process_batch`` returns one result per item, in order (any ordered iterable), or ``None``
        (``None`` for each). An ``Exception`` element is raised to its caller only; results of the wrong length
        or kind give every caller of the batch a :class:`BatchSizeMismatchError` or a ``TypeError``; an exception
