@@ -100,7 +100,9 @@ def bind(b: Base, loop: asyncio.AbstractEventLoop, context: contextvars.Context 
         context=context,
     )
     if context is not None:
-        context.run(_execution.current_batch.set, None)  # (start() called from inside another batcher's batch)
+        # start() called from inside another batcher's batch or hook: this run's batches are neither.
+        context.run(_execution.current_batch.set, None)
+        context.run(in_hook.set, None)
     run.batch_ended = partial(_dispatch.batch_ended, b, run)
     if "on_start" in overridden:
         started = _hook_call(b, "on_start")  # (before the run is the batcher's: refused, it stays as it was)

@@ -492,3 +492,39 @@ async def test_a_generator_that_never_ends_a_stream_is_ended_by_a_stop_with_a_ti
         await reader
     assert loop.time() == 8.5 and got == [f"1.{k}" for k in range(8)] + ["BatcherStoppedError"]
     assert settled(b) and b.stats.failed == 1
+
+
+# ---------------------------------------------------------------------- defects the attacks found
+
+
+async def test_a_batcher_started_inside_another_s_on_start_may_call_it_from_its_batches() -> None:
+    """A batcher started (``start()``, ``async with``) inside another's ``on_start()`` runs in a copy of that
+    context: its batches, which serve their own callers, are not inside that ``on_start()``. A call from them
+    waits for it, as any outside call does, instead of being refused."""
+    loop = asyncio.get_running_loop()
+
+    class Front(AsyncBatcher[int, int]):
+        model: AsyncBatcher[int, int]
+
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            return await self.model.process_many(batch)
+
+    front = Front(max_queue_time=0)
+
+    class Model(Tens):
+        async def on_start(self) -> None:
+            front.start()  # it serves the model's callers: started with it
+            await asyncio.sleep(5)  # loading
+
+    model = Model(max_queue_time=0)
+    front.model = model
+    model.start()
+    await asyncio.sleep(1)
+    async with asyncio.timeout(WAIT):
+        assert await front.process(2) == 20  # waited for model.on_start()
+        assert loop.time() == 5.0
+        await front.stop()
+        await model.stop()
+    assert settled(front) and settled(model) and front.stats.failed == 0
+
+
