@@ -263,8 +263,12 @@ def _drained(b: Base, run: Run) -> None:
 
 async def _finish_stop(b: Base, run: Run) -> None:
     try:
-        if run.startup is not None and not run.startup.done():
-            run.startup.cancel()
+        startup = run.startup
+        if startup is not None and not startup.done():
+            # on_stop() closes what on_start() opened: only once on_start() has ended, its own cleanup included,
+            # and nothing of it runs on after the stop.
+            startup.cancel()
+            await asyncio.wait([startup])
         if "on_stop" in b._overridden:
             await _in_hook(run, "on_stop", _hook_call(b, "on_stop"))
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -528,3 +529,54 @@ async def test_a_batcher_started_inside_another_s_on_start_may_call_it_from_its_
     assert settled(front) and settled(model) and front.stats.failed == 0
 
 
+async def test_a_stop_during_on_start_lets_it_end_before_on_stop_runs_and_returns_after_both() -> None:
+    """A stop that cancels a running ``on_start()`` waits for it to end (its own cleanup included) before
+    ``on_stop()`` closes what it opened; no part of it runs on after ``stop()`` returned."""
+    loop = asyncio.get_running_loop()
+
+    class Opening(Hooked):
+        async def on_start(self) -> None:
+            self.seen.append("opening")
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                await asyncio.sleep(1)  # closes what it had half opened
+                self.seen.append(("on_start ended", loop.time()))
+                raise
+
+    for kwargs in ({}, {"force": True}, {"timeout": 10.0}):
+        b = Opening(max_queue_time=0)
+        b.start()
+        await asyncio.sleep(1)
+        began = loop.time()
+        async with asyncio.timeout(WAIT):
+            await b.stop(**kwargs)
+        assert b.seen == ["opening", ("on_start ended", began + 1), ("on_stop", began + 1)], kwargs
+        assert b._run.startup is not None and b._run.startup.done()
+        assert loop.time() == began + 1 and settled(b)
+
+
+async def test_a_stop_with_a_timeout_is_not_held_by_an_on_start_that_ignores_its_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = asyncio.get_running_loop()
+
+    class Stubborn(Hooked):
+        async def on_start(self) -> None:
+            try:
+                await asyncio.sleep(100)
+            except asyncio.CancelledError:
+                await asyncio.sleep(100)  # it ignores its cancellation for a while
+
+    b = Stubborn(max_queue_time=0)
+    b.start()
+    await asyncio.sleep(1)
+    async with asyncio.timeout(WAIT):
+        with caplog.at_level(logging.WARNING, logger="async_batcher"):
+            await b.stop(timeout=4)
+        assert loop.time() == 5.0 and b.seen == [] and not await b.is_running()
+        assert any("on_stop() did not finish within the 4 s left" in m for m in caplog.messages)
+        startup = b._run.startup
+        assert startup is not None and not startup.done()
+        startup.cancel()  # (the test's own cleanup)
+        await asyncio.wait([startup])
