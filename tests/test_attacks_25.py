@@ -580,3 +580,30 @@ async def test_a_stop_with_a_timeout_is_not_held_by_an_on_start_that_ignores_its
         assert startup is not None and not startup.done()
         startup.cancel()  # (the test's own cleanup)
         await asyncio.wait([startup])
+
+
+async def test_a_stall_timeout_lowered_live_reaches_the_step_already_waiting() -> None:
+    """The stall timeout applies to the wait in progress: lowered (from ``None`` too) under a stalled consumer,
+    the step waits only as long as the new value allows, counted from when it began to wait; a stop does not
+    hang on it."""
+    loop = asyncio.get_running_loop()
+    for before, after, dropped_at in ((None, 5.0, 11.0), (None, 0.0, 11.0), (100.0, 20.0, 23.0)):
+        b = Parts(max_queue_time=0, stream_buffer=2, stream_stall_timeout=before)
+        began = loop.time()
+        stalled = b.stream(1)
+        async with asyncio.timeout(WAIT):
+            assert await anext(stalled) == "1.0"  # at 1; its buffer is full at 3, where the step begins to wait
+            await asyncio.sleep(10)
+            b.stream_stall_timeout = after  # at 11
+            await b.stop()  # it ends as its one stream is dropped
+        assert loop.time() - began == dropped_at, (before, after)
+        assert [part async for part in _until_error(stalled)] == ["1.1", "1.2", "TimeoutError"]
+        assert b.stats.timed_out == 1 and settled(b)
+
+
+async def _until_error(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    try:
+        async for part in stream:
+            yield part
+    except Exception as error:
+        yield type(error).__name__
