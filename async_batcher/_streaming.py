@@ -58,7 +58,7 @@ class StreamSink(asyncio.Future[None]):
     def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, recorder: _Recorder) -> None:
         super().__init__(loop=loop)
         self._parts: deque[Any] = deque()
-        self._limit = limit  # the most parts buffered: the producer waits for room beyond
+        self.limit = limit  # the most parts buffered (stream_buffer as it was submitted): the producer waits beyond
         self._recorder = recorder
         # What the consumer awaits while nothing is buffered; None while it is not waiting.
         self._signal: asyncio.Future[None] | None = None
@@ -95,7 +95,7 @@ class StreamSink(asyncio.Future[None]):
         return cancelled
 
     def full(self) -> bool:
-        return len(self._parts) >= self._limit and not self.done()
+        return len(self._parts) >= self.limit and not self.done()
 
     async def room(self, deadline: Callable[[], float]) -> bool:
         """Wait until the consumer has taken a part, or the stream is over: True; False once ``deadline()`` (on the
@@ -234,7 +234,7 @@ async def _wait_for_consumers(b: Base, batch: Batch) -> None:
                 b._recorder.timed_out += 1
                 sink.set_exception(
                     TimeoutError(
-                        f"{b.name}: the stream's consumer took none of its {b._stream_buffer} buffered parts within "
+                        f"{b.name}: the stream's consumer took none of its {sink.limit} buffered parts within "
                         f"stream_stall_timeout={b._stream_stall_timeout} s; it was dropped from its batch"
                     )
                 )

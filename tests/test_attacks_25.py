@@ -607,3 +607,17 @@ async def _until_error(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
             yield part
     except Exception as error:
         yield type(error).__name__
+
+
+async def test_the_stall_error_says_how_many_parts_its_consumer_left_unread() -> None:
+    b = Parts(max_queue_time=0, stream_buffer=2, stream_stall_timeout=3)
+    stalled = b.stream(1)
+    async with asyncio.timeout(WAIT):
+        assert await anext(stalled) == "1.0"
+        b.stream_buffer = 50  # for the streams to come: this one buffers 2
+        await asyncio.sleep(10)
+        await b.stop()
+        assert await anext(stalled) == "1.1" and await anext(stalled) == "1.2"
+        with pytest.raises(TimeoutError) as dropped:
+            await anext(stalled)
+    assert "took none of its 2 buffered parts within stream_stall_timeout=3" in str(dropped.value)
