@@ -133,6 +133,16 @@ def key_and_weight(b: Base, run: Run, item: Any, n: int) -> tuple[Hashable, floa
     """Call the ``batch_key`` / ``item_weight`` hooks once for an item, and check what they return."""
     key = b.batch_key(item) if run.keyed else DEFAULT_KEY
     if key is not DEFAULT_KEY:
+        if getattr(type(key), "__await__", None) is not None:
+            # An async def behind a wrapper that the check at class definition could not see through: its coroutine
+            # is hashable, and every item would silently get a batch of its own.
+            close = getattr(key, "close", None)
+            if close is not None:
+                close()
+            raise TypeError(
+                f"{b.name}: {type(b).__name__}.batch_key() returned {key!r}, an awaitable: it must be a plain def "
+                "that returns the key, not an async def"
+            )
         try:
             hash(key)
         except TypeError:

@@ -621,3 +621,28 @@ async def test_the_stall_error_says_how_many_parts_its_consumer_left_unread() ->
         with pytest.raises(TimeoutError) as dropped:
             await anext(stalled)
     assert "took none of its 2 buffered parts within stream_stall_timeout=3" in str(dropped.value)
+
+
+def _plain_wrapper(hook: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:  # (no functools.wraps: nothing tells it wraps an async def)
+        return hook(*args, **kwargs)
+
+    return wrapper
+
+
+async def test_an_async_batch_key_hidden_behind_a_plain_wrapper_is_refused_naming_it() -> None:
+    """Where the class-definition check cannot see the ``async def`` (a decorator without ``functools.wraps``), the
+    key it returns is a coroutine: hashable, so every item would get a batch of its own, silently. Refused."""
+
+    class Keyed(Tens):
+        @_plain_wrapper
+        async def batch_key(self, item: int) -> int:
+            return item % 2
+
+    b = Keyed(max_queue_time=0.1)
+    async with asyncio.timeout(WAIT):
+        results = await asyncio.gather(*(b.process(x) for x in range(4)), return_exceptions=True)
+        await b.stop()
+    assert [outcome(r) for r in results] == ["TypeError"] * 4
+    assert "Keyed.batch_key() returned <coroutine object" in str(results[0]) and b.batches == []
+    assert settled(b) and b.stats.submitted == 0
