@@ -9,7 +9,6 @@ priority, room in the queue); everything else comes here. A blocking call is "wa
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import AsyncIterator, Hashable, Iterable
 from contextvars import copy_context
 from typing import TYPE_CHECKING, Any
@@ -150,7 +149,7 @@ def key_and_weight(b: Base, run: Run, item: Any, n: int) -> tuple[Hashable, floa
     if not run.queue.weighted:
         return key, 1.0
     weight = b.item_weight(item)
-    if not _checks.is_real(weight) or not math.isfinite(weight) or weight < 0:
+    if not _checks.is_real(weight) or not _checks.is_finite(weight) or weight < 0:
         raise ValueError(f"{b.name}: item_weight() must return a finite number >= 0, got {weight!r}")
     if weight > b._weight_limit:
         b._recorder.rejected += n

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable
 from typing import Final
 
-from async_batcher._checks import count, executor, flag, is_real, seconds
+from async_batcher._checks import count, executor, flag, is_finite, is_real, seconds
 from async_batcher.adaptive import AdaptiveWait, AdaptiveWaitState
 
 __all__: list[str] = []
@@ -121,7 +121,7 @@ class Settings:
 
     @max_batch_weight.setter
     def max_batch_weight(self, value: float | None) -> None:
-        if value is not None and (not is_real(value) or not math.isfinite(value) or value <= 0):
+        if value is not None and (not is_real(value) or not is_finite(value) or value <= 0):
             raise ValueError(f"max_batch_weight must be None or a finite number > 0, got {value!r}")
         self._max_batch_weight = None if value is None else float(value)
         self._weight_limit = math.inf if value is None else float(value)

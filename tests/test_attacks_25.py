@@ -646,3 +646,25 @@ async def test_an_async_batch_key_hidden_behind_a_plain_wrapper_is_refused_namin
     assert [outcome(r) for r in results] == ["TypeError"] * 4
     assert "Keyed.batch_key() returned <coroutine object" in str(results[0]) and b.batches == []
     assert settled(b) and b.stats.submitted == 0
+
+
+@pytest.mark.parametrize("setting", ["stream_stall_timeout", "max_queue_time", "max_hold_time", "default_timeout"])
+def test_a_number_of_seconds_too_large_for_a_float_is_refused_naming_it(setting: str) -> None:
+    b = Parts()
+    with pytest.raises(ValueError, match=f"{setting} must be a finite number of seconds >= 0, got 1000000"):
+        setattr(b, setting, 10**400)
+
+
+async def test_a_weight_too_large_for_a_float_is_refused_naming_it() -> None:
+    class Heavy(Tens):
+        def item_weight(self, item: int) -> float:
+            return 10**400
+
+    with pytest.raises(ValueError, match="max_batch_weight must be None or a finite number > 0, got 1000000"):
+        Heavy(max_batch_weight=10**400)
+    b = Heavy(max_queue_time=0)
+    async with asyncio.timeout(WAIT):
+        with pytest.raises(ValueError, match=r"item_weight\(\) must return a finite number >= 0, got 1000000"):
+            await b.process(1)
+        await b.stop()
+    assert settled(b) and b.stats.submitted == 0
