@@ -668,3 +668,28 @@ async def test_a_weight_too_large_for_a_float_is_refused_naming_it() -> None:
             await b.process(1)
         await b.stop()
     assert settled(b) and b.stats.submitted == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "a blocking call (process_sync) from a thread on_start() runs through loop.run_in_executor, which does not "
+        "copy the context: nothing marks it as inside on_start(), so it waits for on_start(), which waits for it: "
+        "a hang (bounded here by the call's own timeout), not ReentrantCallError"
+    ),
+)
+async def test_a_blocking_warm_up_in_an_executor_thread_is_refused_at_once() -> None:
+    class SyncWarmUp(Recording):
+        async def on_start(self) -> None:
+            loop = asyncio.get_running_loop()
+            # The thread blocks on the loop's future for real (the virtual clock stands still meanwhile): its own
+            # timeout bounds it.
+            await loop.run_in_executor(None, lambda: self.process_sync(0, timeout=0.5))
+
+    b = SyncWarmUp(max_queue_time=0)
+    try:
+        async with asyncio.timeout(WAIT):
+            with pytest.raises(ReentrantCallError):
+                await b.process(1)
+    finally:
+        await b.stop()
