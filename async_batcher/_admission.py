@@ -9,7 +9,6 @@ priority, room in the queue); everything else comes here. A blocking call is "wa
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import AsyncIterator, Hashable, Iterable
 from contextvars import copy_context
 from typing import TYPE_CHECKING, Any
@@ -133,6 +132,16 @@ def key_and_weight(b: Base, run: Run, item: Any, n: int) -> tuple[Hashable, floa
     """Call the ``batch_key`` / ``item_weight`` hooks once for an item, and check what they return."""
     key = b.batch_key(item) if run.keyed else DEFAULT_KEY
     if key is not DEFAULT_KEY:
+        if getattr(type(key), "__await__", None) is not None:
+            # An async def behind a wrapper that the check at class definition could not see through: its coroutine
+            # is hashable, and every item would silently get a batch of its own.
+            close = getattr(key, "close", None)
+            if close is not None:
+                close()
+            raise TypeError(
+                f"{b.name}: {type(b).__name__}.batch_key() returned {key!r}, an awaitable: it must be a plain def "
+                "that returns the key, not an async def"
+            )
         try:
             hash(key)
         except TypeError:
@@ -140,7 +149,7 @@ def key_and_weight(b: Base, run: Run, item: Any, n: int) -> tuple[Hashable, floa
     if not run.queue.weighted:
         return key, 1.0
     weight = b.item_weight(item)
-    if not _checks.is_real(weight) or not math.isfinite(weight) or weight < 0:
+    if not _checks.is_real(weight) or not _checks.is_finite(weight) or weight < 0:
         raise ValueError(f"{b.name}: item_weight() must return a finite number >= 0, got {weight!r}")
     if weight > b._weight_limit:
         b._recorder.rejected += n

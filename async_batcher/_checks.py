@@ -22,9 +22,17 @@ def is_real(value: object) -> TypeGuard[float]:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def is_finite(value: float) -> bool:
+    """``math.isfinite``, False for an int too large for a float (which it refuses with ``OverflowError``)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def seconds(name: str, value: object, *, positive: bool = False) -> float:
     """A finite number of seconds, >= 0 (> 0 when ``positive``)."""
-    if not is_real(value) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+    if not is_real(value) or not is_finite(value) or value < 0 or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
         raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
     return float(value)

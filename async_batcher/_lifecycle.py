@@ -100,7 +100,9 @@ def bind(b: Base, loop: asyncio.AbstractEventLoop, context: contextvars.Context 
         context=context,
     )
     if context is not None:
-        context.run(_execution.current_batch.set, None)  # (start() called from inside another batcher's batch)
+        # start() called from inside another batcher's batch or hook: this run's batches are neither.
+        context.run(_execution.current_batch.set, None)
+        context.run(in_hook.set, None)
     run.batch_ended = partial(_dispatch.batch_ended, b, run)
     if "on_start" in overridden:
         started = _hook_call(b, "on_start")  # (before the run is the batcher's: refused, it stays as it was)
@@ -261,8 +263,12 @@ def _drained(b: Base, run: Run) -> None:
 
 async def _finish_stop(b: Base, run: Run) -> None:
     try:
-        if run.startup is not None and not run.startup.done():
-            run.startup.cancel()
+        startup = run.startup
+        if startup is not None and not startup.done():
+            # on_stop() closes what on_start() opened: only once on_start() has ended, its own cleanup included,
+            # and nothing of it runs on after the stop.
+            startup.cancel()
+            await asyncio.wait([startup])
         if "on_stop" in b._overridden:
             await _in_hook(run, "on_stop", _hook_call(b, "on_stop"))
     finally:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable
 from typing import Final
 
-from async_batcher._checks import count, executor, flag, is_real, seconds
+from async_batcher._checks import count, executor, flag, is_finite, is_real, seconds
 from async_batcher.adaptive import AdaptiveWait, AdaptiveWaitState
 
 __all__: list[str] = []
@@ -37,9 +37,9 @@ class Settings:
     _preferred: tuple[int, ...]  # preferred_batch_sizes, smallest first; () when none
     _stall_limit: float  # stream_stall_timeout, or inf
 
-    def _settings_changed(self, *, weights: bool = False, room: bool = False) -> None:
+    def _settings_changed(self, *, weights: bool = False, room: bool = False, stall: bool = False) -> None:
         """Overridden by the batcher: a setting changed; ``weights``: weights came into play; ``room``: the queue
-        may hold more."""
+        may hold more; ``stall``: the stall timeout changed, for the streaming batches waiting on it too."""
 
     @property
     def max_batch_size(self) -> int:
@@ -121,7 +121,7 @@ class Settings:
 
     @max_batch_weight.setter
     def max_batch_weight(self, value: float | None) -> None:
-        if value is not None and (not is_real(value) or not math.isfinite(value) or value <= 0):
+        if value is not None and (not is_real(value) or not is_finite(value) or value <= 0):
             raise ValueError(f"max_batch_weight must be None or a finite number > 0, got {value!r}")
         self._max_batch_weight = None if value is None else float(value)
         self._weight_limit = math.inf if value is None else float(value)
@@ -199,7 +199,7 @@ class Settings:
         """The most seconds a step of a streaming batch waits for a consumer whose buffer is full (it has taken none
         of its ``stream_buffer`` parts); that consumer is then treated as having left, its stream ending with
         ``TimeoutError`` after the parts buffered, and the batch goes on without it. ``None``: wait for it as long
-        as it takes."""
+        as it takes. Changed live, it applies to the waits in progress too, counted from when each began."""
         return self._stream_stall_timeout
 
     @stream_stall_timeout.setter
@@ -207,6 +207,7 @@ class Settings:
         limit = math.inf if value is None else seconds("stream_stall_timeout", value)
         self._stream_stall_timeout = None if value is None else limit
         self._stall_limit = limit
+        self._settings_changed(stall=True)
 
     @property
     def executor(self) -> concurrent.futures.Executor | None:

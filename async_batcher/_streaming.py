@@ -30,6 +30,8 @@ import asyncio
 import logging
 import math
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from async_batcher import _execution, _room
@@ -56,7 +58,7 @@ class StreamSink(asyncio.Future[None]):
     def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, recorder: _Recorder) -> None:
         super().__init__(loop=loop)
         self._parts: deque[Any] = deque()
-        self._limit = limit  # the most parts buffered: the producer waits for room beyond
+        self.limit = limit  # the most parts buffered (stream_buffer as it was submitted): the producer waits beyond
         self._recorder = recorder
         # What the consumer awaits while nothing is buffered; None while it is not waiting.
         self._signal: asyncio.Future[None] | None = None
@@ -78,37 +80,39 @@ class StreamSink(asyncio.Future[None]):
     def set_result(self, result: None) -> None:
         super().set_result(result)
         self._wake_consumer()
-        self._wake_producer()
+        self.wake_producer()
 
     def set_exception(self, exception: type | BaseException) -> None:
         super().set_exception(exception)
         self.exception()  # handed to the consumer by next(), not left to "exception was never retrieved"
         self._wake_consumer()
-        self._wake_producer()
+        self.wake_producer()
 
     def cancel(self, msg: Any | None = None) -> bool:
         cancelled = super().cancel(msg)
         self._parts.clear()
-        self._wake_producer()
+        self.wake_producer()
         return cancelled
 
     def full(self) -> bool:
-        return len(self._parts) >= self._limit and not self.done()
+        return len(self._parts) >= self.limit and not self.done()
 
-    async def room(self, deadline: float) -> bool:
-        """Wait until the consumer has taken a part, or the stream is over: True; False once ``deadline`` (on the
-        loop's clock; ``inf``: none) has come, its buffer still full and its consumer not about to take a part (a
-        consumer woken by the last part, which the loop has not run yet, is not stalled)."""
+    async def room(self, deadline: Callable[[], float]) -> bool:
+        """Wait until the consumer has taken a part, or the stream is over: True; False once ``deadline()`` (on the
+        loop's clock; ``inf``: none; asked again each time the producer is woken, as a live change of the stall
+        timeout does) has come, its buffer still full and its consumer not about to take a part (a consumer woken
+        by the last part, which the loop has not run yet, is not stalled)."""
         loop = self.get_loop()
         while self.full():
             self._room = waiter = loop.create_future()
-            timer = None if deadline == math.inf else loop.call_at(deadline, _wake, waiter)
+            at = deadline()
+            timer = None if at == math.inf else loop.call_at(at, _wake, waiter)
             try:
                 await waiter
             finally:
                 if timer is not None:
                     timer.cancel()
-            if self.full() and self._signal is None and loop.time() >= deadline:
+            if self.full() and self._signal is None and loop.time() >= deadline():
                 return False
         return True
 
@@ -130,14 +134,14 @@ class StreamSink(asyncio.Future[None]):
             finally:
                 self._signal = None  # (not waiting any more: see room())
         part = self._parts.popleft()
-        self._wake_producer()
+        self.wake_producer()
         return part
 
     def _wake_consumer(self) -> None:
         if self._signal is not None and not self._signal.done():
             self._signal.set_result(None)
 
-    def _wake_producer(self) -> None:
+    def wake_producer(self) -> None:
         if self._room is not None:
             _wake(self._room)
 
@@ -218,21 +222,33 @@ def _deliver(batch: Batch, parts: Any) -> None:
 
 
 async def _wait_for_consumers(b: Base, batch: Batch) -> None:
-    """Backpressure: wait while a stream's buffer is full, at most ``stream_stall_timeout`` for the step; a consumer
-    that has taken nothing by then is treated as having left."""
-    deadline = math.inf
+    """Backpressure: wait while a stream's buffer is full, at most ``stream_stall_timeout`` for the step (as it is
+    now: a live change applies to the wait in progress); a consumer that has taken nothing by then is treated as
+    having left."""
+    deadline = None
     for sink in batch.sinks:
         if sink.full():
-            if deadline == math.inf:
-                deadline = batch.run.loop.time() + b._stall_limit
+            if deadline is None:
+                deadline = partial(_stall_deadline, b, batch.run.loop.time())
             if not await sink.room(deadline):
                 b._recorder.timed_out += 1
                 sink.set_exception(
                     TimeoutError(
-                        f"{b.name}: the stream's consumer took none of its {b._stream_buffer} buffered parts within "
+                        f"{b.name}: the stream's consumer took none of its {sink.limit} buffered parts within "
                         f"stream_stall_timeout={b._stream_stall_timeout} s; it was dropped from its batch"
                     )
                 )
+
+
+def _stall_deadline(b: Base, since: float) -> float:
+    return since + b._stall_limit
+
+
+def stall_changed(run: Run) -> None:
+    """The stall timeout changed: the steps waiting for a consumer look at their deadline again."""
+    for batch in run.batches:
+        for sink in batch.sinks:
+            sink.wake_producer()
 
 
 def _compact(batch: Batch) -> None:

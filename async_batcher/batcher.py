@@ -12,7 +12,7 @@ from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
-from async_batcher import _admission, _checks, _execution, _lifecycle, _room, _sync
+from async_batcher import _admission, _checks, _execution, _lifecycle, _room, _streaming, _sync
 from async_batcher._base import HOOKS, Base, check_hooks
 from async_batcher._dispatch import repump, scheduled_pump
 from async_batcher._queue import DEFAULT_KEY
@@ -395,8 +395,8 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
     ) -> None:
         await self.stop()
 
-    def _settings_changed(self, *, weights: bool = False, room: bool = False) -> None:
-        # A setting changed on a live batcher: it applies from the next batch.
+    def _settings_changed(self, *, weights: bool = False, room: bool = False, stall: bool = False) -> None:
+        # A setting changed on a live batcher: it applies from the next batch (the stall timeout, from now).
         run = self._run
         if run.state not in (State.RUNNING, State.STOPPING):
             return
@@ -405,6 +405,8 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         _lifecycle.choose_fast_path(self, run)
         if room and run.putters:
             _room.wake_putters(self, run)
+        if stall and run.is_stream:
+            _streaming.stall_changed(run)
         repump(self, run)
 
     # ------------------------------------------------------------------ callers from threads
