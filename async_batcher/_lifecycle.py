@@ -20,7 +20,7 @@ from collections.abc import Awaitable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from async_batcher import _dispatch, _execution, _room
+from async_batcher import _dispatch, _execution, _room, _streaming
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
 from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
@@ -111,6 +111,21 @@ def bind(b: Base, loop: asyncio.AbstractEventLoop, context: contextvars.Context 
     choose_fast_path(b, run)
     b._run = run
     return run
+
+
+def settings_changed(b: Base, *, weights: bool, room: bool, stall: bool) -> None:
+    """A setting changed on a live batcher: it applies from the next batch (the stall timeout, from now)."""
+    run = b._run
+    if run.state not in (State.RUNNING, State.STOPPING):
+        return
+    if weights and not run.queue.weighted:
+        run.queue.keep_weights()
+    choose_fast_path(b, run)
+    if room and run.putters:
+        _room.wake_putters(b, run)
+    if stall and run.is_stream:
+        _streaming.stall_changed(run)
+    _dispatch.repump(b, run)
 
 
 def choose_fast_path(b: Base, run: Run) -> None:

@@ -12,9 +12,9 @@ from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
-from async_batcher import _admission, _checks, _execution, _lifecycle, _room, _streaming, _sync
+from async_batcher import _admission, _checks, _execution, _lifecycle, _sync
 from async_batcher._base import HOOKS, Base, check_hooks
-from async_batcher._dispatch import repump, scheduled_pump
+from async_batcher._dispatch import scheduled_pump
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
 from async_batcher._threads import Gate
@@ -396,18 +396,7 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         await self.stop()
 
     def _settings_changed(self, *, weights: bool = False, room: bool = False, stall: bool = False) -> None:
-        # A setting changed on a live batcher: it applies from the next batch (the stall timeout, from now).
-        run = self._run
-        if run.state not in (State.RUNNING, State.STOPPING):
-            return
-        if weights and not run.queue.weighted:
-            run.queue.keep_weights()
-        _lifecycle.choose_fast_path(self, run)
-        if room and run.putters:
-            _room.wake_putters(self, run)
-        if stall and run.is_stream:
-            _streaming.stall_changed(run)
-        repump(self, run)
+        _lifecycle.settings_changed(self, weights=weights, room=room, stall=stall)
 
     # ------------------------------------------------------------------ callers from threads
 
