@@ -231,7 +231,7 @@ class Batch:
         self.waited = started - taken.oldest  # how long its oldest item waited for it
         self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
         self.arrived_before = lane.arrived  # the lane's arrivals before it went (the hold counts those after)
-        self.answered = 0  # the calls it resolved when it ended (a caller who had left is not one)
+        self.answered = 0  # the calls it resolved when it ended (a caller who had left is not one; 0 for streams)
         self.probe = False  # formed by a probe of the hold (set by the dispatcher)
         self.weights = taken.weights  # each item's weight, when weights are kept (a streaming batch's budget)
         # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer

@@ -296,8 +296,7 @@ def _fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False)
 
 def _end(b: Base, batch: Batch, entered: int) -> None:
     """The batch is over: its statistics (if it reached process_batch), then its slot."""
-    batch.let_go()
-    batch.answered = sum(1 for sink in batch.sinks if not sink.cancelled())  # the streams it ended
+    batch.let_go()  # (it counts no callers answered: a stream's consumer comes back on its own, the hold is not for it)
     if entered:
         _execution.record(b, batch)
         if not batch.abandoned:

@@ -803,3 +803,22 @@ async def test_a_stream_arriving_while_the_dispatcher_waits_for_a_deadline_joins
         assert await asyncio.gather(first, second) == [["1.0"], ["2.0", "2.1"]]
     assert b.steps[0] == [1, 2]
     await b.stop()
+
+
+async def test_a_streaming_batch_is_never_followed_by_a_hold() -> None:
+    # Four streams end together, then one more arrives at once: it goes the moment the slot is free, never held for
+    # the four (a probe of the hold would wait for a cohort of four or more; a stream's consumer is no such caller).
+    class Once(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> AsyncIterator[list[Any]]:
+            await asyncio.sleep(1.0)
+            yield list(batch)
+            yield [END] * len(batch)
+
+    b = Once(max_queue_time=0, max_hold_time=100.0)
+    async with asyncio.timeout(WAIT):
+        assert await asyncio.gather(*(collect(b.stream(i)) for i in range(4))) == [[0], [1], [2], [3]]
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        assert await collect(b.stream(4)) == [4]
+        assert loop.time() - sent == pytest.approx(1.0)  # its one step, not the hold's 100 s on top
+        await b.stop()
