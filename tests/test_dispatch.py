@@ -428,6 +428,30 @@ async def test_a_hold_ends_after_max_hold_time_when_the_callers_do_not_come_back
     await b.stop()
 
 
+async def test_a_failed_batch_counts_each_call_it_resolved_for_the_hold() -> None:
+    # A batch of four calls (two process_many of two items, two single items) fails: the four callers are answered
+    # (with its error), and a probe holds the freed slot for the four, as after a batch that succeeded.
+    def answer(batch: list[int]) -> list[int]:
+        if 0 in batch:
+            raise RuntimeError("the model failed")
+        return [x * 2 for x in batch]
+
+    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=1.0, answer=answer)
+    first = [
+        asyncio.ensure_future(b.process_many([0, 1])),
+        asyncio.ensure_future(b.process_many([2, 3])),
+        asyncio.ensure_future(b.process(4)),
+        asyncio.ensure_future(b.process(5)),
+    ]
+    await asyncio.sleep(0.5)
+    waiting = asyncio.ensure_future(b.process(9))  # arrives while the first batch runs; nobody comes back
+    outcomes = await asyncio.gather(*first, return_exceptions=True)
+    assert [type(o) for o in outcomes] == [RuntimeError] * 4
+    assert await waiting == 18
+    assert b.started_at == pytest.approx([0, 1.05])  # held 0.05 for the four calls answered, not three or none
+    await b.stop()
+
+
 @both_paths
 async def test_a_hold_that_ended_is_not_taken_up_again_before_the_next_batch(cls: type[Recording]) -> None:
     b = cls(max_queue_time=0.5, max_hold_time=0.05, delay=1.0)
