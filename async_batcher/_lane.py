@@ -24,8 +24,8 @@ class Lane:
     The rest is the lane's own history, for the hold (:mod:`~async_batcher._policy`): when its last batch ended
     (``ended``) and its arrivals then (``arrived_at_end``), whether that batch held all its callers (``alone``),
     and, while a hold for the callers it answered may apply, since when (``hold_from``: it ends ``max_hold_time``
-    later), at which count of arrivals they are all back (``hold_mark``), and whether the hold is a probe
-    (``probing``).
+    later), at which count of arrivals they are all back (``hold_mark``), whether the hold is a probe
+    (``probing``), and whether it has kept the lane's items back (``kept``).
     """
 
     __slots__ = (
@@ -37,6 +37,7 @@ class Lane:
         "hold_from",
         "hold_mark",
         "in_flight",
+        "kept",
         "key",
         "left",
         "levels",
@@ -61,6 +62,7 @@ class Lane:
         self.ended = self.hold_from = -math.inf
         self.hold_mark = 0
         self.probing = False  # its hold is a probe (the hold is off: it is tried once)
+        self.kept = False  # its hold has kept its items back (for the statistics: BatcherStats.held)
         self.alone = False  # its last batch held all its callers (nothing else arrived while it ran)
         self.arrived_at_end = 0  # its arrivals when its last batch ended
 

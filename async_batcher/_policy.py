@@ -43,6 +43,7 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
     if lane.count >= (largest(b) if held else b._size_trigger):
         return now
     if held and b._adaptive is None:
+        lane.kept = True
         return lane.hold_from + b._max_hold_time
     oldest = run.queue.oldest(lane)  # (it drops the entries of callers who left: the count may fall to 0)
     if oldest == math.inf:
@@ -50,7 +51,10 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
     if b._adaptive is None:
         return oldest + b._max_queue_time
     send_by = b._adaptive.send_by(oldest, max(lane.count, min(b._size_trigger, b._batch_limit)))
-    return min(send_by, lane.hold_from + b._max_hold_time) if held else send_by
+    if not held or send_by <= now:
+        return send_by
+    lane.kept = True
+    return min(send_by, lane.hold_from + b._max_hold_time)
 
 
 def choose(b: Base, run: Run, now: float) -> tuple[Lane | None, float]:
@@ -159,7 +163,11 @@ def holding(b: Base, lane: Lane, now: float) -> bool:
     return lane.hold_from + b._max_hold_time > now and lane.arrived < lane.hold_mark
 
 
-def formed(lane: Lane) -> None:
-    """A batch of ``lane`` goes: its hold, if any, is over."""
+def formed(b: Base, lane: Lane) -> None:
+    """A batch of ``lane`` goes: its hold, if any, is over (counted in the statistics if it kept the batch back)."""
+    if lane.kept:
+        lane.kept = False
+        b._recorder.held += 1
+        b._recorder.probes += lane.probing
     lane.hold_from = -math.inf
     lane.probing = False

@@ -67,6 +67,8 @@ logger = logging.getLogger("async_batcher.metrics")
 
 OUTCOMES = ("submitted", "processed", "failed", "cancelled", "timed_out", "rejected")
 QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
+HELD_HELP = "Batches a hold (max_hold_time) kept back for the callers their lane's last batch answered."
+PROBES_HELP = "Of the held batches, the probes: holds tried while the hold is off."
 
 #: Seconds, for the queue wait and the processing time: 0.1 ms to 10 s.
 DEFAULT_TIME_BUCKETS: tuple[float, ...] = (
@@ -159,6 +161,8 @@ class BatcherCollector(Collector):
         )
         queued = GaugeMetricFamily(f"{ns}_queued_items", "Items waiting in the queue.", labels=["batcher"])
         in_flight = GaugeMetricFamily(f"{ns}_in_flight_batches", "Batches being processed.", labels=["batcher"])
+        held = CounterMetricFamily(f"{ns}_held_batches", HELD_HELP, labels=["batcher"])
+        probes = CounterMetricFamily(f"{ns}_hold_probes", PROBES_HELP, labels=["batcher"])
         for s in snapshots:
             batches.add_metric([s.name], s.batches)
             for outcome in OUTCOMES:
@@ -168,7 +172,9 @@ class BatcherCollector(Collector):
             _add_summary(process, s.name, s.process_time, s.batches)
             queued.add_metric([s.name], s.queued)
             in_flight.add_metric([s.name], s.in_flight)
-        yield from (batches, items, size, wait, process, queued, in_flight)
+            held.add_metric([s.name], s.held)
+            probes.add_metric([s.name], s.probes)
+        yield from (batches, items, size, wait, process, queued, in_flight, held, probes)
 
 
 def _add_summary(family: SummaryMetricFamily, name: str, summary: LatencySummary, count: int) -> None:

@@ -59,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from async_batcher.batcher import AsyncBatcher
-from async_batcher.metrics import OUTCOMES, BatcherHistograms, _batcher_of
+from async_batcher.metrics import HELD_HELP, OUTCOMES, PROBES_HELP, BatcherHistograms, _batcher_of
 
 __all__ = [
     "ENV",
@@ -178,6 +178,8 @@ class _Metrics:
             registry=None,
             multiprocess_mode="livesum",
         )
+        self.held = Counter(f"{namespace}_held_batches", HELD_HELP, ["batcher"], registry=None)
+        self.probes = Counter(f"{namespace}_hold_probes", PROBES_HELP, ["batcher"], registry=None)
         self.histograms = BatcherHistograms(None, namespace=namespace)
 
 
@@ -274,8 +276,13 @@ class MultiprocessExporter:
         for batcher, copied in zip(self.batchers, self._copied, strict=True):
             stats = batcher.stats
             name = stats.name
-            m.batches.labels(name).inc(stats.batches - copied.get("batches", 0))
-            copied["batches"] = stats.batches
+            for counter, count, key in (
+                (m.batches, stats.batches, "batches"),
+                (m.held, stats.held, "held"),
+                (m.probes, stats.probes, "probes"),
+            ):
+                counter.labels(name).inc(count - copied.get(key, 0))
+                copied[key] = count
             for outcome in OUTCOMES:
                 now = getattr(stats, outcome)
                 m.items.labels(name, outcome).inc(now - copied.get(outcome, 0))

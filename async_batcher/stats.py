@@ -94,6 +94,13 @@ class BatcherStats:
     mean_batch_size: float
     queue_wait: LatencySummary
     process_time: LatencySummary
+    #: Batches that a hold (``max_hold_time``) kept back for the callers their lane's last batch answered: how
+    #: often the hold acts. Most batches of a closed loop it gathers; under independent arrivals next to none, for
+    #: the hold stays off there but for its probes.
+    held: int = 0
+    #: Of ``held``, the probes: holds tried while the hold is off (at most once a second, and half as often after
+    #: each that did not gather its callers, down to once a minute).
+    probes: int = 0
 
 
 class _Recorder:
@@ -104,7 +111,9 @@ class _Recorder:
         "cancelled",
         "exited",
         "failed",
+        "held",
         "observers",
+        "probes",
         "processed",
         "rejected",
         "sized",
@@ -126,6 +135,8 @@ class _Recorder:
         self.cancelled = 0
         self.timed_out = 0
         self.rejected = 0
+        self.held = 0  # batches a hold kept back (BatcherStats.held), and of them the probes
+        self.probes = 0
         # (queue wait of the oldest item, process_batch duration) per recent batch.
         self.window: deque[tuple[float, float]] = deque(maxlen=WINDOW)
         # Callables fed every batch (histograms, say); an empty tuple costs one test per batch. A tuple, replaced
@@ -173,4 +184,6 @@ class _Recorder:
             mean_batch_size=self.sized / self.batches if self.batches else 0.0,
             queue_wait=LatencySummary.of([w for w, _ in window]),
             process_time=LatencySummary.of([p for _, p in window]),
+            held=self.held,
+            probes=self.probes,
         )

@@ -278,6 +278,26 @@ async def test_a_hold_merges_the_clients_that_come_back_into_full_batches(cls: t
 
 
 @both_paths
+async def test_the_statistics_count_the_batches_a_hold_kept_back(cls: type[Recording]) -> None:
+    # BatcherStats.held: each batch after the first of a closed loop that the hold gathers was kept back for its
+    # callers; the first hold was a probe (from a cold start the gate opens once a probe has gathered them). With
+    # the adaptive wait the hold keeps them back too (its deadline is far). Without a hold, none.
+    counts = {}
+    for name, settings in {
+        "none": {"max_hold_time": 0.0},
+        "hold": {"max_hold_time": 0.05},
+        "adaptive": {"max_hold_time": 0.05, "max_latency": 5.0},
+    }.items():
+        b = cls(max_queue_time=0, delay=0.1, **settings)
+        await clients(b, 8, 8, think=0.01, spread=0.004)
+        stats = b.stats
+        counts[name] = (stats.batches, stats.held, stats.probes)
+        await b.stop()
+    assert counts["hold"] == counts["adaptive"] == (8, 7, 1)
+    assert counts["none"][1:] == (0, 0)
+
+
+@both_paths
 async def test_a_hold_never_lasts_longer_than_max_hold_time_after_the_batch_ended(cls: type[Recording]) -> None:
     # Client c comes back 0.01 + 0.03 c after its answer: they keep coming back for 0.22, but the hold ends 0.05
     # after the batch that answered them, with the two back by then.

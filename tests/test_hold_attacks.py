@@ -226,6 +226,8 @@ async def test_independent_arrivals_keep_the_hold_off(hold: float) -> None:
     assert probes.gate_on == 0, f"the gate read a closed loop at {probes.gate_on} of {probes.observed} arrivals"
     assert len(probes.at) <= 3, f"{len(probes.at)} probes in 4 s"
     assert probes.held <= 3 * hold * 500 * 1.5, f"the hold applied at {probes.held} of {probes.observed} arrivals"
+    stats = b.stats  # what a user sees: the batches held were the probes' (one or none a probe)
+    assert stats.held == stats.probes and 1 <= stats.probes <= len(probes.at), (stats.held, stats.probes, probes.at)
 
 
 async def test_a_closed_loop_that_turns_open_turns_the_hold_off() -> None:

@@ -77,6 +77,26 @@ async def test_a_scrape_reports_what_the_statistics_say() -> None:
 
 
 @pytest.mark.virtual_time
+async def test_the_hold_counters_follow_the_statistics() -> None:
+    # Eight closed-loop clients, a hold: the batches it kept back and its probes, as BatcherStats counts them.
+    b = Recording(name="held", max_queue_time=0, max_hold_time=0.05, delay=0.1)
+    registry = CollectorRegistry()
+    registry.register(BatcherCollector(b))
+
+    async def client(c: int) -> None:
+        for _ in range(5):
+            await b.process(c)
+            await asyncio.sleep(0.01 + 0.001 * c)
+
+    await asyncio.gather(*(client(c) for c in range(8)))
+    await b.stop()
+    stats = b.stats
+    samples = scrape(registry)
+    assert value(samples, "async_batcher_held_batches_total", batcher="held") == stats.held == 4
+    assert value(samples, "async_batcher_hold_probes_total", batcher="held") == stats.probes == 1
+
+
+@pytest.mark.virtual_time
 async def test_the_gauges_show_the_moment() -> None:
     gate = asyncio.Event()
     b = Recording(name="held", max_batch_size=2, max_queue_time=60, gate=gate)
