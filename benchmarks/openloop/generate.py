@@ -41,8 +41,9 @@ def _own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _get_stats(host: str, port: int, path: str) -> tuple[float, float] | None:
-    """(model calls, items) from the app's statistics endpoint; None if it does not answer."""
+async def _get_stats(host: str, port: int, path: str) -> tuple[float, float, float | None] | None:
+    """(model calls, items, batches a hold kept back) from the app's statistics endpoint (the last None for a
+    batcher without a hold to count); None if it does not answer."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
     except (OSError, TimeoutError):
@@ -51,8 +52,9 @@ async def _get_stats(host: str, port: int, path: str) -> tuple[float, float] | N
         writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
         raw = await asyncio.wait_for(reader.read(), 5)
         body = json.loads(raw.split(b"\r\n\r\n", 1)[1])
-        return float(body["model_calls"]), float(body["items"])
-    except (OSError, TimeoutError, ValueError, KeyError, IndexError):
+        held = body.get("held")
+        return float(body["model_calls"]), float(body["items"]), None if held is None else float(held)
+    except (OSError, TimeoutError, ValueError, KeyError, IndexError, AttributeError):
         return None
     finally:
         writer.close()
@@ -83,11 +85,13 @@ def _window(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     if a["ticks"] and b["ticks"] and b["ticks"][1] > a["ticks"][1]:
         busy = 100.0 * (b["ticks"][0] - a["ticks"][0]) / (b["ticks"][1] - a["ticks"][1])
     out["machine_busy"] = busy
-    per_call = calls = None
+    per_call = calls = hold_share = None
     if a["stats"] and b["stats"] and b["stats"][0] > a["stats"][0]:
         calls = b["stats"][0] - a["stats"][0]
         per_call = (b["stats"][1] - a["stats"][1]) / calls
-    out["items_per_call"], out["model_calls"] = per_call, calls
+        if a["stats"][2] is not None and b["stats"][2] is not None:
+            hold_share = (b["stats"][2] - a["stats"][2]) / calls
+    out["items_per_call"], out["model_calls"], out["hold_share"] = per_call, calls, hold_share
     return out
 
 

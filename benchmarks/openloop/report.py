@@ -69,6 +69,7 @@ class OpenSummary:
     held: bool  # in every round
     closed_rps: float | None
     closed_p99_ms: float | None
+    hold_share: float | None
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -126,6 +127,7 @@ def summarise(steps: list[OpenStep]) -> dict[Key, OpenSummary]:
             held=all(s.held for s in g),
             closed_rps=_median(s.closed_rps for s in g),
             closed_p99_ms=_median(s.closed_p99_ms for s in g),
+            hold_share=_median(s.hold_share for s in g),
         )
     return out
 
@@ -280,11 +282,12 @@ def _every_figure(summary: dict[Key, OpenSummary], variants: list[str], shapes: 
         "2xx answers a second. CPU in % of one core over the measured window (the server's child processes "
         "included; the generator's clock thread included; for the mixed steps, the open-loop generator's alone). "
         "Lag: how late the generator handed requests out against the schedule (p99, the worst round's). "
-        "Connections: the most one round opened.",
+        "Connections: the most one round opened. Held: of the model calls, the share a hold kept back for "
+        "returning callers (this package's `BatcherStats.held`; the gate's and the probes'); n/a for the peers.",
         "",
     ]
     head = ["variant", "rate", "offered/s", "answered/s", "p50", "p99", "p99 range", "p99.9", "max", "errors"]
-    head += ["timeouts", "items/call", "server CPU", "gen. CPU", "lag p99 ms", "conns", "held"]
+    head += ["timeouts", "items/call", "held", "server CPU", "gen. CPU", "lag p99 ms", "conns", "on schedule"]
     order = {"sweep": 0, "alone": 1, "mixed": 2}
     shape_order = list(shapes)
     groups = sorted(
@@ -318,6 +321,7 @@ def _every_figure(summary: dict[Key, OpenSummary], variants: list[str], shapes: 
                         str(s.errors),
                         str(s.timeouts),
                         _f1(s.items_per_call),
+                        "n/a" if s.hold_share is None else f"{100 * s.hold_share:.1f} %",
                         _pct(s.server_cpu),
                         _pct(s.gen_cpu),
                         _ms(s.lag_p99_ms),

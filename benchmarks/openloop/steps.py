@@ -65,6 +65,7 @@ class OpenStep:
     closed_p99_ms: float | None = None
     closed_errors: int | None = None
     closed_gen_cpu: float | None = None
+    hold_share: float | None = None  # of the model calls, those a hold kept back (this package's BatcherStats.held)
 
 
 def generator(args: list[str], taskset: str | None) -> list[str]:
@@ -193,6 +194,7 @@ def run_open_step(
         closed_p99_ms=None if c is None else c["p99_ms"],
         closed_errors=None if c is None else c["errors"] + c["timeouts"],
         closed_gen_cpu=None if c is None else c["gen_cpu"],
+        hold_share=r.get("hold_share"),
     )
 
 

@@ -47,6 +47,7 @@ class Step:
     wrk_cpu: float  # % of one core
     machine_busy: float | None  # % of all cores, the whole machine (other processes included)
     others_cpu: float | None  # % of one core: the other variants' servers, paused meanwhile
+    hold_share: float | None = None  # of the model calls, those a hold kept back (this package's BatcherStats.held)
 
 
 def wrk_path() -> str:
@@ -108,11 +109,13 @@ def _cpu_of(pids: list[int]) -> float | None:
     return total
 
 
-def _stats(url: str) -> tuple[float, float] | None:
+def _stats(url: str) -> tuple[float, float, float | None] | None:
+    """(model calls, items, batches a hold kept back: None for a batcher without a hold to count)."""
     try:
         stats = get_json(f"{url}/stats")
-        return float(stats["model_calls"]), float(stats["items"])
-    except (OSError, ValueError, KeyError):
+        held = stats.get("held")
+        return float(stats["model_calls"]), float(stats["items"]), None if held is None else float(held)
+    except (OSError, ValueError, KeyError, AttributeError):
         return None
 
 
@@ -140,9 +143,11 @@ def run_step(
     wall = time.monotonic() - started
     stats1, cpu1, ticks1, wrk1 = _stats(url), _process_tree_cpu(server_pid), machine_ticks(), _children_cpu()
     idle1 = _cpu_of(other_pids)
-    per_call = None
+    per_call = hold_share = None
     if stats0 and stats1 and stats1[0] > stats0[0]:
         per_call = (stats1[1] - stats0[1]) / (stats1[0] - stats0[0])
+        if stats0[2] is not None and stats1[2] is not None:
+            hold_share = (stats1[2] - stats0[2]) / (stats1[0] - stats0[0])
     busy = None
     if ticks0 and ticks1 and ticks1[1] > ticks0[1]:
         busy = 100.0 * (ticks1[0] - ticks0[0]) / (ticks1[1] - ticks0[1])
@@ -162,6 +167,7 @@ def run_step(
         errors=w["connect"] + w["read"] + w["write"] + w["status"],
         timeouts=w["timeout"],
         items_per_call=per_call,
+        hold_share=hold_share,
         server_cpu=None if cpu0 is None or cpu1 is None else 100.0 * (cpu1 - cpu0) / wall,
         wrk_cpu=100.0 * (wrk1 - wrk0) / wall,
         machine_busy=busy,

@@ -65,6 +65,7 @@ class Summary:
     wrk_cpu: float
     machine_busy: float | None
     others_cpu: float | None
+    hold_share: float | None
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -98,6 +99,7 @@ def summarise(steps: list[Step]) -> dict[tuple[str, int], Summary]:
             wrk_cpu=statistics.median(s.wrk_cpu for s in group),
             machine_busy=_median(s.machine_busy for s in group),
             others_cpu=_median(s.others_cpu for s in group),
+            hold_share=_median(s.hold_share for s in group),
         )
     return out
 
@@ -176,11 +178,12 @@ def closed_sections(steps: list[Step], variants: list[str], connections: list[in
     lines += [
         "CPU over the step: the server's (its child processes included) and wrk's in % of one core; the whole "
         "machine's busy share of all its cores (other processes included); the other variants' servers' in % of "
-        "one core (they are paused, SIGSTOP, while another is measured: this shows it).",
+        "one core (they are paused, SIGSTOP, while another is measured: this shows it). Held: of the model calls, "
+        "the share a hold kept back for returning callers (this package's `BatcherStats.held`); n/a for the peers.",
         "",
     ]
     head = ["variant", "req/s", "range", "p50 ms", "p95 ms", "p99 ms", "p99 range", "errors", "timeouts"]
-    head += ["items/call", "server CPU %", "wrk CPU %", "machine busy %", "paused servers CPU %"]
+    head += ["items/call", "held", "server CPU %", "wrk CPU %", "machine busy %", "paused servers CPU %"]
     for c in connections:
         lines += [f"### {c} connections", ""]
         rows = []
@@ -200,6 +203,7 @@ def closed_sections(steps: list[Step], variants: list[str], connections: list[in
                     str(s.errors),
                     str(s.timeouts),
                     _f(s.items_per_call, ".1f"),
+                    "n/a" if s.hold_share is None else f"{100 * s.hold_share:.0f} %",
                     _f(s.server_cpu, ".0f"),
                     f"{s.wrk_cpu:.0f}",
                     _f(s.machine_busy, ".0f"),

@@ -41,6 +41,11 @@ class Ours:
     async def predict(self, features: list[float]) -> float:
         return float((await self.batcher.process(features))[0])
 
+    def counts(self) -> dict[str, float]:
+        """The batches a hold kept back, and the probes among them (the app's ``/stats``)."""
+        stats = self.batcher.stats
+        return {"held": stats.held, "probes": stats.probes}
+
     async def stop(self) -> None:
         await self.batcher.stop()
         self.executor.shutdown()

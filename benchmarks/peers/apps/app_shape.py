@@ -117,7 +117,9 @@ def create_app(make_predictor: Callable[[CountingModel], Predictor], info: dict[
     @app.get("/stats")
     async def stats() -> dict[str, float]:
         model: CountingModel = state["model"]
-        return {"model_calls": model.calls, "items": model.items}
+        # A predictor may add its own counts (this package's: the batches a hold kept back).
+        extra: dict[str, float] = getattr(state.get("predictor"), "counts", dict)()
+        return {"model_calls": model.calls, "items": model.items, **extra}
 
     @app.get("/info")
     async def describe() -> dict[str, Any]:
