@@ -7,6 +7,7 @@ answer is never faster than the server's delay, a closed loop never sends faster
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -275,6 +276,43 @@ def test_closed_loop_targets_are_computed_as_the_issue_states() -> None:
         ("closed loop, 64 connections", "PASS"),
         ("closed loop, 256 connections", "FAIL"),
     ]
+
+
+def test_a_verdict_the_rounds_do_not_all_agree_with_says_they_overlap() -> None:
+    # Two rounds each. Poisson 100/s: ours 4-8 ms against greedy 3-5 (medians 6 > 1.1 * 4: FAIL, but ours' best
+    # round, 4, is within 1.1x of greedy's worst, 5); 500/s: ours 12-13 against 5-6 (every pairing fails); on/off
+    # 100/s: ours 3-6 against 5-7 (PASS on the medians, 4.5 <= 6.6; ours' worst round, 6, above 1.1x greedy's best).
+    steps = [
+        _open("ours", 100, 4.0), _open("ours", 100, 8.0, rnd=1),
+        _open("ours-greedy", 100, 3.0), _open("ours-greedy", 100, 5.0, rnd=1),
+        _open("ours", 500, 12.0), _open("ours", 500, 13.0, rnd=1),
+        _open("ours-greedy", 500, 5.0), _open("ours-greedy", 500, 6.0, rnd=1),
+        _open("ours", 100, 3.0, shape="onoff:50/150"), _open("ours", 100, 6.0, rnd=1, shape="onoff:50/150"),
+        _open("ours-greedy", 100, 5.0, shape="onoff:50/150"),
+        _open("ours-greedy", 100, 7.0, rnd=1, shape="onoff:50/150"),
+    ]  # fmt: skip
+    rows = open_report.open_target_rows(steps, ["ours", "ours-greedy"], slo_ms=25.0)
+    assert [(r[1], r[4]) for r in rows if r[0] == "ours"] == [
+        ("Poisson 100/s (10 %)", "FAIL (rounds overlap)"),
+        ("Poisson 500/s (50 %)", "FAIL"),
+        ("on/off:50/150 100/s (10 %)", "PASS (rounds overlap)"),
+    ]
+    # Closed loop: 1 connection, 1.5x on the medians (900 vs 600) but not in every pairing of rounds.
+    closed = [_closed("ours", 1, 800.0, 3.0), _closed("ours", 1, 1000.0, 3.0), _closed("batched", 1, 580.0, 4.0),
+              _closed("batched", 1, 620.0, 4.0)]  # fmt: skip
+    rows = peers_report.closed_target_rows(peers_report.summarise(closed), ["ours", "batched"], [1])
+    assert [(r[3], r[4]) for r in rows] == [("900 vs 600 req/s (batched): 1.50x", "PASS (rounds overlap)")]
+
+
+def test_the_report_shows_the_share_of_calls_a_hold_kept_back(tmp_path: Path) -> None:
+    opened = [dataclasses.replace(s, hold_share=0.25 if s.variant == "ours" else None) for s in STEPS]
+    text = "\n".join(open_report.open_sections(opened, ["ours", "ours-greedy", "batched"], {"poisson": "Poisson"},
+                                               25.0, 2.0))  # fmt: skip
+    assert "| ours | 100/s (10 %) | 100 | 100 | 1.33 | 4.00 | 4.00-4.00 | 6.00 | 8.00 | 0 | 0 | 4.0 | 25.0 % |" in text
+    assert "| batched | 100/s (10 %) | 100 | 100 | 1.67 | 5.00 | 5.00-5.00 | 7.50 | 10.0 | 0 | 0 | 4.0 | n/a |" in text
+    path = tmp_path / "open.csv"
+    open_report.write_csv(path, opened)
+    assert [s.hold_share for s in open_report.read_csv(path)] == [s.hold_share for s in opened]
 
 
 def test_the_report_renders_both_modes_and_round_trips_its_csv(tmp_path: Path) -> None:
