@@ -51,7 +51,7 @@ def pump(b: Base, run: Run) -> None:
         taken = queue.take(lane, limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
         if taken is not None:
             launch(b, run, taken, now, lane)
-            _policy.formed(b, lane)
+            _policy.formed(b, lane, taken.oldest)
     lane0 = queue.lane0
     # process()'s short path wakes the dispatcher at this count: during a hold, the count at which the callers it
     # waits for are all back (or the largest batch is full).

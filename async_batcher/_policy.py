@@ -145,6 +145,7 @@ def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
         return
     lane.hold_mark = lane.arrived + callers
     lane.hold_from = now
+    lane.kept = False  # (what an earlier hold kept back has left: it was withdrawn, or the batch would have gone)
     lane.probing = not lane.alone and callers >= COHORT and now >= run.probe_at
     if lane.probing:
         run.probe_at = now + run.probe_wait
@@ -163,11 +164,14 @@ def holding(b: Base, lane: Lane, now: float) -> bool:
     return lane.hold_from + b._max_hold_time > now and lane.arrived < lane.hold_mark
 
 
-def formed(b: Base, lane: Lane) -> None:
-    """A batch of ``lane`` goes: its hold, if any, is over (counted in the statistics if it kept the batch back)."""
+def formed(b: Base, lane: Lane, oldest: float) -> None:
+    """A batch of ``lane`` goes, its oldest item having arrived at ``oldest``: its hold, if any, is over. It counts
+    in the statistics if the hold kept the lane back while one of its items waited (not if those the hold kept back
+    were all withdrawn, and the batch is of later arrivals)."""
     if lane.kept:
         lane.kept = False
-        b._recorder.held += 1
-        b._recorder.probes += lane.probing
+        if oldest < lane.hold_from + b._max_hold_time:
+            b._recorder.held += 1
+            b._recorder.probes += lane.probing
     lane.hold_from = -math.inf
     lane.probing = False

@@ -1179,3 +1179,64 @@ async def test_random_schedules_around_holds_resolve_every_item_once(seed: int) 
             assert outcome in (BatcherStoppedError, TimeoutError, asyncio.CancelledError, QueueFullException), outcome
     s = b.stats
     assert s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out
+
+
+# ---------------------------------------------------------------------- what the statistics count
+
+
+@both_paths
+@pytest.mark.parametrize("ending", ["sent", "withdrawn", "cancelled"])
+async def test_a_batch_counts_as_held_only_if_an_item_the_hold_kept_back_is_in_it(
+    cls: type[Recording], ending: str
+) -> None:
+    # Four callers answered at 0.1: a probe holds the slot for them until 0.15. One caller comes at 0.1 and is kept
+    # back. Sent: it goes at 0.15, in a batch the hold kept back (held, a probe). Withdrawn (its timeout) or
+    # cancelled at 0.12: nothing the hold kept back is left, and the batch of a lone caller at 1.0 went at once:
+    # not held.
+    loop = asyncio.get_running_loop()
+    b = cls(max_queue_time=0, max_hold_time=0.05, delay=0.1)
+    await asyncio.gather(*(b.process(i) for i in range(4)))
+    if ending == "sent":
+        assert await b.process(7) == 14
+        assert b.started_at[-1] == pytest.approx(0.15)
+    else:
+        call = asyncio.ensure_future(b.process(7, timeout=0.02 if ending == "withdrawn" else None))
+        await asyncio.sleep(0)
+        assert held(b)  # kept back
+        if ending == "cancelled":
+            await asyncio.sleep(0.02)
+            call.cancel()
+        with pytest.raises(TimeoutError if ending == "withdrawn" else asyncio.CancelledError):
+            await call
+        await asyncio.sleep(1.0 - loop.time())
+        assert await b.process(8) == 16
+        assert b.started_at[-1] == pytest.approx(1.0)
+    stats = b.stats
+    assert (stats.batches, stats.held, stats.probes) == ((2, 1, 1) if ending == "sent" else (2, 0, 0))
+    clean(b)
+    await b.stop()
+
+
+async def test_a_hold_that_began_after_one_that_kept_items_back_counts_only_its_own() -> None:
+    # Two slots. A batch of four ends at 0.1: a probe holds for them until 0.15, and keeps back an item that
+    # arrives at 0.1 and is withdrawn at 0.12. A batch of the other slot (started at 0.05 with one item) ends at
+    # 0.15: a new hold begins (for one caller: not a probe, and the gate is off: it keeps nothing back). Items that
+    # arrive then go at once: not held.
+    b = Recording(max_queue_time=0, max_hold_time=0.05, delay=0.1, concurrency=2)
+    loop = asyncio.get_running_loop()
+    first = asyncio.gather(*(b.process(i) for i in range(4)))
+    await asyncio.sleep(0.05)
+    second = asyncio.ensure_future(b.process(10))
+    await first
+    kept = asyncio.ensure_future(b.process(7, timeout=0.02))
+    await asyncio.sleep(0)
+    assert held(b)
+    with pytest.raises(TimeoutError):
+        await kept
+    assert await second == 20
+    assert loop.time() == pytest.approx(0.15)
+    assert await b.process(8) == 16
+    assert b.started_at[-1] == pytest.approx(0.15)
+    assert (b.stats.held, b.stats.probes) == (0, 0)
+    clean(b)
+    await b.stop()
