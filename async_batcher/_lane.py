@@ -25,7 +25,7 @@ class Lane:
     (``ended``) and its arrivals then (``arrived_at_end``), whether that batch held all its callers (``alone``),
     and, while a hold for the callers it answered may apply, since when (``hold_from``: it ends ``max_hold_time``
     later), at which count of arrivals they are all back (``hold_mark``), whether the hold is a probe
-    (``probing``), and whether it has kept the lane's items back (``kept``).
+    (``probing``), and until when a hold kept its items back (``kept``).
     """
 
     __slots__ = (
@@ -62,7 +62,9 @@ class Lane:
         self.ended = self.hold_from = -math.inf
         self.hold_mark = 0
         self.probing = False  # its hold is a probe (the hold is off: it is tried once)
-        self.kept = False  # its hold has kept its items back (for the statistics: BatcherStats.held)
+        # Until when the hold that kept its items back would have lasted (-inf: none did): a batch with an item
+        # that arrived before then counts as held (BatcherStats.held).
+        self.kept = -math.inf
         self.alone = False  # its last batch held all its callers (nothing else arrived while it ran)
         self.arrived_at_end = 0  # its arrivals when its last batch ended
 

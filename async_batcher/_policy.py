@@ -43,8 +43,8 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
     if lane.count >= (largest(b) if held else b._size_trigger):
         return now
     if held and b._adaptive is None:
-        lane.kept = True
-        return lane.hold_from + b._max_hold_time
+        lane.kept = lane.hold_from + b._max_hold_time
+        return lane.kept
     oldest = run.queue.oldest(lane)  # (it drops the entries of callers who left: the count may fall to 0)
     if oldest == math.inf:
         return math.inf
@@ -53,8 +53,8 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
     send_by = b._adaptive.send_by(oldest, max(lane.count, min(b._size_trigger, b._batch_limit)))
     if not held or send_by <= now:
         return send_by
-    lane.kept = True
-    return min(send_by, lane.hold_from + b._max_hold_time)
+    lane.kept = lane.hold_from + b._max_hold_time
+    return min(send_by, lane.kept)
 
 
 def choose(b: Base, run: Run, now: float) -> tuple[Lane | None, float]:
@@ -145,7 +145,7 @@ def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
         return
     lane.hold_mark = lane.arrived + callers
     lane.hold_from = now
-    lane.kept = False  # (what an earlier hold kept back has left: it was withdrawn, or the batch would have gone)
+    lane.kept = -math.inf  # (what an earlier hold kept back has left: it was withdrawn, or its batch went)
     lane.probing = not lane.alone and callers >= COHORT and now >= run.probe_at
     if lane.probing:
         run.probe_at = now + run.probe_wait
@@ -168,10 +168,9 @@ def formed(b: Base, lane: Lane, oldest: float) -> None:
     """A batch of ``lane`` goes, its oldest item having arrived at ``oldest``: its hold, if any, is over. It counts
     in the statistics if the hold kept the lane back while one of its items waited (not if those the hold kept back
     were all withdrawn, and the batch is of later arrivals)."""
-    if lane.kept:
-        lane.kept = False
-        if oldest < lane.hold_from + b._max_hold_time:
-            b._recorder.held += 1
-            b._recorder.probes += lane.probing
+    if oldest < lane.kept:
+        b._recorder.held += 1
+        b._recorder.probes += lane.probing
+    lane.kept = -math.inf
     lane.hold_from = -math.inf
     lane.probing = False

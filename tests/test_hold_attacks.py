@@ -1185,12 +1185,13 @@ async def test_random_schedules_around_holds_resolve_every_item_once(seed: int) 
 
 
 @both_paths
-@pytest.mark.parametrize("ending", ["sent", "withdrawn", "cancelled"])
+@pytest.mark.parametrize("ending", ["sent", "withdrawn", "cancelled", "hold-set-to-0"])
 async def test_a_batch_counts_as_held_only_if_an_item_the_hold_kept_back_is_in_it(
     cls: type[Recording], ending: str
 ) -> None:
     # Four callers answered at 0.1: a probe holds the slot for them until 0.15. One caller comes at 0.1 and is kept
-    # back. Sent: it goes at 0.15, in a batch the hold kept back (held, a probe). Withdrawn (its timeout) or
+    # back. Sent: it goes at 0.15, in a batch the hold kept back (held, a probe); so does it when max_hold_time
+    # is set to 0 at 0.12 (the hold ends then). Withdrawn (its timeout) or
     # cancelled at 0.12: nothing the hold kept back is left, and the batch of a lone caller at 1.0 went at once:
     # not held.
     loop = asyncio.get_running_loop()
@@ -1199,6 +1200,12 @@ async def test_a_batch_counts_as_held_only_if_an_item_the_hold_kept_back_is_in_i
     if ending == "sent":
         assert await b.process(7) == 14
         assert b.started_at[-1] == pytest.approx(0.15)
+    elif ending == "hold-set-to-0":  # it was kept back until the hold ended, at 0.12: held
+        call = asyncio.ensure_future(b.process(7))
+        await asyncio.sleep(0.02)
+        b.max_hold_time = 0
+        assert await call == 14
+        assert b.started_at[-1] == pytest.approx(0.12)
     else:
         call = asyncio.ensure_future(b.process(7, timeout=0.02 if ending == "withdrawn" else None))
         await asyncio.sleep(0)
@@ -1212,7 +1219,9 @@ async def test_a_batch_counts_as_held_only_if_an_item_the_hold_kept_back_is_in_i
         assert await b.process(8) == 16
         assert b.started_at[-1] == pytest.approx(1.0)
     stats = b.stats
-    assert (stats.batches, stats.held, stats.probes) == ((2, 1, 1) if ending == "sent" else (2, 0, 0))
+    assert (stats.batches, stats.held, stats.probes) == (
+        (2, 0, 0) if ending in ("withdrawn", "cancelled") else (2, 1, 1)
+    )
     clean(b)
     await b.stop()
 
