@@ -95,8 +95,9 @@ class BatcherStats:
     queue_wait: LatencySummary
     process_time: LatencySummary
     #: Batches that a hold (``max_hold_time``) kept back for the callers their lane's last batch answered: how
-    #: often the hold acts. Most batches of a closed loop it gathers; under independent arrivals next to none, for
-    #: the hold stays off there but for its probes.
+    #: often the hold delayed a batch. A cohort that comes back at once is not kept back; the hold acts when some
+    #: of its callers are late, or gathers a closed loop that split. Under independent arrivals next to none: the
+    #: hold stays off there, but for its probes.
     held: int = 0
     #: Of ``held``, the probes: holds tried while the hold is off (at most once a second, and half as often after
     #: each that did not gather its callers, down to once a minute).
