@@ -75,7 +75,7 @@ def launch(b: Base, run: Run, taken: Taken, now: float, lane: Lane) -> None:
     batch = Batch(run, taken, now, lane)
     # Formed by a probe of the hold if during its time (a later batch, after one that ended with nothing waiting,
     # is not: it would judge the probe by other callers).
-    batch.probe = lane.probing and now <= lane.hold_from + b._max_hold_time
+    batch.probe = lane.probing and now <= _policy.hold_end(b, lane)
     run.batches[batch] = None
     run.in_flight += 1
     lane.in_flight += 1

@@ -43,7 +43,7 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
     if lane.count >= (largest(b) if held else b._size_trigger):
         return now
     if held and b._adaptive is None:
-        lane.kept = lane.hold_from + b._max_hold_time
+        lane.kept = hold_end(b, lane)
         return lane.kept
     oldest = run.queue.oldest(lane)  # (it drops the entries of callers who left: the count may fall to 0)
     if oldest == math.inf:
@@ -53,7 +53,7 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
     send_by = b._adaptive.send_by(oldest, max(lane.count, min(b._size_trigger, b._batch_limit)))
     if not held or send_by <= now:
         return send_by
-    lane.kept = lane.hold_from + b._max_hold_time
+    lane.kept = hold_end(b, lane)
     return min(send_by, lane.kept)
 
 
@@ -161,7 +161,12 @@ def holds(b: Base, run: Run, lane: Lane, now: float) -> bool:
 
 def holding(b: Base, lane: Lane, now: float) -> bool:
     """Whether a hold may keep the lane's items back now (its callers' return not yet complete, its time not up)."""
-    return lane.hold_from + b._max_hold_time > now and lane.arrived < lane.hold_mark
+    return hold_end(b, lane) > now and lane.arrived < lane.hold_mark
+
+
+def hold_end(b: Base, lane: Lane) -> float:
+    """When the lane's hold ends: ``max_hold_time``, as set now, after the batch it follows ended."""
+    return lane.hold_from + b._max_hold_time
 
 
 def formed(b: Base, lane: Lane, oldest: float) -> None:
