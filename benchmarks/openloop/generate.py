@@ -28,7 +28,9 @@ from typing import Any
 
 from benchmarks.openloop import client, schedule
 from benchmarks.openloop.stats import summary
-from benchmarks.peers.load import machine_ticks  # imported here: an import inside a step would stall its loop
+
+# (imported here: an import inside a step would stall its loop)
+from benchmarks.peers.load import Counts, counts_of, machine_ticks, per_call
 from benchmarks.run import _process_tree_cpu
 
 __all__ = ["main", "run"]
@@ -41,9 +43,8 @@ def _own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _get_stats(host: str, port: int, path: str) -> tuple[float, float, float | None] | None:
-    """(model calls, items, batches a hold kept back) from the app's statistics endpoint (the last None for a
-    batcher without a hold to count); None if it does not answer."""
+async def _get_stats(host: str, port: int, path: str) -> Counts | None:
+    """The app's statistics (:func:`~benchmarks.peers.load.counts_of`); None if it does not answer."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
     except (OSError, TimeoutError):
@@ -52,8 +53,7 @@ async def _get_stats(host: str, port: int, path: str) -> tuple[float, float, flo
         writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
         raw = await asyncio.wait_for(reader.read(), 5)
         body = json.loads(raw.split(b"\r\n\r\n", 1)[1])
-        held = body.get("held")
-        return float(body["model_calls"]), float(body["items"]), None if held is None else float(held)
+        return counts_of(body)
     except (OSError, TimeoutError, ValueError, KeyError, IndexError, AttributeError):
         return None
     finally:
@@ -85,13 +85,7 @@ def _window(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     if a["ticks"] and b["ticks"] and b["ticks"][1] > a["ticks"][1]:
         busy = 100.0 * (b["ticks"][0] - a["ticks"][0]) / (b["ticks"][1] - a["ticks"][1])
     out["machine_busy"] = busy
-    per_call = calls = hold_share = None
-    if a["stats"] and b["stats"] and b["stats"][0] > a["stats"][0]:
-        calls = b["stats"][0] - a["stats"][0]
-        per_call = (b["stats"][1] - a["stats"][1]) / calls
-        if a["stats"][2] is not None and b["stats"][2] is not None:
-            hold_share = (b["stats"][2] - a["stats"][2]) / calls
-    out["items_per_call"], out["model_calls"], out["hold_share"] = per_call, calls, hold_share
+    out["model_calls"], out["items_per_call"], out["hold_share"] = per_call(a["stats"], b["stats"])
     return out
 
 

@@ -109,12 +109,29 @@ def _cpu_of(pids: list[int]) -> float | None:
     return total
 
 
-def _stats(url: str) -> tuple[float, float, float | None] | None:
-    """(model calls, items, batches a hold kept back: None for a batcher without a hold to count)."""
+Counts = tuple[float, float, float | None]
+
+
+def counts_of(body: Any) -> Counts:
+    """From an app's ``/stats``: (model calls, items, batches a hold kept back: None for a batcher without a hold to
+    count). Raises KeyError, ValueError or AttributeError on a body that is not one."""
+    held = body.get("held")
+    return float(body["model_calls"]), float(body["items"]), None if held is None else float(held)
+
+
+def per_call(before: Counts | None, after: Counts | None) -> tuple[float | None, float | None, float | None]:
+    """Between two readings of ``/stats``: (model calls, items per call, the share of the calls a hold kept back);
+    None for what they do not tell (no reading, no call, or no hold to count)."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None, None, None
+    calls = after[0] - before[0]
+    held = None if before[2] is None or after[2] is None else (after[2] - before[2]) / calls
+    return calls, (after[1] - before[1]) / calls, held
+
+
+def _stats(url: str) -> Counts | None:
     try:
-        stats = get_json(f"{url}/stats")
-        held = stats.get("held")
-        return float(stats["model_calls"]), float(stats["items"]), None if held is None else float(held)
+        return counts_of(get_json(f"{url}/stats"))
     except (OSError, ValueError, KeyError, AttributeError):
         return None
 
@@ -143,11 +160,7 @@ def run_step(
     wall = time.monotonic() - started
     stats1, cpu1, ticks1, wrk1 = _stats(url), _process_tree_cpu(server_pid), machine_ticks(), _children_cpu()
     idle1 = _cpu_of(other_pids)
-    per_call = hold_share = None
-    if stats0 and stats1 and stats1[0] > stats0[0]:
-        per_call = (stats1[1] - stats0[1]) / (stats1[0] - stats0[0])
-        if stats0[2] is not None and stats1[2] is not None:
-            hold_share = (stats1[2] - stats0[2]) / (stats1[0] - stats0[0])
+    _, items_per_call, hold_share = per_call(stats0, stats1)
     busy = None
     if ticks0 and ticks1 and ticks1[1] > ticks0[1]:
         busy = 100.0 * (ticks1[0] - ticks0[0]) / (ticks1[1] - ticks0[1])
@@ -166,7 +179,7 @@ def run_step(
         max_ms=w["max_us"] / 1000,
         errors=w["connect"] + w["read"] + w["write"] + w["status"],
         timeouts=w["timeout"],
-        items_per_call=per_call,
+        items_per_call=items_per_call,
         hold_share=hold_share,
         server_cpu=None if cpu0 is None or cpu1 is None else 100.0 * (cpu1 - cpu0) / wall,
         wrk_cpu=100.0 * (wrk1 - wrk0) / wall,
