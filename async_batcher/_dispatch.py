@@ -105,7 +105,9 @@ def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
     batch.lane.in_flight -= 1
     _policy.answered(b, run, batch, callers, run.loop.time())
     waiting = run.queue.waiting
-    if 0 < waiting < _policy.largest(b) and run.pump_handle is None and run.state is State.RUNNING and not run.putters:
+    if 0 < waiting < _policy.largest(b) and run.state is State.RUNNING and not run.putters:
+        if run.pump_handle is not None:  # a pump to come (an arrival's, another end's turns) comes after these
+            run.pump_handle.cancel()
         _turn(b, run, b._turns)
     else:
         pump_safely(b, run)
@@ -113,8 +115,9 @@ def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
 
 def _turn(b: Base, run: Run, left: int) -> None:
     """Pump after ``left`` more turns of the loop: each a zero-delay timer, which the loop runs once it has polled
-    its sockets and run what was ready. The pending turn is the run's ``pump_handle``: arrivals do not pump early."""
-    if left:
+    its sockets and run what was ready. The pending turn is the run's ``pump_handle``: arrivals do not pump early, and
+    a batch that ends meanwhile starts the count again (its callers join too: the slots' ends are few)."""
+    if left > 0:
         run.pump_handle = run.loop.call_at(run.loop.time(), _turn, b, run, left - 1)
     else:
         scheduled_pump(b, run)

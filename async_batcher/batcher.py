@@ -290,12 +290,11 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         queue.waiting += 1
         try:
             # The wake-up test of _dispatch.arrived, inline (no weight in play here).
-            if run.pump_handle is None:
-                if run.in_flight < self._slot_limit:
-                    if run.timer is None or lane.count >= run.trigger:
-                        run.pump_handle = loop.call_soon(scheduled_pump, self, run)
-                elif _current_batch() is not None:
-                    _admission.refuse_queued_if_reentrant(self, run, entry)
+            if run.in_flight < self._slot_limit:
+                if run.pump_handle is None and (run.timer is None or lane.count >= run.trigger):
+                    run.pump_handle = loop.call_soon(scheduled_pump, self, run)
+            elif _current_batch() is not None:  # (even with a pump to come: it finds no free slot either)
+                _admission.refuse_queued_if_reentrant(self, run, entry)
             return await fut
         except asyncio.CancelledError:
             _admission.left(self, run, entry, fut)
