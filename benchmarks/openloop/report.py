@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 PEER_NAMES = ("async-batcher-0.2.2", "batched", "fast-dynamic-batcher")
-GREEDY = "ours-greedy"  # the reference: this package with max_queue_time=0 and no hold
+GREEDY = "ours-greedy"  # the reference: this package with max_queue_time=0, no hold, no turns (plain greedy)
 TARGET_FRACTIONS = (0.1, 0.9)  # the open-loop p99 targets hold from about 10 % to 90 % of saturation
 SLACK = 0.05  # a fixed --rates value within 5 % of that range counts as in it
 

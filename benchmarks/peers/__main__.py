@@ -15,7 +15,8 @@ the open-loop modes only.
 
 ``--ours LABEL:key=value,...`` adds a variant of this package with other settings (``max_queue_time``,
 ``max_latency``, ``concurrency``, ...): ``--ours wait1ms:max_queue_time=0.001``. In the open-loop modes the variant
-``ours-greedy`` (``max_queue_time=0, max_hold_time=0``) is added unless ``--ours greedy:...`` gives its settings or
+``ours-greedy`` (``max_queue_time=0, max_hold_time=0``, and a batch formed at once after a batch's end, not two turns
+of the loop later: plain greedy dispatch) is added unless ``--ours greedy:...`` gives its settings or
 ``--no-greedy`` leaves it out.
 """
 
@@ -48,7 +49,8 @@ __all__ = ["Defaults", "main", "parse_args"]
 BASE = ("none", "ours", "async-batcher-0.2.2", "batched", "fast-dynamic-batcher")
 NO_ENV = ("none", "ours")  # they run in this interpreter
 MODES = ("closed", "open", "mixed")
-GREEDY_SETTINGS: dict[str, Any] = {"max_queue_time": 0, "max_hold_time": 0}
+# "_turns" is not a setting: app_ours sets it on the batcher (0: the next batch forms at once after a batch's end).
+GREEDY_SETTINGS: dict[str, Any] = {"max_queue_time": 0, "max_hold_time": 0, "_turns": 0}
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ class Ours:
         from async_batcher.ml.keras import KerasAsyncBatcher
 
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="model")
+        settings = dict(settings)
+        turns = settings.pop("_turns", None)  # not a setting: the loop's turns before a batch (0: plain greedy)
         self.batcher = KerasAsyncBatcher(
             model=model.keras_model,
             predict_fn=model.predict_rows,
@@ -34,6 +36,8 @@ class Ours:
             executor=self.executor,
             **{**DEFAULTS, **settings},
         )
+        if turns is not None:
+            self.batcher._turns = int(turns)
 
     async def start(self) -> None:
         self.batcher.start()
