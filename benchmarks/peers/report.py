@@ -251,8 +251,8 @@ def markdown(
             "Verdicts on the medians of the rounds; `(rounds overlap)` where some round of one variant and some "
             "round of the other would have given the other verdict (a difference within this machine's noise at "
             "this number of rounds). `ours` is this package with the settings the README recommends; "
-            f"`{GREEDY}` the same with `max_queue_time=0` and no hold. A verdict on a step where the generator "
-            "lagged (`†`) is given as measured, and marked.",
+            f"`{GREEDY}` plain greedy dispatch: `max_queue_time=0`, no hold, no turns. A verdict on a step where the "
+            "generator lagged (`†`) is given as measured, and marked.",
             "",
             *targets_table(rows),
             "",
