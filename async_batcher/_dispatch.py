@@ -101,7 +101,7 @@ def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
     batch just answered, if they call again at once), where they would have followed alone, and the batches of a busy
     server stop splitting into ever more, ever smaller ones. Turns, not time: on an idle loop they pass at once, and
     a lone caller, or one after an idle batcher, never waits for them (an arrival into a free slot pumps as before);
-    nor does a full batch, a stop, or a caller waiting for room in the queue."""
+    nor do as many items as the largest batch takes, a stop, or a caller waiting for room in the queue."""
     batch.lane.in_flight -= 1
     _policy.answered(b, run, batch, callers, run.loop.time())
     waiting = run.queue.waiting
