@@ -675,9 +675,10 @@ async def test_process_from_inside_batches_that_took_every_slot_during_the_turns
 
 
 async def test_the_refusal_of_process_from_inside_batches_that_took_every_slot_without_turns() -> None:
-    # Rule: contract point 4, the same schedule as the test above with _turns=0: no turn is pending as [100] and
-    # [101] call process() from inside their batches with every slot taken; the first is refused at once (its batch
-    # fails with ReentrantCallError and frees its slot, where the second's inner item then goes).
+    # Rule: contract point 4, with _turns=0 (no turn ever pending). Two slots, preferred sizes (1, 3): [0] and [1]
+    # end together, [100] and [101] take both slots and call process() from inside their batches with every slot
+    # taken; the first is refused at once (its batch fails with ReentrantCallError and frees its slot, where the
+    # second's inner item then goes).
     b = Reentrant(concurrency=2, max_queue_time=0, max_hold_time=0, preferred_batch_sizes=(1, 3))
     b._turns = 0
     async with asyncio.timeout(10):
