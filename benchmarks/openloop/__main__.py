@@ -1,7 +1,7 @@
 """``python -m benchmarks.openloop`` (``make bench-open-loop``): the head-to-head of ``benchmarks.peers`` (the same
 Keras model, app, peers and servers) driven open-loop only: Poisson and on/off arrivals at fractions of the run's
-saturation (``ours-greedy``'s closed-loop maximum, probed with the generator's closed loop) and at fixed rates, and
-the mixed scenario. It writes ``reports/open-loop.md``, ``.csv`` and ``.png``. Every option of
+saturation (``ours-greedy``'s open-loop capacity: a ramp of Poisson steps up to its closed-loop maximum) and at
+fixed rates, and the mixed scenario. It writes ``reports/open-loop.md``, ``.csv`` and ``.png``. Every option of
 ``python -m benchmarks.peers`` applies (``--help``); ``--modes closed,open,mixed`` adds wrk's closed loop."""
 
 from __future__ import annotations

@@ -2,11 +2,13 @@
 
 Each variant runs in its own uvicorn process on 127.0.0.1 (the peers in their own environments under
 ``.cache/peers-server/``); once all answer, the rig checks that they give the same predictions for the same inputs,
-then drives one at a time (the others paused), round after round (the order rotating), in up to three modes:
+then drives one at a time (the others paused), round after round (the order rotating; each round on servers started
+afresh), in up to three modes:
 
 - ``closed``: wrk at each connection count (each connection sends its next request when the last is answered);
 - ``open``: the open-loop generator (:mod:`benchmarks.openloop.generate`) at fractions of the run's saturation
-  (the ``ours-greedy`` variant's closed-loop maximum) and at fixed rates, for each arrival shape;
+  (the ``ours-greedy`` variant's open-loop capacity, found by a ramp: :func:`_saturation`) and at fixed rates, for
+  each arrival shape;
 - ``mixed``: open-loop arrivals beside a closed-loop population, and the same arrivals alone.
 
 It writes ``reports/peers.md`` (``--report`` names it), the closed-loop steps' ``peers.csv`` and ``peers.png`` and
@@ -23,6 +25,7 @@ of the loop later: plain greedy dispatch) is added unless ``--ours greedy:...`` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -32,7 +35,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,7 +243,7 @@ def _header(
         lagged = sum(1 for s in open_steps if not s.held)
         cv = {sh: statistics.median(s.schedule_cv for s in open_steps if s.shape == sh) for sh in _shape_names(args)}
         cvs = ", ".join(f"{sh} {v:.2f}" for sh, v in cv.items() if not math.isnan(v))
-        sat = f"{saturation[0]:,.0f}".replace(",", " ") + f" req/s, {saturation[1]}" if saturation else "n/a"
+        sat = f"{_spaced(saturation[0])} req/s, {saturation[1]}" if saturation else "n/a"
         lines += [
             f"Open loop: `python -m benchmarks.openloop.generate`, one process (uvloop) and its clock thread, "
             f"keep-alive HTTP/1.1 connections opened as needed up to {args.max_connections} (then requests wait in "
@@ -275,72 +278,128 @@ def _order(variants: list[Variant], rnd: int) -> list[Variant]:
     return variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
 
 
+@contextlib.contextmanager
+def _fresh(variants: list[Variant], log_dir: Path, taskset: str | None) -> Iterator[dict[str, Server]]:
+    """The variants' servers started afresh (one round's), all paused: each resumes for its own steps only.
+
+    A round never reuses an earlier round's processes: how fast one server process runs the model differs from one
+    start to the next (its model call took 2.1 ms in one process and 3.9 ms in another, alike in all else), and
+    servers kept for every round would give that one draw to every round of a variant, hidden from the spread."""
+    with running(variants, log_dir, taskset) as servers:
+        for server in servers.values():
+            server.pause()
+        yield servers
+
+
 def _closed(
-    args: argparse.Namespace, variants: list[Variant], servers: dict[str, Server], body: str
+    args: argparse.Namespace, variants: list[Variant], servers: dict[str, Server], body: str, rnd: int
 ) -> list[load.Step]:
+    """One round of wrk's steps, on that round's servers."""
     steps: list[load.Step] = []
-    for rnd in range(args.rounds):
-        for v in _order(variants, rnd):
-            servers[v.name].resume()
-            for conns in args.connections:
-                step = load.run_step(
-                    variant=v.name,
-                    rnd=rnd,
-                    url=servers[v.name].url,
-                    server_pid=servers[v.name].pid,
-                    other_pids=[s.pid for n, s in servers.items() if n != v.name],
-                    connections=conns,
-                    seconds=args.seconds,
-                    warmup=args.warmup,
-                    threads=args.wrk_threads,
-                    body=body,
-                    taskset=args.taskset_load,
-                )
-                steps.append(step)
-                print(
-                    f"closed round {rnd + 1} {v.name} c={conns}: {step.rps:,.0f} req/s, p99 {step.p99_ms:.1f} ms, "
-                    f"{step.items_per_call or 0:.1f}/call, server {step.server_cpu or 0:.0f} %, "
-                    f"wrk {step.wrk_cpu:.0f} %",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            servers[v.name].pause()
+    for v in _order(variants, rnd):
+        servers[v.name].resume()
+        for conns in args.connections:
+            step = load.run_step(
+                variant=v.name,
+                rnd=rnd,
+                url=servers[v.name].url,
+                server_pid=servers[v.name].pid,
+                other_pids=[s.pid for n, s in servers.items() if n != v.name],
+                connections=conns,
+                seconds=args.seconds,
+                warmup=args.warmup,
+                threads=args.wrk_threads,
+                body=body,
+                taskset=args.taskset_load,
+            )
+            steps.append(step)
+            print(
+                f"closed round {rnd + 1} {v.name} c={conns}: {step.rps:,.0f} req/s, p99 {step.p99_ms:.1f} ms, "
+                f"{step.items_per_call or 0:.1f}/call, server {step.server_cpu or 0:.0f} %, "
+                f"wrk {step.wrk_cpu:.0f} %",
+                file=sys.stderr,
+                flush=True,
+            )
+        servers[v.name].pause()
     return steps
 
 
+# The open-loop capacity, the rates' 100 % unless given: a ramp of Poisson steps of the reference variant, from
+# RAMP_FROM of its closed-loop maximum, each RAMP_STEP times the last, up to that maximum. The capacity is the last
+# rate before a step where a request failed or the median latency passed KNEE times the first step's (a queue that
+# grows: open-loop traffic past a server's capacity piles up, and the median leaps from milliseconds to hundreds).
+# A closed loop's maximum is not it: its clients never send faster than they are answered, and at this rig's 64 or
+# 256 connections its batches are as large as they can be; open-loop arrivals keep more connections open, and the
+# server falls behind well before.
+RAMP_FROM = 0.2
+RAMP_STEP = 1.25
+KNEE = 10.0
+
+
 def _saturation(
-    args: argparse.Namespace, closed: list[load.Step], servers: dict[str, Server], body: str
+    args: argparse.Namespace, closed: list[load.Step], variants: list[Variant], log_dir: Path, body: str
 ) -> tuple[float, str]:
-    """The rates' 100 %: given, or the reference variant's closed-loop maximum (from the wrk steps when they ran,
-    else a probe with the generator's closed loop)."""
+    """The rates' 100 %: given, or the reference variant's open-loop capacity (a ramp up to its closed-loop maximum:
+    from the wrk steps when they ran, else a probe with the generator's closed loop), on a server of its own."""
     ref = args.saturation_from
     if args.saturation is not None:
         return args.saturation, "given on the command line"
-    mine = report.summarise([s for s in closed if s.variant == ref])
-    if mine:
-        best = max(mine.values(), key=lambda s: s.rps)
-        return best.rps, f"{ref}'s closed-loop maximum (wrk, {best.connections} connections, median of the rounds)"
-    server = servers[ref]
-    server.resume()
-    try:
-        probe = closed_probe(
-            url=server.url,
-            server_pid=server.pid,
-            body=body,
-            connections=args.saturation_connections,
-            seconds=max(args.open_seconds, 2.0),
-            warmup=args.open_warmup,
-            taskset=args.taskset_load,
-        )
-    finally:
-        server.pause()
-    rps = float(probe["answered_rps"])
-    if not rps > 0:
-        raise RuntimeError(f"{ref} answered nothing in the saturation probe: {probe}")
-    return rps, (
-        f"{ref}'s closed-loop maximum (the generator's closed loop, {args.saturation_connections} connections, "
-        f"{max(args.open_seconds, 2.0):g} s, generator CPU {probe['gen_cpu']:.0f} %)"
+    with _fresh([v for v in variants if v.name == ref], log_dir, args.taskset_server) as servers:
+        server = servers[ref]
+        server.resume()
+        mine = report.summarise([s for s in closed if s.variant == ref])
+        if mine:
+            best = max(mine.values(), key=lambda s: s.rps)
+            top, how = best.rps, f"wrk, {best.connections} connections, median of the rounds"
+        else:
+            probe = closed_probe(
+                url=server.url,
+                server_pid=server.pid,
+                body=body,
+                connections=args.saturation_connections,
+                seconds=max(args.open_seconds, 2.0),
+                warmup=args.open_warmup,
+                taskset=args.taskset_load,
+            )
+            top = float(probe["answered_rps"])
+            how = (
+                f"the generator's closed loop, {args.saturation_connections} connections, "
+                f"{max(args.open_seconds, 2.0):g} s, generator CPU {probe['gen_cpu']:.0f} %"
+            )
+        if not top > 0:
+            raise RuntimeError(f"{ref} answered nothing in its closed loop ({how})")
+        capacity, ramp = _ramp(args, next(v for v in variants if v.name == ref), server, body, top)
+    shown = ", ".join(
+        f"{_spaced(s.rate)}/s p50 {s.p50_ms:.1f} ms"
+        + (f" ({s.errors + s.timeouts} failed)" if s.errors + s.timeouts else "")
+        for s in ramp
     )
+    return capacity, (
+        f"{ref}'s open-loop capacity: the last rate of a Poisson ramp from {RAMP_FROM:.0%} of its closed-loop "
+        f"maximum ({_spaced(top)} req/s: {how}), each step {RAMP_STEP:g}x the last, before one with a failed request "
+        f"or a median latency above {KNEE:g}x the first step's (ramp: {shown})"
+    )
+
+
+def _spaced(x: float) -> str:
+    """A whole number with its thousands apart, as the report writes them: 3 010."""
+    return f"{x:,.0f}".replace(",", " ")
+
+
+def _ramp(args: argparse.Namespace, v: Variant, server: Server, body: str, top: float) -> tuple[float, list[OpenStep]]:
+    """The capacity ramp (RAMP_FROM, RAMP_STEP, KNEE): the capacity found, and the steps that found it."""
+    steps: list[OpenStep] = []
+    rate = RAMP_FROM * top
+    while True:
+        step = _open_step(
+            args, v, server, body, rnd=0, shape="poisson", rate=_round(rate), fraction=None, seed=9_000_000 + len(steps)
+        )
+        steps.append(step)
+        if step.errors + step.timeouts or step.p50_ms > KNEE * steps[0].p50_ms:
+            return (steps[-2].rate if len(steps) > 1 else step.rate), steps
+        if rate >= top:
+            return step.rate, steps
+        rate = min(rate * RAMP_STEP, top)
 
 
 def _open_step(args: argparse.Namespace, v: Variant, server: Server, body: str, **kw: Any) -> OpenStep:
@@ -375,41 +434,24 @@ def _round(rate: float) -> float:
 
 
 def _open(
-    args: argparse.Namespace, variants: list[Variant], servers: dict[str, Server], body: str, saturation: float
+    args: argparse.Namespace,
+    variants: list[Variant],
+    servers: dict[str, Server],
+    body: str,
+    saturation: float,
+    rnd: int,
 ) -> list[OpenStep]:
+    """One round of the open-loop sweep and of the mixed scenario, on that round's servers."""
     rates = sorted({_round(f * saturation) for f in args.fractions} | set(args.rates))
     steps: list[OpenStep] = []
     # Each rate's variants one after the other, so that a drift of the machine's load weighs on all alike.
     if "open" in args.modes:
-        for rnd in range(args.rounds):
-            for k, shape in enumerate(args.shapes):
-                for i, rate in enumerate(rates):
-                    seed = 1_000_000 * k + 1000 * rnd + i  # the same arrivals for every variant of the round
-                    for v in _order(variants, rnd + i):
-                        servers[v.name].resume()
-                        try:
-                            steps.append(
-                                _open_step(
-                                    args,
-                                    v,
-                                    servers[v.name],
-                                    body,
-                                    rnd=rnd,
-                                    shape=shape.name,
-                                    rate=rate,
-                                    fraction=rate / saturation,
-                                    seed=seed,
-                                )
-                            )
-                        finally:
-                            servers[v.name].pause()
-    if "mixed" in args.modes and args.mixed_connections > 0:
-        rate = _round(args.mixed_fraction * saturation)
-        for rnd in range(args.rounds):
-            for v in _order(variants, rnd):
-                servers[v.name].resume()
-                try:
-                    for scenario, mixed in (("alone", 0), ("mixed", args.mixed_connections)):
+        for k, shape in enumerate(args.shapes):
+            for i, rate in enumerate(rates):
+                seed = 1_000_000 * k + 1000 * rnd + i  # the same arrivals for every variant of the round
+                for v in _order(variants, rnd + i):
+                    servers[v.name].resume()
+                    try:
                         steps.append(
                             _open_step(
                                 args,
@@ -417,17 +459,38 @@ def _open(
                                 servers[v.name],
                                 body,
                                 rnd=rnd,
-                                shape="poisson",
+                                shape=shape.name,
                                 rate=rate,
                                 fraction=rate / saturation,
-                                seed=7_000_000 + rnd,
-                                scenario=scenario,
-                                mixed=mixed,
-                                think=args.mixed_think,
+                                seed=seed,
                             )
                         )
-                finally:
-                    servers[v.name].pause()
+                    finally:
+                        servers[v.name].pause()
+    if "mixed" in args.modes and args.mixed_connections > 0:
+        rate = _round(args.mixed_fraction * saturation)
+        for v in _order(variants, rnd):
+            servers[v.name].resume()
+            try:
+                for scenario, mixed in (("alone", 0), ("mixed", args.mixed_connections)):
+                    steps.append(
+                        _open_step(
+                            args,
+                            v,
+                            servers[v.name],
+                            body,
+                            rnd=rnd,
+                            shape="poisson",
+                            rate=rate,
+                            fraction=rate / saturation,
+                            seed=7_000_000 + rnd,
+                            scenario=scenario,
+                            mixed=mixed,
+                            think=args.mixed_think,
+                        )
+                    )
+            finally:
+                servers[v.name].pause()
     return steps
 
 
@@ -447,14 +510,17 @@ def main(argv: Sequence[str] | None = None, defaults: Defaults = Defaults()) -> 
     with running(variants, log_dir, args.taskset_server) as servers:
         infos = {v.name: load.get_json(f"{servers[v.name].url}/info") for v in variants}
         agree, body = agreement(servers, names)
-        for server in servers.values():
-            server.pause()  # each resumes for its own steps only
-        closed = _closed(args, variants, servers, body) if "closed" in args.modes else []
-        open_steps: list[OpenStep] = []
-        if wants_open:
-            saturation = _saturation(args, closed, servers, body)
-            print(f"saturation: {saturation[0]:,.0f} req/s ({saturation[1]})", file=sys.stderr, flush=True)
-            open_steps = _open(args, variants, servers, body, saturation[0])
+    closed: list[load.Step] = []
+    for rnd in range(args.rounds if "closed" in args.modes else 0):
+        with _fresh(variants, log_dir, args.taskset_server) as servers:
+            closed += _closed(args, variants, servers, body, rnd)
+    open_steps: list[OpenStep] = []
+    if wants_open:
+        saturation = _saturation(args, closed, variants, log_dir, body)
+        print(f"saturation: {saturation[0]:,.0f} req/s ({saturation[1]})", file=sys.stderr, flush=True)
+        for rnd in range(args.rounds):
+            with _fresh(variants, log_dir, args.taskset_server) as servers:
+                open_steps += _open(args, variants, servers, body, saturation[0], rnd)
     name = args.report
     open_name = f"{name}-open" if closed else name
     files = ([f"`{name}.csv` (closed loop)"] if closed else []) + (

@@ -8,6 +8,7 @@ answer is never faster than the server's delay, a closed loop never sends faster
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import statistics
@@ -346,6 +347,42 @@ def test_the_report_renders_both_modes_and_round_trips_its_csv(tmp_path: Path) -
     assert back[6].p99_ms == math.inf and back[0].closed_rps is None and back[10].closed_rps == 900.0
     open_report.write_png(tmp_path / "open.png", opened, variants, 25.0)
     assert (tmp_path / "open.png").read_bytes().startswith(b"\x89PNG")
+
+
+# -- the saturation: the reference's open-loop capacity ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("knee_at", "fails_at", "expected"),
+    [
+        (700.0, math.inf, 610.0),  # the median leaps past 10x at 763/s: the step before
+        (math.inf, 390.0, 312.0),  # a request failed at 391/s: the step before (312.5, to three digits)
+        (math.inf, math.inf, 1000.0),  # it keeps up to the closed-loop maximum: that is the capacity
+        (0.0, math.inf, 200.0),  # past the knee from the first step: the first rate, nothing lower was tried
+    ],
+)
+def test_the_capacity_ramp_stops_before_the_knee_or_a_failure(
+    monkeypatch: pytest.MonkeyPatch, knee_at: float, fails_at: float, expected: float
+) -> None:
+    from benchmarks.peers import __main__ as rig
+
+    def step(*_: Any, rate: float, **__: Any) -> OpenStep:
+        # 3 ms of median latency below the knee (the first step's too, when the knee is at 0: it sets the scale);
+        # 100 ms past it; some failures past fails_at.
+        first = not asked
+        asked.append(rate)
+        p50 = 3.0 if rate < knee_at or first else 100.0
+        failed = 5 if rate >= fails_at else 0
+        return dataclasses.replace(_open("ours-greedy", rate, 3 * p50), errors=failed)
+
+    asked: list[float] = []
+    monkeypatch.setattr(rig, "_open_step", step)
+    capacity, steps = rig._ramp(None, None, None, "", 1000.0)  # type: ignore[arg-type]
+    assert capacity == expected
+    assert asked == [s.rate for s in steps] and asked[0] == 200.0 and asked == sorted(asked) and asked[-1] <= 1000
+    # Each step 1.25x the last (to three digits), up to the maximum, and none after the one that stopped it.
+    assert all(b == pytest.approx(min(a * 1.25, 1000.0), rel=0.01) for a, b in itertools.pairwise(asked))
+    assert asked[-1] == 1000.0 or asked[-1] > expected
 
 
 # -- end to end ----------------------------------------------------------------------------------------------------
