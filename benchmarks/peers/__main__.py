@@ -444,6 +444,10 @@ def _open(
     """One round of the open-loop sweep and of the mixed scenario, on that round's servers."""
     rates = sorted({_round(f * saturation) for f in args.fractions} | set(args.rates))
     steps: list[OpenStep] = []
+
+    def measure(v: Variant, rate: float, **kw: Any) -> None:
+        steps.append(_open_step(args, v, servers[v.name], body, rnd=rnd, rate=rate, fraction=rate / saturation, **kw))
+
     # Each rate's variants one after the other, so that a drift of the machine's load weighs on all alike.
     if "open" in args.modes:
         for k, shape in enumerate(args.shapes):
@@ -452,19 +456,7 @@ def _open(
                 for v in _order(variants, rnd + i):
                     servers[v.name].resume()
                     try:
-                        steps.append(
-                            _open_step(
-                                args,
-                                v,
-                                servers[v.name],
-                                body,
-                                rnd=rnd,
-                                shape=shape.name,
-                                rate=rate,
-                                fraction=rate / saturation,
-                                seed=seed,
-                            )
-                        )
+                        measure(v, rate, shape=shape.name, seed=seed)
                     finally:
                         servers[v.name].pause()
     if "mixed" in args.modes and args.mixed_connections > 0:
@@ -473,21 +465,14 @@ def _open(
             servers[v.name].resume()
             try:
                 for scenario, mixed in (("alone", 0), ("mixed", args.mixed_connections)):
-                    steps.append(
-                        _open_step(
-                            args,
-                            v,
-                            servers[v.name],
-                            body,
-                            rnd=rnd,
-                            shape="poisson",
-                            rate=rate,
-                            fraction=rate / saturation,
-                            seed=7_000_000 + rnd,
-                            scenario=scenario,
-                            mixed=mixed,
-                            think=args.mixed_think,
-                        )
+                    measure(
+                        v,
+                        rate,
+                        shape="poisson",
+                        seed=7_000_000 + rnd,
+                        scenario=scenario,
+                        mixed=mixed,
+                        think=args.mixed_think,
                     )
             finally:
                 servers[v.name].pause()
