@@ -344,7 +344,8 @@ def _saturation(
     ref = args.saturation_from
     if args.saturation is not None:
         return args.saturation, "given on the command line"
-    with _fresh([v for v in variants if v.name == ref], log_dir, args.taskset_server) as servers:
+    reference = next(v for v in variants if v.name == ref)
+    with _fresh([reference], log_dir, args.taskset_server) as servers:
         server = servers[ref]
         server.resume()
         mine = report.summarise([s for s in closed if s.variant == ref])
@@ -368,7 +369,7 @@ def _saturation(
             )
         if not top > 0:
             raise RuntimeError(f"{ref} answered nothing in its closed loop ({how})")
-        capacity, ramp = _ramp(args, next(v for v in variants if v.name == ref), server, body, top)
+        capacity, ramp = _ramp(args, reference, server, body, top)
     shown = ", ".join(
         f"{_spaced(s.rate)}/s p50 {s.p50_ms:.1f} ms"
         + (f" ({s.errors + s.timeouts} failed)" if s.errors + s.timeouts else "")
