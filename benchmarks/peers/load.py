@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks.run import _process_tree_cpu
 
-__all__ = ["LUA", "Step", "get_json", "machine_ticks", "run_step", "wrk_path", "wrk_version"]
+__all__ = ["LUA", "Step", "get_json", "machine_ticks", "run_step", "steal_ticks", "wrk_path", "wrk_version"]
 
 LUA = Path(__file__).with_name("predict.lua")
 
@@ -76,6 +76,17 @@ def machine_ticks() -> tuple[int, int] | None:
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return sum(fields) - idle, sum(fields)
+
+
+def steal_ticks() -> tuple[int, int] | None:
+    """(steal, total) clock ticks of all CPUs since boot, from /proc/stat: the time the hypervisor gave this VM's
+    CPUs to others while they had work; None without /proc or without the column."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return None
+    return (fields[7], sum(fields)) if len(fields) > 7 else None
 
 
 def _children_cpu() -> float:

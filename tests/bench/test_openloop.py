@@ -355,7 +355,7 @@ def test_the_report_renders_both_modes_and_round_trips_its_csv(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("knee_at", "fails_at", "expected"),
     [
-        (700.0, math.inf, 610.0),  # the median leaps past 10x at 763/s: the step before
+        (700.0, math.inf, 610.0),  # the median leaps past 5x at 763/s: the step before
         (math.inf, 390.0, 312.0),  # a request failed at 391/s: the step before (312.5, to three digits)
         (math.inf, math.inf, 1000.0),  # it keeps up to the closed-loop maximum: that is the capacity
         (0.0, math.inf, 200.0),  # past the knee from the first step: the first rate, nothing lower was tried
@@ -383,6 +383,33 @@ def test_the_capacity_ramp_stops_before_the_knee_or_a_failure(
     # Each step 1.25x the last (to three digits), up to the maximum, and none after the one that stopped it.
     assert all(b == pytest.approx(min(a * 1.25, 1000.0), rel=0.01) for a, b in itertools.pairwise(asked))
     assert asked[-1] == 1000.0 or asked[-1] > expected
+
+
+@pytest.mark.parametrize(
+    ("medians", "stops_at"),
+    [
+        ([12.0, 3.0, 4.0, 16.0, 3.0], 3),  # 16 > 5x the lowest before it (3), though < 5x the first step's (12)
+        ([3.0, 6.0, 14.0, 15.0, 16.0, 3.0], 4),  # 15 is 5x the lowest, not past it; 16 is
+        ([3.0, 6.0, 9.0, 12.0, 15.0, 15.0, 15.0, 15.0, 15.0, 15.0], None),  # never past 5x: up to the maximum
+    ],
+)
+def test_the_ramps_knee_is_5x_the_lowest_median_before_it(medians: list[float], stops_at: int | None) -> None:
+    """The knee is measured from the lowest median of the steps before, not the first step's alone (one step's
+    median moves 2x with the machine's noise)."""
+    from benchmarks.peers import __main__ as rig
+
+    asked: list[float] = []
+
+    def step(*_: Any, rate: float, **__: Any) -> OpenStep:
+        asked.append(rate)
+        return _open("ours-greedy", rate, 3 * medians[len(asked) - 1])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rig, "_open_step", step)
+        capacity, steps = rig._ramp(None, None, None, "", 1000.0)  # type: ignore[arg-type]
+    assert len(steps) == (stops_at + 1 if stops_at is not None else len(asked))
+    assert capacity == (steps[stops_at - 1].rate if stops_at is not None else 1000.0)
+    assert [s.p50_ms for s in steps] == medians[: len(steps)]
 
 
 # -- end to end ----------------------------------------------------------------------------------------------------
