@@ -292,9 +292,10 @@ def _order(variants: list[Variant], rnd: int) -> list[Variant]:
 def _fresh(variants: list[Variant], log_dir: Path, taskset: str | None) -> Iterator[dict[str, Server]]:
     """The variants' servers started afresh (one round's), all paused: each resumes for its own steps only.
 
-    A round never reuses an earlier round's processes: how fast one server process runs the model differs from one
-    start to the next (its model call took 2.1 ms in one process and 3.9 ms in another, alike in all else), and
-    servers kept for every round would give that one draw to every round of a variant, hidden from the spread."""
+    A round never reuses an earlier round's processes: how fast a server runs differs from one process to the next
+    and drifts from minute to minute within one (at 8 connections, one process served 2 231, then 1 905, 1 704,
+    1 682 and 1 502 requests/s in five 5 s windows in a row; others 1.3x apart at the start), and servers kept for
+    every round would give one draw to every round of a variant, hidden from the spread."""
     with running(variants, log_dir, taskset) as servers:
         for server in servers.values():
             server.pause()
@@ -339,7 +340,7 @@ def _closed(
 # rate before a step where a request failed or the median latency passed KNEE times the lowest median of the steps
 # before it (a queue that grows: open-loop traffic past a server's capacity piles up, and the median leaps from
 # milliseconds to hundreds). The lowest, not the first: one step's median moves 2x with the machine's noise. 5x, not
-# more: this machine's speed drifts by a third from minute to minute (the hypervisor's steal), so a rate the ramp
+# more: this machine's speed drifts by a third from minute to minute (the host's other load), so a rate the ramp
 # just kept up with at a 9x median (1 970/s, in the report of a158084) failed requests in every later round of the
 # sweep; the sweep's 90 % must be a rate the reference serves.
 # A closed loop's maximum is not it: its clients never send faster than they are answered, and at this rig's 64 or
