@@ -229,8 +229,8 @@ def _header(
         ),
         f"Load average (1 min) before / after: {load_avg} (above 0 before: other work on the machine; compare the "
         "ratios within this report)",
-        f"Hypervisor steal over the run: {steal} of the machine's CPU time (the host gave this VM's cores to others "
-        "while they had work; it changes from minute to minute, and the speed of every variant with it)",
+        f"Hypervisor steal over the run: {steal} of the machine's CPU time (the time the host gave this VM's cores "
+        "to others while they had work: a part of the drift in this machine's speed, not all of it)",
         f"Every server: Python {shared['python']}, {stack}; one uvicorn worker, uvloop, httptools{mine}",
         f"Peers (each in its own venv, same stack, versions checked): {peers or 'none in this run'}",
         f"Modes: {', '.join(args.modes)}; {args.rounds} round(s), the variants' order rotating; the variants not "
@@ -294,8 +294,9 @@ def _fresh(variants: list[Variant], log_dir: Path, taskset: str | None) -> Itera
 
     A round never reuses an earlier round's processes: how fast a server runs differs from one process to the next
     and drifts from minute to minute within one (at 8 connections, one process served 2 231, then 1 905, 1 704,
-    1 682 and 1 502 requests/s in five 5 s windows in a row; others 1.3x apart at the start), and servers kept for
-    every round would give one draw to every round of a variant, hidden from the spread."""
+    1 682 and 1 502 requests/s in five 5 s windows in a row; the first windows of six processes ranged from 1 444 to
+    2 231), and servers kept for every round would give one draw to every round of a variant, hidden from the
+    spread."""
     with running(variants, log_dir, taskset) as servers:
         for server in servers.values():
             server.pause()

@@ -67,12 +67,19 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
         return json.load(response)
 
 
-def machine_ticks() -> tuple[int, int] | None:
-    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat; None without /proc."""
+def _cpu_ticks() -> list[int] | None:
+    """The clock ticks of all CPUs since boot, by kind (/proc/stat's first line); None without /proc."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
+            return [int(v) for v in f.readline().split()[1:]]
     except OSError:
+        return None
+
+
+def machine_ticks() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat; None without /proc."""
+    fields = _cpu_ticks()
+    if fields is None:
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return sum(fields) - idle, sum(fields)
@@ -81,12 +88,8 @@ def machine_ticks() -> tuple[int, int] | None:
 def steal_ticks() -> tuple[int, int] | None:
     """(steal, total) clock ticks of all CPUs since boot, from /proc/stat: the time the hypervisor gave this VM's
     CPUs to others while they had work; None without /proc or without the column."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except OSError:
-        return None
-    return (fields[7], sum(fields)) if len(fields) > 7 else None
+    fields = _cpu_ticks()
+    return (fields[7], sum(fields)) if fields is not None and len(fields) > 7 else None
 
 
 def _children_cpu() -> float:

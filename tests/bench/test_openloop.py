@@ -412,6 +412,18 @@ def test_the_ramps_knee_is_5x_the_lowest_median_before_it(medians: list[float], 
     assert [s.p50_ms for s in steps] == medians[: len(steps)]
 
 
+def test_the_header_gives_the_steal_over_the_run_as_a_share_of_the_cpu_time() -> None:
+    from benchmarks.peers import __main__ as rig
+    from benchmarks.peers import load
+
+    assert rig._share((10, 1000), (40, 2000)) == "3.0 %"  # 30 ticks of steal in 1 000
+    assert rig._share(None, (40, 2000)) == "n/a" and rig._share((10, 1000), None) == "n/a"
+    assert rig._share((10, 1000), (10, 1000)) == "n/a"  # no time passed: no share
+    ticks = load.steal_ticks()
+    if ticks is not None:  # (Linux with the column)
+        assert 0 <= ticks[0] <= ticks[1]
+
+
 # -- end to end ----------------------------------------------------------------------------------------------------
 
 
