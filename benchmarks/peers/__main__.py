@@ -408,8 +408,10 @@ def _ramp(args: argparse.Namespace, v: Variant, server: Server, body: str, top: 
     steps: list[OpenStep] = []
     rate = RAMP_FROM * top
     while True:
+        # (Rounded to three digits, but never above the maximum: 1 095.3/s is asked as 1 095/s, not 1 100/s.)
+        asked = min(_round(rate), max(1.0, math.floor(top)))
         step = _open_step(
-            args, v, server, body, rnd=0, shape="poisson", rate=_round(rate), fraction=None, seed=9_000_000 + len(steps)
+            args, v, server, body, rnd=0, shape="poisson", rate=asked, fraction=None, seed=9_000_000 + len(steps)
         )
         steps.append(step)
         if step.errors + step.timeouts or step.p50_ms > KNEE * min(s.p50_ms for s in steps[:-1] or steps):

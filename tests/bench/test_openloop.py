@@ -385,6 +385,22 @@ def test_the_capacity_ramp_stops_before_the_knee_or_a_failure(
     assert asked[-1] == 1000.0 or asked[-1] > expected
 
 
+def test_the_ramps_last_step_is_never_above_the_closed_loop_maximum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rates are asked rounded to three digits; at the top that must not round up past the maximum (1 095.3/s
+    would be asked as 1 100/s, and the capacity found be above what the server served)."""
+    from benchmarks.peers import __main__ as rig
+
+    asked: list[float] = []
+
+    def step(*_: Any, rate: float, **__: Any) -> OpenStep:
+        asked.append(rate)
+        return _open("ours-greedy", rate, 9.0)  # no knee, no failure: up to the maximum
+
+    monkeypatch.setattr(rig, "_open_step", step)
+    capacity, _ = rig._ramp(None, None, None, "", 1095.3318)  # type: ignore[arg-type]
+    assert max(asked) <= 1095.3318 and capacity == asked[-1] == 1095.0
+
+
 @pytest.mark.parametrize(
     ("medians", "stops_at"),
     [
