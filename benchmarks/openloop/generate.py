@@ -30,7 +30,7 @@ from benchmarks.openloop import client, schedule
 from benchmarks.openloop.stats import summary
 
 # (imported here: an import inside a step would stall its loop)
-from benchmarks.peers.load import Counts, counts_of, machine_ticks, per_call
+from benchmarks.peers.load import Counts, counts_of, machine_ticks, per_call, tick_share
 from benchmarks.run import _process_tree_cpu
 
 __all__ = ["main", "run"]
@@ -81,10 +81,7 @@ def _window(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out["server_cpu"] = (
         100.0 * (b["server"] - a["server"]) / wall if a["server"] is not None and b["server"] is not None else None
     )
-    busy = None
-    if a["ticks"] and b["ticks"] and b["ticks"][1] > a["ticks"][1]:
-        busy = 100.0 * (b["ticks"][0] - a["ticks"][0]) / (b["ticks"][1] - a["ticks"][1])
-    out["machine_busy"] = busy
+    out["machine_busy"] = tick_share(a["ticks"], b["ticks"])
     out["model_calls"], out["items_per_call"], out["hold_share"] = per_call(a["stats"], b["stats"])
     return out
 

@@ -270,9 +270,8 @@ def _header(
 
 def _share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str:
     """The share of the CPU time between two ``(part, total)`` tick counts, as the header writes it."""
-    if before is None or after is None or after[1] <= before[1]:
-        return "n/a"
-    return f"{100.0 * (after[0] - before[0]) / (after[1] - before[1]):.1f} %"
+    share = load.tick_share(before, after)
+    return "n/a" if share is None else f"{share:.1f} %"
 
 
 def _shape_names(args: argparse.Namespace) -> list[str]:

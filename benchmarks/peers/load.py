@@ -20,7 +20,17 @@ from typing import Any
 
 from benchmarks.run import _process_tree_cpu
 
-__all__ = ["LUA", "Step", "get_json", "machine_ticks", "run_step", "steal_ticks", "wrk_path", "wrk_version"]
+__all__ = [
+    "LUA",
+    "Step",
+    "get_json",
+    "machine_ticks",
+    "run_step",
+    "steal_ticks",
+    "tick_share",
+    "wrk_path",
+    "wrk_version",
+]
 
 LUA = Path(__file__).with_name("predict.lua")
 
@@ -90,6 +100,14 @@ def steal_ticks() -> tuple[int, int] | None:
     CPUs to others while they had work; None without /proc or without the column."""
     fields = _cpu_ticks()
     return (fields[7], sum(fields)) if fields is not None and len(fields) > 7 else None
+
+
+def tick_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share in % of the CPU time between two ``(part, total)`` tick counts (:func:`machine_ticks`,
+    :func:`steal_ticks`); None if either is missing or no tick passed."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
 
 
 def _children_cpu() -> float:
@@ -175,9 +193,7 @@ def run_step(
     stats1, cpu1, ticks1, wrk1 = _stats(url), _process_tree_cpu(server_pid), machine_ticks(), _children_cpu()
     idle1 = _cpu_of(other_pids)
     _, items_per_call, hold_share = per_call(stats0, stats1)
-    busy = None
-    if ticks0 and ticks1 and ticks1[1] > ticks0[1]:
-        busy = 100.0 * (ticks1[0] - ticks0[0]) / (ticks1[1] - ticks0[1])
+    busy = tick_share(ticks0, ticks1)
     duration = w["duration_us"] / 1e6
     return Step(
         variant=variant,

@@ -409,7 +409,9 @@ def test_the_ramps_last_step_is_never_above_the_closed_loop_maximum(monkeypatch:
         ([3.0, 6.0, 9.0, 12.0, 15.0, 15.0, 15.0, 15.0, 15.0, 15.0], None),  # never past 5x: up to the maximum
     ],
 )
-def test_the_ramps_knee_is_5x_the_lowest_median_before_it(medians: list[float], stops_at: int | None) -> None:
+def test_the_ramps_knee_is_5x_the_lowest_median_before_it(
+    monkeypatch: pytest.MonkeyPatch, medians: list[float], stops_at: int | None
+) -> None:
     """The knee is measured from the lowest median of the steps before, not the first step's alone (one step's
     median moves 2x with the machine's noise)."""
     from benchmarks.peers import __main__ as rig
@@ -420,9 +422,8 @@ def test_the_ramps_knee_is_5x_the_lowest_median_before_it(medians: list[float], 
         asked.append(rate)
         return _open("ours-greedy", rate, 3 * medians[len(asked) - 1])
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(rig, "_open_step", step)
-        capacity, steps = rig._ramp(None, None, None, "", 1000.0)  # type: ignore[arg-type]
+    monkeypatch.setattr(rig, "_open_step", step)
+    capacity, steps = rig._ramp(None, None, None, "", 1000.0)  # type: ignore[arg-type]
     assert len(steps) == (stops_at + 1 if stops_at is not None else len(asked))
     assert capacity == (steps[stops_at - 1].rate if stops_at is not None else 1000.0)
     assert [s.p50_ms for s in steps] == medians[: len(steps)]
