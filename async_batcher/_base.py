@@ -68,7 +68,7 @@ class Base(Settings):
     continuous_batching: ClassVar[bool] = False
     #: The loop's turns a batch's end lets pass before the next batch forms, while items wait
     #: (:func:`~async_batcher._dispatch.batch_ended`); 0 sends at once (the benchmarks' plain greedy reference).
-    _turns: int = 2
+    _turns: int = 4
 
     if TYPE_CHECKING:  # implemented by AsyncBatcher
 

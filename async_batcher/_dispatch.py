@@ -96,7 +96,7 @@ def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
     """A batch has freed its slot, having answered ``callers``: the hold may wait for them (policy), and a free slot
     never idles while a batch is due.
 
-    While items wait, the next batch forms ``b._turns`` (2) turns of the loop later, not at once: callers the loop
+    While items wait, the next batch forms ``b._turns`` (4) turns of the loop later, not at once: callers the loop
     already holds join it (requests read from their sockets, whose handlers have yet to run, and the callers this
     batch just answered, if they call again at once), where they would have followed alone, and the batches of a busy
     server stop splitting into ever more, ever smaller ones. Turns, not time: on an idle loop they pass at once, and

@@ -43,7 +43,7 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
     if lane.count >= (largest(b) if held else b._size_trigger):
         return now
     if held and b._adaptive is None:
-        lane.kept = hold_end(b, lane)
+        lane.kept = hold_until(b, run, lane)
         return lane.kept
     oldest = run.queue.oldest(lane)  # (it drops the entries of callers who left: the count may fall to 0)
     if oldest == math.inf:
@@ -53,7 +53,7 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
     send_by = b._adaptive.send_by(oldest, max(lane.count, min(b._size_trigger, b._batch_limit)))
     if not held or send_by <= now:
         return send_by
-    lane.kept = hold_end(b, lane)
+    lane.kept = hold_until(b, run, lane)
     return min(send_by, lane.kept)
 
 
@@ -113,6 +113,8 @@ def adapt(b: Base, run: Run, now: float) -> None:
 # probe about once a minute.
 
 COHORT = 4
+# A hold ends once its lane has had no arrival for this share of the time the batch it follows took.
+QUIET = 0.5
 # A probe's wait after a probe that gathered its lane's callers; it doubles after each that did not, up to the last.
 PROBE_EVERY = 1.0
 PROBE_AT_MOST = 64.0
@@ -138,6 +140,7 @@ def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
         else:
             run.probe_wait = min(2 * run.probe_wait, PROBE_AT_MOST)
     lane.ended, lane.arrived_at_end = now, lane.arrived
+    lane.ran = ran
     if not b._max_hold_time or not callers:
         return
     if holding(b, lane, now):
@@ -162,6 +165,14 @@ def holds(b: Base, run: Run, lane: Lane, now: float) -> bool:
 def holding(b: Base, lane: Lane, now: float) -> bool:
     """Whether a hold may keep the lane's items back now (its callers' return not yet complete, its time not up)."""
     return hold_end(b, lane) > now and lane.arrived < lane.hold_mark
+
+
+def hold_until(b: Base, run: Run, lane: Lane) -> float:
+    """When the lane's hold lets its waiting items go if its callers are not all back: when it ends
+    (:func:`hold_end`), or once the lane has had no arrival, since its last batch ended or its latest item arrived,
+    for half the time that batch took (:data:`QUIET`): callers that come back together come back close together,
+    and a slot kept free longer for a late one costs more than the batch it would save."""
+    return min(hold_end(b, lane), max(lane.ended, run.queue.newest(lane)) + QUIET * lane.ran)
 
 
 def hold_end(b: Base, lane: Lane) -> float:

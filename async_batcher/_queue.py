@@ -211,6 +211,15 @@ class Queue:
                 oldest = min(oldest, head[ARRIVAL] if head.__class__ is list else head.arrival)
         return oldest
 
+    def newest(self, lane: Lane) -> float:
+        """Arrival time of the lane's newest queued entry (``-inf`` if none)."""
+        newest = -math.inf
+        for fifo in lane.order:
+            if fifo:
+                tail = fifo[-1]
+                newest = max(newest, tail[ARRIVAL] if tail.__class__ is list else tail.arrival)
+        return newest
+
     def drop_empty_lanes(self, held_since: float) -> None:
         """Keys come and go: forget the lanes that hold nothing, have no batch in flight and no hold waiting for
         their callers (one that began after ``held_since``); the default lane stays."""

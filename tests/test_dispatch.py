@@ -448,6 +448,51 @@ async def test_a_hold_ends_after_max_hold_time_when_the_callers_do_not_come_back
     await b.stop()
 
 
+@both_paths
+async def test_a_hold_ends_once_its_lane_is_quiet_for_half_the_time_its_batch_took(cls: type[Recording]) -> None:
+    # Rule: callers that come back together come back close together. A probe holds the slot for the four callers
+    # a 0.1 s batch answered (max_hold_time 1 s); three come back 0.01 apart, the fourth never does. Once the lane
+    # has had no arrival for 0.05 (half the time that batch took), the three go: at 0.18, not at 1.1.
+    b = cls(max_queue_time=0, max_hold_time=1.0, delay=0.1)
+    assert await asyncio.gather(*(b.process(c) for c in range(4))) == [0, 2, 4, 6]  # answered at 0.1: four owed
+    back = []
+    for c in range(3):
+        await asyncio.sleep(0.01)
+        back.append(asyncio.ensure_future(b.process(c)))  # at 0.11, 0.12, 0.13
+    assert await asyncio.gather(*back) == [0, 2, 4]
+    assert [len(x) for x in b.batches] == [4, 3] and b.started_at == pytest.approx([0, 0.18])
+    assert b.stats.held == 1  # the hold kept that batch back
+    await b.stop()
+
+
+@both_paths
+async def test_a_hold_waits_on_while_its_callers_keep_coming_back(cls: type[Recording]) -> None:
+    # The quiet gap runs from the latest arrival: callers back 0.04 apart (under the 0.05) keep the hold, and the
+    # four go together once the last is back, 0.26 after the batch began, far past 0.05 after its end.
+    b = cls(max_queue_time=0, max_hold_time=1.0, delay=0.1)
+    assert await asyncio.gather(*(b.process(c) for c in range(4))) == [0, 2, 4, 6]
+    back = []
+    for c in range(4):
+        await asyncio.sleep(0.04)
+        back.append(asyncio.ensure_future(b.process(c)))  # at 0.14, 0.18, 0.22, 0.26
+    assert await asyncio.gather(*back) == [0, 2, 4, 6]
+    assert [len(x) for x in b.batches] == [4, 4] and b.started_at == pytest.approx([0, 0.26])
+    await b.stop()
+
+
+@both_paths
+async def test_the_first_caller_back_after_a_quiet_gap_waits_at_most_that_gap_for_others(cls: type[Recording]) -> None:
+    # Nobody back for 0.2 (longer than the gap): the slot is free and nothing waits, so nothing is kept. The first
+    # caller back waits at most the gap, 0.05, for the three others, and goes alone at 0.35: the hold bounds a wait
+    # by the batch's own time, not by max_hold_time.
+    b = cls(max_queue_time=0, max_hold_time=1.0, delay=0.1)
+    assert await asyncio.gather(*(b.process(c) for c in range(4))) == [0, 2, 4, 6]
+    await asyncio.sleep(0.2)
+    assert await b.process(7) == 14
+    assert b.started_at == pytest.approx([0, 0.35])
+    await b.stop()
+
+
 async def test_a_failed_batch_counts_each_call_it_resolved_for_the_hold() -> None:
     # A batch of four calls (two process_many of two items, two single items) fails: the four callers are answered
     # (with its error), and a probe holds the freed slot for the four, as after a batch that succeeded.

@@ -4,9 +4,10 @@ The rules the hold keeps (contract point 1, docs/guides/subclassing.md "Holding 
 
 - it waits only for the callers the lane's last batch answered (a caller who had left is not one; a ``process_many``
   counts once, when its last item is answered), and never longer than ``max_hold_time`` (as set now) after that
-  batch ended; a batch of the lane that ends during a hold adds its callers without moving its end; during a hold
-  only the largest batch (``max_batch_size``, or the largest preferred size) goes early; with ``max_latency`` the
-  adaptive deadline bounds it;
+  batch ended, nor once the lane has had no arrival for half the time that batch took (since it ended, or since
+  the latest arrival); a batch of the lane that ends during a hold adds its callers without moving its end;
+  during a hold only the largest batch (``max_batch_size``, or the largest preferred size) goes early; with
+  ``max_latency`` the adaptive deadline bounds it;
 - a lone caller never waits (after an idle period too); a bulk call never waits for itself; a lane never waits for
   another lane's callers;
 - an idle batcher keeps no timer; a stop never holds; a caller waiting for room ends a hold;
@@ -571,7 +572,9 @@ async def test_an_idle_batcher_after_a_hold_wakes_the_loop_for_nothing(ending: s
     b = (ManyKeys if ending == "many-keys" else Keyed)(max_queue_time=0, max_hold_time=5.0, delay=0.1, concurrency=2)
     await asyncio.gather(*(b.process(i) for i in range(4)))  # four owed, for 5 s
     if ending == "some-back":
-        assert list(await asyncio.gather(b.process(1), b.process(2))) == [2, 4]  # two back, held, sent at 5.1
+        # two back, held until the lane is quiet for half the 0.1 the batch took: sent at 0.15, not 5.1
+        assert list(await asyncio.gather(b.process(1), b.process(2))) == [2, 4]
+        assert b.started_at[-1] == pytest.approx(0.15)
     elif ending == "all-back":
         two = [asyncio.ensure_future(b.process(i)) for i in range(2)]  # held: a timer for the hold's end
         await asyncio.sleep(0.01)
@@ -586,8 +589,8 @@ async def test_an_idle_batcher_after_a_hold_wakes_the_loop_for_nothing(ending: s
     elif ending == "many-keys":
         assert await asyncio.gather(*(b.process(100 + i) for i in range(50))) == [200 + 2 * i for i in range(50)]
     elif ending == "timed-out":
-        with pytest.raises(TimeoutError):
-            await b.process(1, timeout=0.5)
+        with pytest.raises(TimeoutError):  # held: it times out before the lane has been quiet long enough
+            await b.process(1, timeout=0.01)
     await settle(b)
     idle_without_timer(b)
     jumps = loop.jumps

@@ -1,7 +1,7 @@
 """The turns at a batch's end under attack, on the loop's virtual clock: what a hostile user can make them do.
 
 The rule (``_dispatch.batch_ended`` and ``_dispatch._turn``): when a batch ends while items wait, the next batch
-forms ``b._turns`` (2) turns of the event loop later, each a zero-delay timer, so that callers the loop already
+forms ``b._turns`` (4) turns of the event loop later, each a zero-delay timer, so that callers the loop already
 holds join it; the pending turn is the run's ``pump_handle``, so arrivals do not pump meanwhile. No turns when
 the waiting items fill the largest batch, when the run is not RUNNING (a drain goes at once), or while a caller
 waits for room; ``_turns = 0`` forms the batch at once. The rules attacked here:
@@ -273,13 +273,15 @@ STOPS: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("how", list(STOPS))
-@pytest.mark.parametrize("moment", [-1, 0, 1, 2, 3, 4], ids=lambda m: "during-batch" if m < 0 else f"end+{m}")
+@pytest.mark.parametrize(
+    "moment", [-1, *range(AsyncBatcher._turns + 3)], ids=lambda m: "during-batch" if m < 0 else f"end+{m}"
+)
 async def test_a_stop_at_each_moment_around_the_turns_resolves_every_caller_once(
     how: str, moment: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Rule: every accepted item resolves exactly once, whatever the moment of a stop: during the first batch, in the
-    # iteration it ends in (end+0), in each turn (end+1, end+2: the stop task's first step runs one iteration after
-    # it is created), or once the next batch has formed. Item 0's caller calls again as soon as it has its answer
+    # iteration it ends in (end+0), in each turn (end+1 to end+_turns: the stop task's first step runs one iteration
+    # after it is created), or once the next batch has formed. Item 0's caller calls again as soon as it has its answer
     # (item 10, during the turns). A drain answers every accepted item; a forced or timed-out stop fails what has
     # not been answered with BatcherStoppedError, and an item never sent is never sent later. A batch that ends
     # while the batcher stops takes no turns (the drain goes at once). Then a restart: the new run serves at once,
@@ -323,8 +325,8 @@ async def test_a_stop_at_each_moment_around_the_turns_resolves_every_caller_once
         gate.set()
         outcomes = await asyncio.gather(first, *rest.values(), return_exceptions=True)
         await asyncio.gather(*stopping)
-    if moment >= 0:  # the stop began inside the turns at end+0 and end+1 (its task runs an iteration later)
-        assert turn_pending == [moment in (0, 1)]
+    if moment >= 0:  # the stop began inside the turns at end+0 to end+_turns-1 (its task runs an iteration later)
+        assert turn_pending == [moment < b._turns]
     elif how == "drain":  # a batch that ends while the batcher stops takes no turns: the drain goes at once
         assert b.started_tick[1] - b.ended_tick[0] == 1
     no_item_twice(b)
@@ -399,14 +401,14 @@ async def test_a_caller_cancelled_during_the_turns_withdraws_its_item(moment: in
     await b.stop()
 
 
-@pytest.mark.parametrize("moment", [0, 1, 2, 3], ids=lambda m: f"end+{m}")
+@pytest.mark.parametrize("moment", range(AsyncBatcher._turns + 2), ids=lambda m: f"end+{m}")
 async def test_a_timeout_that_expires_during_the_turns_is_atomic(moment: int) -> None:
     # Rule: timeout= is atomic with respect to the batch: an item is sent with its caller still waiting, or never.
     # A caller comes at end+moment with timeout=0 (its task queues the item an iteration later, and the deadline
-    # passes the iteration after that). At end+0 the deadline passes inside the turns, before the batch forms
-    # (end+2): it times out, never sent. At end+1 it queues in the last turn and joins the batch, answered at once.
-    # At end+2 or later it comes after that batch formed; that batch ends at once, and the item's deadline passes
-    # inside the turns of that end: withdrawn, never sent, and the turn's pump finds nothing.
+    # passes the iteration after that). Up to end+_turns-2 the deadline passes inside the turns, before the batch
+    # forms (end+_turns): it times out, never sent. At end+_turns-1 it queues in the last turn and joins the batch,
+    # answered at once. At end+_turns or later it comes after that batch formed; that batch ends at once, and the
+    # item's deadline passes inside the turns of that end: withdrawn, never sent, and the turn's pump finds nothing.
     loop = asyncio.get_running_loop()
     gate = asyncio.Event()
     late: list[asyncio.Task[int]] = []
@@ -424,7 +426,7 @@ async def test_a_timeout_that_expires_during_the_turns_is_atomic(moment: int) ->
         (outcome,) = await asyncio.gather(*late, return_exceptions=True)
         await settle(b)
     no_item_twice(b)
-    if moment == 1:
+    if moment == b._turns - 1:
         assert outcome == 40 and b.batches == [[0], [1, 2, 3, 20]]
     else:
         assert isinstance(outcome, TimeoutError) and b.batches == [[0], [1, 2, 3]], (outcome, b.batches)
