@@ -1,4 +1,4 @@
-"""Contract point 1, a batch's end: while items wait, the next batch forms two turns of the event loop later, so
+"""Contract point 1, a batch's end: while items wait, the next batch forms four turns of the event loop later, so
 that the callers the loop already holds join it (a request read from its socket whose handler has yet to run; here,
 tasks that the batch's end made ready). Turns, not time: the clock does not move for them. A full batch, a stop and
 a caller waiting for room go at once; ``_turns = 0`` (not a setting: the benchmarks' plain greedy reference) forms

@@ -17,7 +17,7 @@ the open-loop modes only.
 
 ``--ours LABEL:key=value,...`` adds a variant of this package with other settings (``max_queue_time``,
 ``max_latency``, ``concurrency``, ...): ``--ours wait1ms:max_queue_time=0.001``. In the open-loop modes the variant
-``ours-greedy`` (``max_queue_time=0, max_hold_time=0``, and a batch formed at once after a batch's end, not two turns
+``ours-greedy`` (``max_queue_time=0, max_hold_time=0``, and a batch formed at once after a batch's end, not four turns
 of the loop later: plain greedy dispatch) is added unless ``--ours greedy:...`` gives its settings or
 ``--no-greedy`` leaves it out.
 """
