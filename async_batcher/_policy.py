@@ -29,8 +29,9 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
       size, when set), or ``max_batch_weight``;
     - during a hold (:func:`holds`: the callers the lane's last batch answered are coming back with their next
       items), when they are all back, at the largest batch (``max_batch_size``, or the largest preferred size),
-      or when the hold ends, ``max_hold_time`` after that batch ended (or, with ``max_latency``, by the adaptive
-      wait's deadline for its oldest item, if sooner: the budget holds);
+      once the lane has had no arrival for half the time that batch took (:func:`hold_until`), or when the hold
+      ends, ``max_hold_time`` after that batch ended (or, with ``max_latency``, by the adaptive wait's deadline for
+      its oldest item, if sooner: the budget holds);
     - else when its oldest waiting item has waited ``max_queue_time`` since it arrived (with ``max_latency``, the
       adaptive wait's deadline for it);
     - ``inf`` if nothing of it waits (its callers may all have left).
@@ -110,7 +111,9 @@ def adapt(b: Base, run: Run, now: float) -> None:
 # the moment it is free. While it is off, it is tried (a probe), for a cohort of COHORT callers or more, at most
 # once every PROBE_EVERY seconds, and half as often after each probe that did not gather its lane's callers (up to
 # PROBE_AT_MOST): a closed loop that is split shows itself only once gathered, and independent arrivals pay for a
-# probe about once a minute.
+# probe about once a minute. A hold ends when its callers are all back, after max_hold_time, or once the lane has had
+# no arrival for QUIET of the time the batch it follows took: callers that come back together come back close
+# together, and beside independent arrivals a batch's callers are not all coming back.
 
 COHORT = 4
 # A hold ends once its lane has had no arrival for this share of the time the batch it follows took.
