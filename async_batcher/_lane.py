@@ -22,10 +22,11 @@ class Lane:
     every item that ever arrived in the lane, without a step per item.
 
     The rest is the lane's own history, for the hold (:mod:`~async_batcher._policy`): when its last batch ended
-    (``ended``), how long it took (``ran``) and the lane's arrivals then (``arrived_at_end``), whether that batch
-    held all its callers (``alone``), and, while a hold for the callers it answered may apply, since when
-    (``hold_from``: it ends ``max_hold_time`` later), at which count of arrivals they are all back (``hold_mark``),
-    whether the hold is a probe (``probing``), and until when a hold kept its items back (``kept``).
+    (``ended``) and its arrivals then (``arrived_at_end``), whether that batch held all its callers (``alone``),
+    and, while a hold for the callers it answered may apply, since when (``hold_from``: it ends ``max_hold_time``
+    later), how long it waits for an arrival (``quiet``), at which count of arrivals they are all back
+    (``hold_mark``), whether the hold is a probe (``probing``), and until when a hold kept its items back
+    (``kept``).
     """
 
     __slots__ = (
@@ -43,7 +44,7 @@ class Lane:
         "levels",
         "order",
         "probing",
-        "ran",
+        "quiet",
         "served",
         "weight",
     )
@@ -62,7 +63,7 @@ class Lane:
         self.in_flight = 0  # its batches in flight: a lane is kept while it has some (their end is its history)
         self.ended = self.hold_from = -math.inf
         self.hold_mark = 0
-        self.ran = 0.0  # how long its last batch took
+        self.quiet = 0.0  # a hold's longest wait for an arrival: QUIET of the time the batch it follows took
         self.probing = False  # its hold is a probe (the hold is off: it is tried once)
         # Until when the hold that kept its items back would have lasted (-inf: none did): a batch with an item
         # that arrived before then counts as held (BatcherStats.held).

@@ -143,7 +143,6 @@ def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
         else:
             run.probe_wait = min(2 * run.probe_wait, PROBE_AT_MOST)
     lane.ended, lane.arrived_at_end = now, lane.arrived
-    lane.ran = ran
     if not b._max_hold_time or not callers:
         return
     if holding(b, lane, now):
@@ -151,6 +150,7 @@ def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
         return
     lane.hold_mark = lane.arrived + callers
     lane.hold_from = now
+    lane.quiet = QUIET * ran  # (a batch that ends during the hold adds its callers, and moves neither)
     lane.kept = -math.inf  # (what an earlier hold kept back has left: it was withdrawn, or its batch went)
     lane.probing = not lane.alone and callers >= COHORT and now >= run.probe_at
     if lane.probing:
@@ -172,10 +172,10 @@ def holding(b: Base, lane: Lane, now: float) -> bool:
 
 def hold_until(b: Base, run: Run, lane: Lane) -> float:
     """When the lane's hold lets its waiting items go if its callers are not all back: when it ends
-    (:func:`hold_end`), or once the lane has had no arrival, since its last batch ended or its latest item arrived,
-    for half the time that batch took (:data:`QUIET`): callers that come back together come back close together,
-    and a slot kept free longer for a late one costs more than the batch it would save."""
-    return min(hold_end(b, lane), max(lane.ended, run.queue.newest(lane)) + QUIET * lane.ran)
+    (:func:`hold_end`), or once the lane has had no arrival, since the batch the hold follows ended or its latest
+    item arrived, for half the time that batch took (:data:`QUIET`): callers that come back together come back
+    close together, and a slot kept free longer for a late one costs more than the batch it would save."""
+    return min(hold_end(b, lane), max(lane.hold_from, run.queue.newest(lane)) + lane.quiet)
 
 
 def hold_end(b: Base, lane: Lane) -> float:
