@@ -45,7 +45,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         dtype=np.float32,  # the model's input dtype
         max_batch_size=256,
         max_queue_time=0,  # a batch goes as soon as the model is free; the next one fills while it runs
-        max_hold_time=0.02,  # ...or up to 20 ms later, when the clients it answered come back together
         max_queue_size=4096,  # past that, 503 + Retry-After rather than an ever longer wait
     )
     async with run_batchers(batcher) as batchers:  # started now; drained and stopped at shutdown

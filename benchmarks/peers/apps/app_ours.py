@@ -11,13 +11,12 @@ from app_shape import CountingModel
 
 __all__ = ["DEFAULTS", "make_predictor"]
 
-# The README's settings for a model server: a batch leaves as soon as the model is free (max_queue_time=0), once the
-# clients it just answered are back (max_hold_time: at most 20 ms after the batch ended, and only while they do come
-# back together).
+# The README's settings for a model server: a batch leaves as soon as the model is free (max_queue_time=0), four turns
+# of the event loop after the last one ended; no hold (max_hold_time=0, the default).
 DEFAULTS: dict[str, Any] = {
     "max_batch_size": 256,
     "max_queue_time": 0.0,
-    "max_hold_time": 0.02,
+    "max_hold_time": 0.0,
     "max_queue_size": 4096,
 }
 
