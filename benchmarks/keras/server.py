@@ -102,9 +102,8 @@ class ServerSettings:
     # 0: a batch leaves as soon as the model is free; while it runs, the next one fills by itself. Waiting on top
     # of that only adds latency here (reports/keras.md, tuning).
     max_queue_time: float = 0.0
-    # A freed slot waits for the clients the last batch answered, at most 20 ms after it ended and only while they
-    # come back together: the clients stay in one cohort (full batches) instead of splitting into two that alternate.
-    max_hold_time: float = 0.02
+    # No hold (the README's settings): the four turns of the loop at a batch's end keep the clients in one cohort.
+    max_hold_time: float = 0.0
     max_queue_size: int = 4096
     concurrency: int = 1
     predict_threads: int = 2
