@@ -30,7 +30,8 @@ class Lane:
 
     For the gather, it keeps averages over its recent batches of the items that arrived while each ran
     (``during``), of those its rate would have brought (``expected``) and of the time each took (``took``), and two
-    marks of its arrivals and their time (``marks``) for its rate now.
+    marks of its arrivals and their time (``marks``) for its rate now; and the arrival of the oldest item the gather
+    keeps back (``gathered``).
     """
 
     __slots__ = (
@@ -41,6 +42,7 @@ class Lane:
         "during",
         "ended",
         "expected",
+        "gathered",
         "hold_from",
         "hold_mark",
         "in_flight",
@@ -79,6 +81,7 @@ class Lane:
         self.alone = False  # its last batch held all its callers (nothing else arrived while it ran)
         self.arrived_at_end = 0  # its arrivals when its last batch ended
         self.during = self.expected = self.took = 0.0
+        self.gathered = -math.inf  # the arrival of the oldest item the gather keeps back (-inf: none)
         # (time, arrivals) at its older and newer mark: its rate now is taken since the older one
         self.marks = (-math.inf, 0, -math.inf, 0)
 

@@ -50,7 +50,11 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
     if oldest == math.inf:
         return math.inf
     if b._adaptive is None:
-        return oldest + max(b._max_queue_time, gather(b, run, lane, now))
+        wait = gather(b, run, lane, now)
+        if wait <= b._max_queue_time or oldest + wait <= now:
+            return oldest + b._max_queue_time
+        lane.gathered = oldest  # (the gather keeps it back: BatcherStats.gathered)
+        return oldest + wait
     send_by = b._adaptive.send_by(oldest, max(lane.count, min(b._size_trigger, b._batch_limit)))
     if not held or send_by <= now:
         return send_by
@@ -187,10 +191,13 @@ def hold_end(b: Base, lane: Lane) -> float:
 def formed(b: Base, lane: Lane, oldest: float) -> None:
     """A batch of ``lane`` goes, its oldest item having arrived at ``oldest``: its hold, if any, is over. It counts
     in the statistics if the hold kept the lane back while one of its items waited (not if those the hold kept back
-    were all withdrawn, and the batch is of later arrivals)."""
+    were all withdrawn, and the batch is of later arrivals); likewise if the gather kept back one of its items."""
     if oldest < lane.kept:
         b._recorder.held += 1
         b._recorder.probes += lane.probing
+    if oldest <= lane.gathered:
+        b._recorder.gathered += 1
+    lane.gathered = -math.inf
     lane.kept = -math.inf
     lane.hold_from = -math.inf
     lane.probing = False
@@ -204,15 +211,16 @@ def formed(b: Base, lane: Lane, oldest: float) -> None:
 # the lane's items arrive independently (they keep arriving while its batches run, at half the rate or more: not a
 # closed loop's callers, who wait for their answers and whom a wait would only delay), a batch with fewer items than
 # the largest waits, from its oldest item's arrival, at most max_gather_time and at most as long as the lane's recent
-# batches took (the fixed cost a second call would add), if the lane's rate now brings half an item or more in that
-# time. At a low rate, or a lone caller after an idle spell, it goes at once.
+# batches took (the fixed cost a second call would add), if the lane's rate now makes an arrival within that time
+# more likely than not. At a low rate, or a lone caller after an idle spell, it goes at once.
 
 # The weight of a batch's figures in the lane's averages (the last twenty or so batches count).
 GATHER_WEIGHT = 0.1
 # Independent arrivals: during its recent batches, at least this share of the items the lane's rate would bring.
 GATHER_SHARE = 0.5
-# The items the lane's rate must bring within the wait for it to be worth having.
-GATHER_AT_LEAST = 0.5
+# The items the lane's rate must bring within the wait for it to be worth having: an arrival within the wait more
+# likely than not (Poisson arrivals: 1 - exp(-rate * wait) >= 1/2).
+GATHER_AT_LEAST = math.log(2)
 # The lane's rate now is over the time since an arrival mark at least this old (the marks move at batch ends).
 RATE_WINDOW = 0.1
 
@@ -232,8 +240,9 @@ def _observe(lane: Lane, during: int, expected: float, ran: float, now: float) -
 def gather(b: Base, run: Run, lane: Lane, now: float) -> float:
     """How long, from its oldest item's arrival, a batch of ``lane`` that a slot is free for waits for more items:
     ``0`` unless ``max_gather_time`` is set, the lane's items arrive independently (:data:`GATHER_SHARE`), its
-    rate now brings :data:`GATHER_AT_LEAST` items within the wait, the batcher runs (not a stream's, nobody waiting
-    for room); then ``max_gather_time`` or the time the lane's recent batches took, whichever is shorter."""
+    rate now makes an arrival within the wait more likely than not (:data:`GATHER_AT_LEAST`), and the batcher runs
+    (not a stream's, nobody waiting for room); then ``max_gather_time`` or the time the lane's recent batches took,
+    whichever is shorter."""
     limit = b._max_gather_time
     if not limit or run.is_stream or run.putters or run.state is not State.RUNNING:
         return 0.0

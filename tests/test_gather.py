@@ -3,10 +3,10 @@
 The rule (``_policy.gather``): while a lane's items arrive independently of their answers (during its recent
 batches, at least half the items its rate would bring arrived), a batch a slot is free for waits for more, from its
 oldest item's arrival, at most ``max_gather_time`` and at most as long as the lane's recent batches took, if the
-lane's rate now brings half an item or more in that time. Proved here: independent arrivals gather (fewer, larger
-batches, each wait within its bound); a closed loop never waits, of one caller or of many; a low rate and a lone
-caller after an idle spell never wait; a stop, a caller waiting for room, a setting turned off live and a caller
-who leaves end a gather at once; an idle batcher keeps no timer. Every wait is bounded.
+lane's rate now makes an arrival within that time more likely than not. Proved here: independent arrivals gather
+(fewer, larger batches, each wait within its bound); a closed loop never waits, of one caller or of many; a low rate
+and a lone caller after an idle spell never wait; a stop, a caller waiting for room, a setting turned off live and a
+caller who leaves end a gather at once; an idle batcher keeps no timer. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -70,14 +70,16 @@ def waits(b: Logged) -> list[float]:
 
 
 async def test_independent_arrivals_gather_within_the_bound() -> None:
-    # Poisson arrivals at 600/s, each batch 2 ms: 1.2 items a batch's time, 0.6 within the gather's 1 ms.
+    # Poisson arrivals at 800/s, each batch 2 ms: 1.6 items a batch's time, 0.8 within the gather's 1 ms (an arrival
+    # within it more likely than not: 1 - exp(-0.8) = 0.55).
     b = Logged(max_queue_time=0, max_gather_time=0.001)
-    await poisson(b, 600, 600)
+    await poisson(b, 800, 600)
     w = waits(b)
     assert max(w) <= 0.001 + EPS, max(w)  # never beyond max_gather_time from the oldest item (slot free)
     assert sum(1 for x in w if x > EPS) >= 50, "the gather never waited"
+    assert b.stats.gathered == sum(1 for x in w if x > EPS)  # each batch it kept back, counted once
     greedy = Logged(max_queue_time=0)
-    await poisson(greedy, 600, 600)
+    await poisson(greedy, 800, 600)
     assert max(waits(greedy)) <= EPS
     assert len(b.batches) < 0.9 * len(greedy.batches), (len(b.batches), len(greedy.batches))
     assert sorted(b.sent) == list(range(600))
@@ -110,24 +112,26 @@ async def test_a_closed_loop_never_gathers(callers: int) -> None:
 
     await asyncio.wait_for(asyncio.gather(*(client(c) for c in range(callers))), 60)
     assert max(lat) <= D + EPS, max(lat)
+    assert b.stats.gathered == 0
     assert b._run.queue.lane0.expected > 0  # the lane had the evidence, and judged it a closed loop
     idle_without_timer(b)
     await b.stop()
 
 
 async def test_a_low_rate_never_gathers() -> None:
-    # 100/s, a 2 ms wait: 0.2 items within it, below half an item: every item goes at once (though its arrivals
+    # 100/s, a 2 ms wait: 0.2 items within it, an arrival unlikely: every item goes at once (though its arrivals
     # are independent) the moment the slot is free.
     b = Logged(max_queue_time=0, max_gather_time=0.002)
     await poisson(b, 100, 300)
     assert max(waits(b)) <= EPS, max(waits(b))
+    assert b.stats.gathered == 0
     assert b._run.queue.lane0.during >= _policy.GATHER_SHARE * b._run.queue.lane0.expected > 0
     await b.stop()
 
 
 async def test_a_lone_caller_after_an_idle_spell_goes_at_once() -> None:
     b = Logged(max_queue_time=0, max_gather_time=0.001)
-    await poisson(b, 600, 300)
+    await poisson(b, 800, 300)
     assert any(x > EPS for x in waits(b))  # it was gathering
     await asyncio.sleep(0.5)
     assert await b.call(10_000) == pytest.approx(D)
@@ -138,15 +142,16 @@ async def test_a_lone_caller_after_an_idle_spell_goes_at_once() -> None:
 async def test_max_queue_time_longer_than_the_gather_wins() -> None:
     # The gather only ever lengthens a wait: with max_queue_time above it, every batch waits max_queue_time.
     b = Logged(max_queue_time=0.003, max_gather_time=0.001, max_batch_size=1000)
-    await poisson(b, 400, 200)
+    await poisson(b, 800, 200)
     for batch, start in zip(b.batches, b.started_at, strict=True):
         assert start >= min(b.arrived[x] for x in batch) + 0.003 - EPS
+    assert b.stats.gathered == 0  # max_queue_time kept them: the gather added nothing
     await b.stop()
 
 
 async def gathering(b: Logged) -> asyncio.Future[float]:
     """Traffic that gathers, then one item left gathering (its wait's timer armed); its caller's task."""
-    await poisson(b, 600, 300)
+    await poisson(b, 800, 300)
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(b.call(20_000))
     await asyncio.sleep(0)
@@ -188,6 +193,7 @@ async def test_a_caller_who_leaves_a_gather_leaves_no_timer() -> None:
         await task
     await asyncio.sleep(0.01)
     assert len(b.batches) == n and 20_000 not in b.sent  # withdrawn: never sent
+    assert b.stats.gathered == sum(1 for x in waits(b) if x > EPS)  # the withdrawn item's wait is not a batch's
     idle_without_timer(b)
     assert b.stats.cancelled == 1
     await b.stop()
