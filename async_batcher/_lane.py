@@ -27,11 +27,6 @@ class Lane:
     later), how long it waits for an arrival (``quiet``), at which count of arrivals they are all back
     (``hold_mark``), whether the hold is a probe (``probing``), and until when a hold kept its items back
     (``kept``).
-
-    For the gather, it keeps averages over its recent batches of the items that arrived while each ran
-    (``during``), of those its rate would have brought (``expected``) and of the time each took (``took``), and two
-    marks of its arrivals and their time (``marks``) for its rate now; and the arrival of the oldest item the gather
-    keeps back (``gathered``).
     """
 
     __slots__ = (
@@ -39,10 +34,7 @@ class Lane:
         "arrived_at_end",
         "clean",
         "count",
-        "during",
         "ended",
-        "expected",
-        "gathered",
         "hold_from",
         "hold_mark",
         "in_flight",
@@ -50,12 +42,10 @@ class Lane:
         "key",
         "left",
         "levels",
-        "marks",
         "order",
         "probing",
         "quiet",
         "served",
-        "took",
         "weight",
     )
 
@@ -80,10 +70,6 @@ class Lane:
         self.kept = -math.inf
         self.alone = False  # its last batch held all its callers (nothing else arrived while it ran)
         self.arrived_at_end = 0  # its arrivals when its last batch ended
-        self.during = self.expected = self.took = 0.0
-        self.gathered = -math.inf  # the arrival of the oldest item the gather keeps back (-inf: none)
-        # (time, arrivals) at its older and newer mark: its rate now is taken since the older one
-        self.marks = (-math.inf, 0, -math.inf, 0)
 
     def level(self, priority: float) -> deque[Any]:
         fifo = self.levels.get(priority)

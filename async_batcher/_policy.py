@@ -32,8 +32,8 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
       once the lane has had no arrival for half the time that batch took (:func:`hold_until`), or when the hold
       ends, ``max_hold_time`` after that batch ended (or, with ``max_latency``, by the adaptive wait's deadline for
       its oldest item, if sooner: the budget holds);
-    - else when its oldest waiting item has waited ``max_queue_time`` since it arrived, or the gather's wait when
-      longer (:func:`gather`; with ``max_latency``, the adaptive wait's deadline for it instead);
+    - else when its oldest waiting item has waited ``max_queue_time`` since it arrived (with ``max_latency``, the
+      adaptive wait's deadline for it);
     - ``inf`` if nothing of it waits (its callers may all have left).
     """
     if not lane.count:
@@ -50,11 +50,7 @@ def due(b: Base, run: Run, lane: Lane, now: float) -> float:
     if oldest == math.inf:
         return math.inf
     if b._adaptive is None:
-        wait = gather(b, run, lane, now)
-        if wait <= b._max_queue_time or oldest + wait <= now:
-            return oldest + b._max_queue_time
-        lane.gathered = oldest  # (the gather keeps it back: BatcherStats.gathered)
-        return oldest + wait
+        return oldest + b._max_queue_time
     send_by = b._adaptive.send_by(oldest, max(lane.count, min(b._size_trigger, b._batch_limit)))
     if not held or send_by <= now:
         return send_by
@@ -146,7 +142,6 @@ def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
             run.probe_at = min(run.probe_at, now + PROBE_EVERY)
         else:
             run.probe_wait = min(2 * run.probe_wait, PROBE_AT_MOST)
-    _observe(lane, during, rate * ran, ran, now)
     lane.ended, lane.arrived_at_end = now, lane.arrived
     if not b._max_hold_time or not callers:
         return
@@ -191,64 +186,10 @@ def hold_end(b: Base, lane: Lane) -> float:
 def formed(b: Base, lane: Lane, oldest: float) -> None:
     """A batch of ``lane`` goes, its oldest item having arrived at ``oldest``: its hold, if any, is over. It counts
     in the statistics if the hold kept the lane back while one of its items waited (not if those the hold kept back
-    were all withdrawn, and the batch is of later arrivals); likewise if the gather kept back one of its items."""
+    were all withdrawn, and the batch is of later arrivals)."""
     if oldest < lane.kept:
         b._recorder.held += 1
         b._recorder.probes += lane.probing
-    if oldest <= lane.gathered:
-        b._recorder.gathered += 1
-    lane.gathered = -math.inf
     lane.kept = -math.inf
     lane.hold_from = -math.inf
     lane.probing = False
-
-
-# ---------------------------------------------------------------------- the gather
-#
-# A batch that goes the moment a slot is free goes alone when its item came to an idle model, and the next arrival,
-# a moment later, waits for that call: a model whose every call costs a fixed time (a framework's dispatch, a kernel
-# launch, a round trip) then does more calls for the same items, on the cores the server's own work shares. While
-# the lane's items arrive independently (they keep arriving while its batches run, at half the rate or more: not a
-# closed loop's callers, who wait for their answers and whom a wait would only delay), a batch with fewer items than
-# the largest waits, from its oldest item's arrival, at most max_gather_time and at most as long as the lane's recent
-# batches took (the fixed cost a second call would add), if the lane's rate now makes an arrival within that time
-# more likely than not. At a low rate, or a lone caller after an idle spell, it goes at once.
-
-# The weight of a batch's figures in the lane's averages (the last twenty or so batches count).
-GATHER_WEIGHT = 0.1
-# Independent arrivals: during its recent batches, at least this share of the items the lane's rate would bring.
-GATHER_SHARE = 0.5
-# The items the lane's rate must bring within the wait for it to be worth having: an arrival within the wait more
-# likely than not (Poisson arrivals: 1 - exp(-rate * wait) >= 1/2).
-GATHER_AT_LEAST = math.log(2)
-# The lane's rate now is over the time since an arrival mark at least this old (the marks move at batch ends).
-RATE_WINDOW = 0.1
-
-
-def _observe(lane: Lane, during: int, expected: float, ran: float, now: float) -> None:
-    """A batch of ``lane`` ended, having taken ``ran`` seconds, while ``during`` items arrived in the lane and its
-    rate would have brought ``expected``: the averages and the rate's marks of the gather."""
-    w = GATHER_WEIGHT
-    lane.during += w * (during - lane.during)
-    lane.expected += w * (expected - lane.expected)
-    lane.took = ran if not lane.took else lane.took + w * (ran - lane.took)
-    newer, newer_arrived = lane.marks[2], lane.marks[3]
-    if now - newer >= RATE_WINDOW:
-        lane.marks = (newer, newer_arrived, now, lane.arrived)
-
-
-def gather(b: Base, run: Run, lane: Lane, now: float) -> float:
-    """How long, from its oldest item's arrival, a batch of ``lane`` that a slot is free for waits for more items:
-    ``0`` unless ``max_gather_time`` is set, the lane's items arrive independently (:data:`GATHER_SHARE`), its
-    rate now makes an arrival within the wait more likely than not (:data:`GATHER_AT_LEAST`), and the batcher runs
-    (not a stream's, nobody waiting for room); then ``max_gather_time`` or the time the lane's recent batches took,
-    whichever is shorter."""
-    limit = b._max_gather_time
-    if not limit or run.is_stream or run.putters or run.state is not State.RUNNING:
-        return 0.0
-    if not lane.expected or lane.during < GATHER_SHARE * lane.expected:
-        return 0.0  # nothing known yet, or a closed loop's callers
-    wait = min(limit, lane.took)
-    since, arrived = lane.marks[0], lane.marks[1]  # (-inf before the lane's second mark: no rate yet)
-    rate = (lane.arrived - arrived) / max(now - since, RATE_WINDOW)
-    return wait if rate * wait >= GATHER_AT_LEAST else 0.0

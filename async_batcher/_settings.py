@@ -139,19 +139,6 @@ class Settings:
         self._settings_changed()
 
     @property
-    def max_gather_time(self) -> float:
-        """The most seconds, from its oldest item's arrival, that a batch a slot is free for waits for more items,
-        while its lane's items arrive independently (not a closed loop's callers: items keep arriving while its
-        batches run) at a rate that brings one within the wait: at most as long as its recent batches took, and
-        ``max_queue_time`` when that is longer; ``0``: never."""
-        return self._max_gather_time
-
-    @max_gather_time.setter
-    def max_gather_time(self, value: float) -> None:
-        self._max_gather_time = seconds("max_gather_time", value)
-        self._settings_changed()
-
-    @property
     def max_priority_wait(self) -> float:
         """The most seconds an item is passed over for items of a better priority."""
         return self._max_priority_wait

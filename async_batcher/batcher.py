@@ -47,10 +47,9 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
        clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: a slot freed by a
        batch may wait, at most that long after the batch ended, for the callers it answered to come back (only
        while they come back together, as a closed loop's clients do; never while a caller waits for room or the
-       batcher stops; details in the guarantees); and a batch whose items arrive independently of their answers
-       may wait for more, at most ``max_gather_time`` from its oldest item's arrival (the gather, likewise).
-       ``max_queue_time=0`` sends whatever is waiting the moment a slot is free (items that arrive in the same loop
-       iteration share the batch). Items go out in arrival order. An idle batcher schedules no wake-ups.
+       batcher stops; details in the guarantees). ``max_queue_time=0`` sends whatever is waiting the moment a
+       slot is free (items that arrive in the same loop iteration share the batch). Items go out in arrival
+       order. An idle batcher schedules no wake-ups.
     2. **Results.** ``process_batch`` returns one result per item, in order (any ordered iterable), or ``None``
        (``None`` for each). An ``Exception`` element is raised to its caller only; results of the wrong length
        or kind give every caller of the batch a :class:`BatchSizeMismatchError` or a ``TypeError``; an exception
@@ -112,10 +111,6 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         max_hold_time: The most seconds, from a batch's end, that a free slot waits for the callers that batch
             answered to come back with their next items (clients that send their next request once they have
             their answer), so that they share a batch; it applies to closed loops only; ``0``: never.
-        max_gather_time: The most seconds, from its oldest item's arrival, that a batch waits for more items when
-            they arrive independently (not a closed loop's callers) at a rate that brings one within the wait: at
-            most as long as the lane's recent batches took; ``0``: never. For a model whose every call costs a
-            fixed time, behind independent users.
         preferred_batch_sizes: Batch sizes the model runs best at (Triton's ``preferred_batch_size``): a batch
             goes out at the largest one available, else waits for the next one at most ``max_queue_time``.
         default_timeout: Seconds every item may take at most when its call gives no ``timeout=``.
@@ -140,7 +135,6 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         max_priority_wait: float = 1.0,
         max_latency: float | None = None,
         max_hold_time: float = 0.0,
-        max_gather_time: float = 0.0,
         preferred_batch_sizes: Iterable[int] = (),
         default_timeout: float | None = None,
         stream_buffer: int = 16,
@@ -181,7 +175,6 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         self.max_priority_wait = max_priority_wait
         self.max_latency = max_latency
         self.max_hold_time = max_hold_time
-        self.max_gather_time = max_gather_time
         self.preferred_batch_sizes = preferred_batch_sizes
         self.default_timeout = default_timeout
         self.stream_buffer = stream_buffer

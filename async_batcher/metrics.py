@@ -69,7 +69,6 @@ OUTCOMES = ("submitted", "processed", "failed", "cancelled", "timed_out", "rejec
 QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
 HELD_HELP = "Batches a hold (max_hold_time) kept back for the callers their lane's last batch answered."
 PROBES_HELP = "Of the held batches, the probes: holds tried while the hold is off."
-GATHERED_HELP = "Batches the gather (max_gather_time) kept back for more items arriving independently."
 
 #: Seconds, for the queue wait and the processing time: 0.1 ms to 10 s.
 DEFAULT_TIME_BUCKETS: tuple[float, ...] = (
@@ -164,7 +163,6 @@ class BatcherCollector(Collector):
         in_flight = GaugeMetricFamily(f"{ns}_in_flight_batches", "Batches being processed.", labels=["batcher"])
         held = CounterMetricFamily(f"{ns}_held_batches", HELD_HELP, labels=["batcher"])
         probes = CounterMetricFamily(f"{ns}_hold_probes", PROBES_HELP, labels=["batcher"])
-        gathered = CounterMetricFamily(f"{ns}_gathered_batches", GATHERED_HELP, labels=["batcher"])
         for s in snapshots:
             batches.add_metric([s.name], s.batches)
             for outcome in OUTCOMES:
@@ -176,8 +174,7 @@ class BatcherCollector(Collector):
             in_flight.add_metric([s.name], s.in_flight)
             held.add_metric([s.name], s.held)
             probes.add_metric([s.name], s.probes)
-            gathered.add_metric([s.name], s.gathered)
-        yield from (batches, items, size, wait, process, queued, in_flight, held, probes, gathered)
+        yield from (batches, items, size, wait, process, queued, in_flight, held, probes)
 
 
 def _add_summary(family: SummaryMetricFamily, name: str, summary: LatencySummary, count: int) -> None:

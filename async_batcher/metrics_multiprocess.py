@@ -59,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from async_batcher.batcher import AsyncBatcher
-from async_batcher.metrics import GATHERED_HELP, HELD_HELP, OUTCOMES, PROBES_HELP, BatcherHistograms, _batcher_of
+from async_batcher.metrics import HELD_HELP, OUTCOMES, PROBES_HELP, BatcherHistograms, _batcher_of
 
 __all__ = [
     "ENV",
@@ -180,7 +180,6 @@ class _Metrics:
         )
         self.held = Counter(f"{namespace}_held_batches", HELD_HELP, ["batcher"], registry=None)
         self.probes = Counter(f"{namespace}_hold_probes", PROBES_HELP, ["batcher"], registry=None)
-        self.gathered = Counter(f"{namespace}_gathered_batches", GATHERED_HELP, ["batcher"], registry=None)
         self.histograms = BatcherHistograms(None, namespace=namespace)
 
 
@@ -281,7 +280,6 @@ class MultiprocessExporter:
                 (m.batches, stats.batches, "batches"),
                 (m.held, stats.held, "held"),
                 (m.probes, stats.probes, "probes"),
-                (m.gathered, stats.gathered, "gathered"),
             ):
                 counter.labels(name).inc(count - copied.get(key, 0))
                 copied[key] = count

@@ -102,10 +102,6 @@ class BatcherStats:
     #: Of ``held``, the probes: holds tried while the hold is off (at most once a second, and half as often after
     #: each that did not gather its callers, down to once a minute).
     probes: int = 0
-    #: Batches that the gather (``max_gather_time``) kept back for more items: their oldest item waited longer than
-    #: ``max_queue_time`` with a slot free, since the lane's items were arriving independently at a rate that made
-    #: one more within the wait likely. None for a closed loop's callers or at a low rate.
-    gathered: int = 0
 
 
 class _Recorder:
@@ -116,7 +112,6 @@ class _Recorder:
         "cancelled",
         "exited",
         "failed",
-        "gathered",
         "held",
         "observers",
         "probes",
@@ -143,7 +138,6 @@ class _Recorder:
         self.rejected = 0
         self.held = 0  # batches a hold kept back (BatcherStats.held), and of them the probes
         self.probes = 0
-        self.gathered = 0  # batches the gather kept back (BatcherStats.gathered)
         # (queue wait of the oldest item, process_batch duration) per recent batch.
         self.window: deque[tuple[float, float]] = deque(maxlen=WINDOW)
         # Callables fed every batch (histograms, say); an empty tuple costs one test per batch. A tuple, replaced
@@ -193,5 +187,4 @@ class _Recorder:
             process_time=LatencySummary.of([p for _, p in window]),
             held=self.held,
             probes=self.probes,
-            gathered=self.gathered,
         )

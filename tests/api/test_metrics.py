@@ -97,26 +97,6 @@ async def test_the_hold_counters_follow_the_statistics() -> None:
 
 
 @pytest.mark.virtual_time
-async def test_the_gather_counter_follows_the_statistics() -> None:
-    # Independent arrivals, 1 ms apart, each batch 1.5 ms: the gather keeps batches back, and says how many.
-    b = Recording(name="gathering", max_queue_time=0, max_gather_time=0.002, delay=0.0015)
-    registry = CollectorRegistry()
-    registry.register(BatcherCollector(b))
-
-    async def one(i: int) -> None:
-        await asyncio.sleep(0.001 * i)
-        await b.process(i)
-
-    await asyncio.gather(*(one(i) for i in range(400)))
-    await b.stop()
-    stats = b.stats
-    assert stats.gathered > 10
-    samples = scrape(registry)
-    assert value(samples, "async_batcher_gathered_batches_total", batcher="gathering") == stats.gathered
-    assert stats.held == stats.probes == 0
-
-
-@pytest.mark.virtual_time
 async def test_the_gauges_show_the_moment() -> None:
     gate = asyncio.Event()
     b = Recording(name="held", max_batch_size=2, max_queue_time=60, gate=gate)

@@ -122,11 +122,7 @@ def test_two_workers_histograms_add_up_in_one_scrape(server: tuple[subprocess.Po
     assert value(samples, "async_batcher_items_total", outcome="processed") == REQUESTS
     assert value(samples, "async_batcher_items_total", outcome="submitted") == REQUESTS
     assert value(samples, "async_batcher_items_total", outcome="failed") == 0
-    for counter in (  # (no hold, no gather set)
-        "async_batcher_held_batches_total",
-        "async_batcher_hold_probes_total",
-        "async_batcher_gathered_batches_total",
-    ):
+    for counter in ("async_batcher_held_batches_total", "async_batcher_hold_probes_total"):  # (no hold set)
         assert ((counter, frozenset({("batcher", "doubler")}))) in samples and value(samples, counter) == 0
     assert (("async_batcher_queued_items", frozenset({("batcher", "doubler")}))) in samples
     assert value(samples, "async_batcher_queued_items") == 0

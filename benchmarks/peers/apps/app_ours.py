@@ -45,10 +45,9 @@ class Ours:
         return float((await self.batcher.process(features))[0])
 
     def counts(self) -> dict[str, float]:
-        """The batches a hold kept back, the probes among them, and those the gather kept back (the app's
-        ``/stats``)."""
+        """The batches a hold kept back, and the probes among them (the app's ``/stats``)."""
         stats = self.batcher.stats
-        return {"held": stats.held, "probes": stats.probes, "gathered": stats.gathered}
+        return {"held": stats.held, "probes": stats.probes}
 
     async def stop(self) -> None:
         await self.batcher.stop()
