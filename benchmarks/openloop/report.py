@@ -22,7 +22,12 @@ __all__ = [
     "is_ours",
     "open_sections",
     "open_target_rows",
+    "paired_counts",
+    "paired_rows",
+    "p_text",
+    "paired_section",
     "read_csv",
+    "sign_test",
     "summarise",
     "write_csv",
     "write_png",
@@ -239,6 +244,7 @@ def open_sections(
         shape_names = _shapes(steps)
         body = [[v, *[_goodput_cell(goodput(summary, v, sh, slo_ms)) for sh in shape_names]] for v in variants]
         lines += [*_table(["variant", *[shapes.get(sh, sh) for sh in shape_names]], body), ""]
+    lines += paired_section(steps, variants)
     mixed = sorted((s for s in summary.values() if s.scenario == "mixed"), key=lambda s: variants.index(s.variant))
     if mixed:
         lines += ["## Mixed: a closed-loop population and open-loop arrivals at once", ""]
@@ -333,9 +339,78 @@ def _every_figure(summary: dict[Key, OpenSummary], variants: list[str], shapes: 
     return lines
 
 
-def _in_target_range(s: OpenSummary) -> bool:
+def _in_target_range(s: OpenSummary | OpenStep) -> bool:
     lo, hi = TARGET_FRACTIONS
     return s.fraction is not None and lo * (1 - SLACK) <= s.fraction <= hi * (1 + SLACK)
+
+
+# ---------------------------------------------------------------------- paired rounds
+#
+# One step's p99 on a shared 2-core machine moves by two times or more from one round to the next, so a verdict on
+# the medians of three rounds is a draw. Each round runs every variant once, minutes apart, at the same rates: the
+# rounds pair them, and the sign test says how often two alike variants would split the pairs at least as unevenly.
+
+
+def paired_counts(steps: Iterable[OpenStep], a: str, b: str, shape: str) -> tuple[int, int]:
+    """Over the sweep's steps of ``shape`` from 10 to 90 % of saturation, the (rate, round) pairs where ``a`` and
+    ``b`` both ran and differed: in how many ``a`` had the lower tail (:func:`_tail`), and how many there were (a
+    tie counts in neither)."""
+    tails: dict[tuple[str, float, int], tuple[float, float]] = {}
+    for s in steps:
+        if s.scenario == "sweep" and s.shape == shape and s.variant in (a, b) and _in_target_range(s):
+            failed = (s.errors + s.timeouts) / s.scheduled if s.scheduled else 0.0
+            tails[(s.variant, s.rate, s.round)] = (s.p99_ms, failed if math.isinf(s.p99_ms) else 0.0)
+    lower = pairs = 0
+    for (variant, rate, rnd), tail in tails.items():
+        other = tails.get((b, rate, rnd))
+        if variant == a and other is not None and tail != other:
+            pairs += 1
+            lower += tail < other
+    return lower, pairs
+
+
+def sign_test(lower: int, pairs: int) -> float:
+    """The two-sided sign test: the probability that two alike variants split ``pairs`` paired rounds at least as
+    unevenly as ``lower`` against ``pairs - lower``."""
+    k = min(lower, pairs - lower)
+    return min(1.0, 2 * sum(math.comb(pairs, i) for i in range(k + 1)) / 2**pairs) if pairs else 1.0
+
+
+def p_text(p: float) -> str:
+    """A probability to two places, ``< 0.01`` below them."""
+    return "< 0.01" if p < 0.005 else f"{p:.2f}"
+
+
+def paired_rows(steps: list[OpenStep], variants: list[str]) -> list[list[str]]:
+    """Rows (variant, against, arrivals, lower p99 in, p) for each variant of ours against plain greedy dispatch and
+    each peer, for each arrival shape."""
+    rows = []
+    against = [v for v in variants if v == GREEDY or v in PEER_NAMES]
+    for v in (v for v in variants if is_ours(v)):
+        for ref in (r for r in against if r != v):
+            for shape in _shapes(steps):
+                lower, pairs = paired_counts(steps, v, ref, shape)
+                if pairs:
+                    name = "Poisson" if shape == "poisson" else shape.replace("onoff", "on/off")
+                    rows.append([v, ref, name, f"{lower} of {pairs}", p_text(sign_test(lower, pairs))])
+    return rows
+
+
+def paired_section(steps: list[OpenStep], variants: list[str]) -> list[str]:
+    """The paired rounds' section of the report (empty without two variants to pair)."""
+    rows = paired_rows(steps, variants)
+    if not rows:
+        return []
+    text = (
+        "One step's p99 moves by two times or more from one round to the next on a shared machine; each round runs "
+        "every variant once, at the same rates, minutes apart. Over the rounds and rates from 10 to 90 % of the "
+        "saturation: in how many pairs the variant had the lower p99 than the other, and the sign test's two-sided "
+        "`p`, how often two alike variants would split the pairs at least as unevenly (below 0.05: this run tells "
+        "them apart; above, read the medians' verdicts as draws). `python -m benchmarks.openloop.paired CSV...` "
+        "pools the pairs of several runs."
+    )
+    head = ["variant", "against", "arrivals", "lower p99 in", "p (sign test)"]
+    return ["## Paired rounds: which had the lower p99", "", text, "", *_table(head, rows), ""]
 
 
 def _times(a: float, b: float) -> str:

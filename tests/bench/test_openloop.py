@@ -332,6 +332,7 @@ def test_the_report_renders_both_modes_and_round_trips_its_csv(tmp_path: Path) -
         "## Open loop, Poisson: p50 / p99 ms",
         "## Open loop, on/off: p50 / p99 ms",
         "## Goodput: the highest rate with p99 ≤ 25 ms",
+        "## Paired rounds: which had the lower p99",
         "## Mixed: a closed-loop population and open-loop arrivals at once",
         "### Poisson, beside 8 closed-loop connections",
     ):
@@ -347,6 +348,70 @@ def test_the_report_renders_both_modes_and_round_trips_its_csv(tmp_path: Path) -
     assert back[6].p99_ms == math.inf and back[0].closed_rps is None and back[10].closed_rps == 900.0
     open_report.write_png(tmp_path / "open.png", opened, variants, 25.0)
     assert (tmp_path / "open.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_sign_test_gives_the_two_sided_probability_of_a_split() -> None:
+    assert open_report.sign_test(0, 0) == 1.0  # nothing paired: nothing told apart
+    assert open_report.sign_test(5, 10) == 1.0
+    assert open_report.sign_test(0, 5) == open_report.sign_test(5, 5) == pytest.approx(2 / 32)
+    # 33 of 75, the count under Poisson arrivals against 0.2.2 since the four turns: 2 * P(X <= 33), X ~ B(75, 1/2).
+    assert open_report.sign_test(33, 75) == pytest.approx(2 * sum(math.comb(75, i) for i in range(34)) / 2**75)
+    assert open_report.sign_test(33, 75) == pytest.approx(0.3557, abs=1e-4)
+    assert open_report.sign_test(10, 42) == pytest.approx(0.00094, abs=1e-5)
+    texts = [open_report.p_text(p) for p in (1.0, 0.625, 0.0499, 0.005, 0.0049)]
+    assert texts == ["1.00", "0.62", "0.05", "0.01", "< 0.01"]
+
+
+def test_paired_rounds_pair_each_rate_and_round_once_within_the_range() -> None:
+    steps = [
+        # Round 0 and 1 at 10 % and 50 %: ours lower in three pairs, higher in one.
+        _open("ours", 100, 4.0), _open("batched", 100, 5.0),
+        _open("ours", 500, 6.0), _open("batched", 500, 7.0),
+        _open("ours", 100, 4.0, rnd=1), _open("batched", 100, 4.5, rnd=1),
+        _open("ours", 500, 9.0, rnd=1), _open("batched", 500, 7.0, rnd=1),
+        # Not paired: a round batched lacks, a tie, a rate past the targets' range, another shape, the mixed pair.
+        _open("ours", 100, 3.0, rnd=2),
+        _open("ours", 300, 5.0), _open("batched", 300, 5.0),
+        _open("ours", 1400, 30.0), _open("batched", 1400, 90.0),
+        _open("ours", 100, 1.0, shape="onoff:50/150"), _open("batched", 100, 9.0, shape="onoff:50/150"),
+        _open("ours", 300, 1.0, scenario="mixed", mixed=8), _open("batched", 300, 9.0, scenario="mixed", mixed=8),
+    ]  # fmt: skip
+    assert open_report.paired_counts(steps, "ours", "batched", "poisson") == (3, 4)
+    assert open_report.paired_counts(steps, "batched", "ours", "poisson") == (1, 4)
+    assert open_report.paired_counts(steps, "ours", "batched", "onoff:50/150") == (1, 1)
+    # Beyond the timeout both: the smaller share of failed requests is the lower tail.
+    dead = [_open("ours", 500, math.inf), _open("batched", 500, math.inf)]
+    dead[1].timeouts = 30
+    assert open_report.paired_counts(dead, "ours", "batched", "poisson") == (1, 1)
+    rows = open_report.paired_rows(steps, ["ours", "batched"])
+    assert rows == [  # 3 of 4: 2 * (1 + 4) / 16 = 0.625
+        ["ours", "batched", "Poisson", "3 of 4", "0.62"],
+        ["ours", "batched", "on/off:50/150", "1 of 1", "1.00"],
+    ]
+    lines = open_report.paired_section(steps, ["ours", "batched"])
+    assert lines[0] == "## Paired rounds: which had the lower p99"
+    assert "| ours | batched | Poisson | 3 of 4 | 0.62 |" in lines
+    assert open_report.paired_section(steps, ["batched"]) == []  # nothing of ours to pair
+
+
+def test_the_paired_command_pools_runs_pairing_within_each(tmp_path: Path) -> None:
+    from benchmarks.openloop import paired
+
+    one = [_open("ours", 100, 4.0), _open("batched", 100, 5.0), _open("ours", 500, 9.0), _open("batched", 500, 7.0)]
+    # The second run's round 0 must not pair with the first run's round 0.
+    two = [_open("ours", 100, 4.0), _open("async-batcher-0.2.2", 100, 5.0), _open("batched", 500, 8.0, rnd=1),
+           _open("ours", 500, 7.0, rnd=1)]  # fmt: skip
+    assert paired.pooled([one, two]) == [
+        ("ours", "async-batcher-0.2.2", "poisson", 1, 1),
+        ("ours", "batched", "poisson", 2, 3),
+    ]
+    for name, steps in (("one.csv", one), ("two.csv", two)):
+        open_report.write_csv(tmp_path / name, steps)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.openloop.paired", str(tmp_path / "one.csv"), str(tmp_path / "two.csv")],
+        capture_output=True, text=True, timeout=60, check=True, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert "| ours | batched | poisson | 2 of 3 | 1.00 |" in done.stdout.splitlines()
 
 
 # -- the saturation: the reference's open-loop capacity ------------------------------------------------------------
