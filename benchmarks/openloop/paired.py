@@ -42,7 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.openloop.paired", description=__doc__.splitlines()[0])
     p.add_argument("csv", nargs="+", type=Path, help="an open-loop run's steps (its CSV)")
     args = p.parse_args(argv)
-    runs = [read_csv(path) for path in args.csv]
+    runs = []
+    for path in args.csv:
+        try:
+            runs.append(read_csv(path))
+        except (OSError, KeyError, TypeError, ValueError) as exc:  # (a closed-loop CSV has other columns)
+            p.error(f"{path}: not an open-loop report's steps ({type(exc).__name__}: {exc})")
     print("| variant | against | arrivals | lower p99 in | p (sign test) |")
     print("|---|---|---|---|---|")
     for a, b, shape, lower, pairs in pooled(runs):

@@ -412,6 +412,15 @@ def test_the_paired_command_pools_runs_pairing_within_each(tmp_path: Path) -> No
         capture_output=True, text=True, timeout=60, check=True, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     assert "| ours | batched | poisson | 2 of 3 | 1.00 |" in done.stdout.splitlines()
+    # A closed-loop report's CSV, or no file: an error naming it, not a traceback.
+    peers_report.write_csv(tmp_path / "closed.csv", [_closed("ours", 8, 1000.0, 9.0)])
+    for bad in (tmp_path / "closed.csv", tmp_path / "missing.csv"):
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.openloop.paired", str(bad)],
+            capture_output=True, text=True, timeout=60, check=False, cwd=Path(__file__).resolve().parents[2],
+        )  # fmt: skip
+        assert done.returncode == 2 and f"{bad}: not an open-loop report's steps" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
 
 
 # -- the saturation: the reference's open-loop capacity ------------------------------------------------------------
