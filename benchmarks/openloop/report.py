@@ -22,9 +22,9 @@ __all__ = [
     "is_ours",
     "open_sections",
     "open_target_rows",
+    "p_text",
     "paired_counts",
     "paired_rows",
-    "p_text",
     "paired_section",
     "read_csv",
     "sign_test",
@@ -339,6 +339,11 @@ def _every_figure(summary: dict[Key, OpenSummary], variants: list[str], shapes: 
     return lines
 
 
+def _shape_name(shape: str) -> str:
+    """A shape as a table names it: ``Poisson``, ``on/off:50/150``."""
+    return "Poisson" if shape == "poisson" else shape.replace("onoff", "on/off")
+
+
 def _in_target_range(s: OpenSummary | OpenStep) -> bool:
     lo, hi = TARGET_FRACTIONS
     return s.fraction is not None and lo * (1 - SLACK) <= s.fraction <= hi * (1 + SLACK)
@@ -358,8 +363,7 @@ def paired_counts(steps: Iterable[OpenStep], a: str, b: str, shape: str) -> tupl
     tails: dict[tuple[str, float, int], tuple[float, float]] = {}
     for s in steps:
         if s.scenario == "sweep" and s.shape == shape and s.variant in (a, b) and _in_target_range(s):
-            failed = (s.errors + s.timeouts) / s.scheduled if s.scheduled else 0.0
-            tails[(s.variant, s.rate, s.round)] = (s.p99_ms, failed if math.isinf(s.p99_ms) else 0.0)
+            tails[(s.variant, s.rate, s.round)] = _tail(s)
     lower = pairs = 0
     for (variant, rate, rnd), tail in tails.items():
         other = tails.get((b, rate, rnd))
@@ -391,8 +395,7 @@ def paired_rows(steps: list[OpenStep], variants: list[str]) -> list[list[str]]:
             for shape in _shapes(steps):
                 lower, pairs = paired_counts(steps, v, ref, shape)
                 if pairs:
-                    name = "Poisson" if shape == "poisson" else shape.replace("onoff", "on/off")
-                    rows.append([v, ref, name, f"{lower} of {pairs}", p_text(sign_test(lower, pairs))])
+                    rows.append([v, ref, _shape_name(shape), f"{lower} of {pairs}", p_text(sign_test(lower, pairs))])
     return rows
 
 
@@ -418,11 +421,11 @@ def _times(a: float, b: float) -> str:
     return f" ({a / b:.2f}x)" if math.isfinite(a) and math.isfinite(b) and b > 0 else ""
 
 
-def _failed(s: OpenSummary) -> float:
+def _failed(s: OpenSummary | OpenStep) -> float:
     return (s.errors + s.timeouts) / s.scheduled if s.scheduled else 0.0
 
 
-def _tail(s: OpenSummary) -> tuple[float, float]:
+def _tail(s: OpenSummary | OpenStep) -> tuple[float, float]:
     """What "a lower p99" compares: the p99, then, between two beyond the timeout, the share that failed."""
     return (s.p99_ms, _failed(s) if math.isinf(s.p99_ms) else 0.0)
 
@@ -472,8 +475,7 @@ def open_target_rows(steps: list[OpenStep], variants: list[str], slo_ms: float) 
         ):
             if not _in_target_range(s):
                 continue
-            shape = "Poisson" if s.shape == "poisson" else s.shape.replace("onoff", "on/off")
-            scope = f"{shape} {_rate_label(s.rate, s.fraction)}"
+            scope = f"{_shape_name(s.shape)} {_rate_label(s.rate, s.fraction)}"
             greedy = summary.get((GREEDY, s.shape, s.rate, "sweep"))
             if greedy is not None and v != GREEDY:
                 result, detail = _tail_within(s, greedy, 1.1)
