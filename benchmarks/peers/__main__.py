@@ -20,6 +20,11 @@ the open-loop modes only.
 ``ours-greedy`` (``max_queue_time=0, max_hold_time=0``, and a batch formed at once after a batch's end, not four turns
 of the loop later: plain greedy dispatch) is added unless ``--ours greedy:...`` gives its settings or
 ``--no-greedy`` leaves it out.
+
+The variant ``cohort`` is not a batcher but the ceiling of dispatch at one closed-loop step: it knows the step's
+connection count and sends a batch the moment that many requests are in, with no timer and no turns of the loop
+(``--variants ours,async-batcher-0.2.2,cohort --modes closed --connections 8``). No rule that must guess who is
+coming can merge a cohort sooner, so a target against a peer can be read against the ratio the ceiling reaches.
 """
 
 from __future__ import annotations
@@ -49,8 +54,8 @@ from benchmarks.provenance import cpu_model, revision
 
 __all__ = ["Defaults", "main", "parse_args"]
 
-BASE = ("none", "ours", "async-batcher-0.2.2", "batched", "fast-dynamic-batcher")
-NO_ENV = ("none", "ours")  # they run in this interpreter
+BASE = ("none", "ours", "async-batcher-0.2.2", "batched", "fast-dynamic-batcher", "cohort")
+NO_ENV = ("none", "ours", "cohort")  # they run in this interpreter
 MODES = ("closed", "open", "mixed")
 # "_turns" is not a setting: app_ours sets it on the batcher (0: the next batch forms at once after a batch's end).
 GREEDY_SETTINGS: dict[str, Any] = {"max_queue_time": 0, "max_hold_time": 0, "_turns": 0}
@@ -170,6 +175,10 @@ def parse_args(argv: Sequence[str] | None, defaults: Defaults = Defaults()) -> a
     if unknown:
         p.error(f"--settings for variants not in the run: {sorted(unknown)}")
     args.plan = [(n, n, overrides.get(n, {})) for n in names]
+    if "cohort" in names:  # the ceiling of dispatch: its batch is the closed loop's whole population, known
+        if args.modes != ["closed"] or len(args.connections) != 1:
+            p.error("cohort: the ceiling of one closed-loop step; give --modes closed and one --connections count")
+        args.plan = [(n, k, {"size": args.connections[0], **s} if n == "cohort" else s) for n, k, s in args.plan]
     args.plan += [(f"ours-{label}", "ours", settings) for label, settings in args.ours]
     wants_greedy = {"open", "mixed"} & set(args.modes) and not args.no_greedy
     if wants_greedy and open_report.GREEDY not in {n for n, _, _ in args.plan}:

@@ -37,6 +37,9 @@ DESCRIPTIONS = {
     "`process_batch` stacks the rows and calls the model (in a one-thread executor, as ours).",
     "batched": "batched 0.1.5 from PyPI: `batched.aio.dynamically` on a plain `def` of a list of rows (it runs it "
     "with `asyncio.to_thread`).",
+    "cohort": "Not a batcher: the ceiling of dispatch in a closed loop. A batch leaves the moment the last of the "
+    "step's connections has sent its request (the count given to it), with no timer and no turns of the loop; the "
+    "model in one thread, as ours.",
     "fast-dynamic-batcher": "fast-dynamic-batcher 1.1.0 from PyPI: `DynBatcher` with an `InferenceModel`; the "
     "model runs in the process it spawns, each request waits in a thread (`process_batched`); `infer` returns "
     "nothing for the empty batches its loop sends when its delay runs out with nothing queued.",

@@ -24,6 +24,7 @@ MODULES = {
     "async-batcher-0.2.2": "app_async_batcher_022",
     "batched": "app_batched",
     "fast-dynamic-batcher": "app_fast_dynamic_batcher",
+    "cohort": "app_cohort",
 }
 
 

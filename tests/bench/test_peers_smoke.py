@@ -107,3 +107,29 @@ def test_settings_on_the_command_line() -> None:
         parse_args(["--variants", "none", "--settings", "batched:timeout_ms=2"])  # not in the run
     with pytest.raises(SystemExit):
         parse_args(["--variants", "nothing"])
+
+
+def test_the_cohort_ceiling_runs_one_closed_step_with_its_size_set_to_the_connections() -> None:
+    plan = parse_args(["--variants", "ours,cohort", "--modes", "closed", "--connections", "8"]).plan
+    assert plan == [("ours", "ours", {}), ("cohort", "cohort", {"size": 8})]
+    given = parse_args(
+        ["--variants", "cohort", "--modes", "closed", "--connections", "4", "--settings", "cohort:fallback=0.1"]
+    )
+    assert given.plan == [("cohort", "cohort", {"size": 4, "fallback": 0.1})]
+    with pytest.raises(SystemExit):  # its size is the step's connections: one step only
+        parse_args(["--variants", "cohort", "--modes", "closed", "--connections", "1,8"])
+    with pytest.raises(SystemExit):  # no closed population in the open loop
+        parse_args(["--variants", "cohort", "--modes", "closed,open", "--connections", "8", "--saturation", "100"])
+
+
+def test_the_cohort_ceiling_sends_the_whole_population_in_each_batch(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "benchmarks.peers", "--quick", "--variants", "cohort", "--modes", "closed"]
+    cmd += ["--connections", "4", "--out-dir", str(tmp_path), "--peers-dir", str(tmp_path / "envs")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "peers.csv", newline="", encoding="utf-8") as f:
+        (row,) = csv.DictReader(f)
+    assert (row["variant"], int(row["connections"]), int(row["errors"])) == ("cohort", 4, 0)
+    assert float(row["rps"]) > 0
+    assert float(row["items_per_call"]) == 4.0  # never fewer: no batch leaves before the last caller is in
+    assert "the ceiling of dispatch" in (tmp_path / "peers.md").read_text(encoding="utf-8")
