@@ -70,7 +70,9 @@ class Cohort:
                 future.set_result(float(value))
 
     async def stop(self) -> None:
-        self._send()
+        self._send()  # the callers still waiting for their cohort go now, and are answered before the model's
+        if self.running:  # thread goes
+            await asyncio.wait(self.running)
         self.executor.shutdown()
 
 
