@@ -3,9 +3,10 @@ of the cohort has arrived (``size``: the closed loop's connections, known in adv
 the loop and no queue; the model in one thread of its own, as for ours. A request that finds fewer than ``size``
 others waits at most ``fallback`` seconds (0.05), so that a cohort that splits or a step's end cannot hang it.
 
-No real batcher knows how many callers are coming: what this serves at ``size`` connections bounds what any
-dispatch rule can serve in this app on this machine, so that a ratio against a peer can be read against the ratio
-the ceiling allows."""
+No real batcher knows how many callers are coming, and none merges a cohort sooner: what this serves at ``size``
+connections is the most that merging the closed loop's requests into batches can give in this app on this machine,
+so that a ratio against a peer can be read against the ratio the ceiling reaches. (A rule that ran two cohorts in
+turn could do better only if the model's thread ran without the GIL for much of its call.)"""
 
 from __future__ import annotations
 
