@@ -174,11 +174,11 @@ def parse_args(argv: Sequence[str] | None, defaults: Defaults = Defaults()) -> a
     unknown = set(overrides) - set(names)
     if unknown:
         p.error(f"--settings for variants not in the run: {sorted(unknown)}")
-    args.plan = [(n, n, overrides.get(n, {})) for n in names]
     if "cohort" in names:  # the ceiling of dispatch: its batch is the closed loop's whole population, known
         if args.modes != ["closed"] or len(args.connections) != 1:
             p.error("cohort: the ceiling of one closed-loop step; give --modes closed and one --connections count")
-        args.plan = [(n, k, {"size": args.connections[0], **s} if n == "cohort" else s) for n, k, s in args.plan]
+        overrides["cohort"] = {"size": args.connections[0], **overrides.get("cohort", {})}
+    args.plan = [(n, n, overrides.get(n, {})) for n in names]
     args.plan += [(f"ours-{label}", "ours", settings) for label, settings in args.ours]
     wants_greedy = {"open", "mixed"} & set(args.modes) and not args.no_greedy
     if wants_greedy and open_report.GREEDY not in {n for n, _, _ in args.plan}:
