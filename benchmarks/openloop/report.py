@@ -10,6 +10,7 @@ import math
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from benchmarks.openloop.steps import OpenStep
 
@@ -27,6 +28,7 @@ __all__ = [
     "paired_rows",
     "paired_section",
     "read_csv",
+    "read_rows",
     "sign_test",
     "summarise",
     "write_csv",
@@ -37,6 +39,8 @@ PEER_NAMES = ("async-batcher-0.2.2", "batched", "fast-dynamic-batcher")
 GREEDY = "ours-greedy"  # the reference: this package with max_queue_time=0, no hold, no turns (plain greedy)
 TARGET_FRACTIONS = (0.1, 0.9)  # the open-loop p99 targets hold from about 10 % to 90 % of saturation
 SLACK = 0.05  # a fixed --rates value within 5 % of that range counts as in it
+
+_Row = TypeVar("_Row")
 
 
 def is_ours(variant: str) -> bool:
@@ -521,13 +525,20 @@ def write_csv(path: Path, steps: list[OpenStep]) -> None:
 
 def read_csv(path: Path) -> list[OpenStep]:
     """The steps :func:`write_csv` wrote (to render a report again)."""
-    types = {f.name: f.type for f in dataclasses.fields(OpenStep)}
-    steps = []
+    return read_rows(path, OpenStep)
+
+
+def read_rows(path: Path, cls: type[_Row]) -> list[_Row]:
+    """The rows of a CSV that a report wrote from dataclass ``cls`` (one column a field), as ``cls``: an empty cell
+    is ``None`` where the field allows it."""
+    fields: Any = dataclasses.fields(cls)  # type: ignore[arg-type]
+    types = {f.name: str(f.type) for f in fields}
+    out = []
     with path.open(newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             values: dict[str, object] = {}
             for k, raw in row.items():
-                kind = str(types[k])
+                kind = types[k]
                 if raw == "" and "None" in kind:
                     values[k] = None
                 elif kind.startswith("int"):
@@ -538,8 +549,8 @@ def read_csv(path: Path) -> list[OpenStep]:
                     values[k] = raw
                 else:
                     values[k] = float(raw)
-            steps.append(OpenStep(**values))  # type: ignore[arg-type]
-    return steps
+            out.append(cls(**values))
+    return out
 
 
 def _short(shape: str) -> str:

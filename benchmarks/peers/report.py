@@ -7,10 +7,20 @@ from __future__ import annotations
 import csv
 import dataclasses
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from benchmarks.openloop.report import GREEDY, PEER_NAMES, open_sections, open_target_rows, verdict
+from benchmarks.openloop.report import (
+    GREEDY,
+    PEER_NAMES,
+    is_ours,
+    open_sections,
+    open_target_rows,
+    p_text,
+    read_rows,
+    sign_test,
+    verdict,
+)
 from benchmarks.openloop.steps import OpenStep
 from benchmarks.peers.load import Step
 
@@ -21,6 +31,10 @@ __all__ = [
     "closed_sections",
     "closed_target_rows",
     "markdown",
+    "paired_ratios",
+    "paired_rows",
+    "paired_section",
+    "read_csv",
     "summarise",
     "targets_table",
     "write_csv",
@@ -157,6 +171,92 @@ def closed_target_rows(
     return rows
 
 
+# The closed-loop targets of issue 24: at these connection counts, this package's requests/s at least this many
+# times the best peer's.
+TARGET_FACTORS = {1: 1.5, 8: 1.5, 64: 1.0, 256: 1.0}
+COHORT = "cohort"  # the ceiling of dispatch in a closed loop (apps/app_cohort.py)
+
+
+def paired_ratios(steps: Iterable[Step], a: str, b: str, connections: int) -> list[float]:
+    """``a``'s requests/s over ``b``'s in each round of one run where both served at ``connections``, by round."""
+    rps = {(s.round, s.variant): s.rps for s in steps if s.connections == connections and s.variant in (a, b)}
+    return [rps[(r, a)] / rps[(r, b)] for r, v in sorted(rps) if v == a and rps.get((r, b), 0) > 0]
+
+
+def paired_rows(runs: Sequence[Sequence[Step]], against: Sequence[str] | None = None) -> list[list[str]]:
+    """Rows (connections, variant, against, rounds, ratio, higher in, p, at the target) for every variant of ours
+    against every other variant of the same run, at each connection count: the rounds of each run paired (two
+    variants' steps of one round ran minutes apart, on the same machine's mood), the pairs of several runs pooled.
+
+    ``at the target``: the rounds in which the ratio reached the target's factor against a peer (1.5x at 1 and 8
+    connections, 1x at 64 and 256); n/a against what is not a peer. ``against``: only those other variants (all
+    when None)."""
+    pooled: dict[tuple[int, str, str], list[float]] = {}
+    for steps in runs:
+        names = sorted({s.variant for s in steps})
+        for c in sorted({s.connections for s in steps}):
+            for a in (n for n in names if is_ours(n)):
+                for b in (n for n in names if n != a and (against is None or n in against)):
+                    ratios = paired_ratios(steps, a, b, c)
+                    if ratios:
+                        pooled.setdefault((c, a, b), []).extend(ratios)
+    rows = []
+    for (c, a, b), ratios in sorted(pooled.items()):
+        higher = sum(r > 1 for r in ratios)
+        pairs = higher + sum(r < 1 for r in ratios)  # a tie tells neither
+        factor = TARGET_FACTORS.get(c)
+        reached = (
+            "n/a" if factor is None or b not in PEER_NAMES else f"{sum(r >= factor for r in ratios)} of {len(ratios)}"
+        )
+        rows.append(
+            [
+                str(c),
+                a,
+                b,
+                str(len(ratios)),
+                f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
+                f"{higher} of {pairs}",
+                p_text(sign_test(higher, pairs)),
+                reached,
+            ]
+        )
+    return rows
+
+
+PAIRED_HEAD = ["connections", "variant", "against", "rounds", "req/s ratio: median (range)", "higher in"]
+PAIRED_HEAD += ["p (sign test)", "at the target's factor"]
+
+
+def paired_section(steps: list[Step]) -> list[str]:
+    """The closed loop's paired rounds as a section of the report: each variant of ours against the peers, plain
+    greedy dispatch and the ceiling (empty without one of each)."""
+    rows = paired_rows([steps], against=[*PEER_NAMES, GREEDY, COHORT])
+    if not rows:
+        return []
+    text = (
+        "A server's requests/s moves by up to two times from one process to the next on this machine (a variant's "
+        "range above); each round runs every variant once, seconds to minutes apart. In each round, this package's "
+        "requests/s over the other variant's: their median and range, in how many rounds it was the higher, the "
+        "sign test's two-sided `p` (how often two alike variants would split the rounds at least as unevenly; "
+        "above 0.05, read the medians' verdicts as draws), and in how many rounds it reached the target's factor "
+        "against a peer (1.5x at 1 and 8 connections, 1x at 64 and 256). `python -m benchmarks.peers.paired "
+        "CSV...` pools the rounds of several runs."
+    )
+    return [
+        "## Closed loop, paired rounds: this package's requests/s over the other's",
+        "",
+        text,
+        "",
+        *_table(PAIRED_HEAD, rows),
+        "",
+    ]
+
+
+def read_csv(path: Path) -> list[Step]:
+    """The closed-loop steps :func:`write_csv` wrote."""
+    return read_rows(path, Step)
+
+
 def targets_table(rows: list[list[str]]) -> list[str]:
     return _table(["variant", "scope", "target", "measured", "verdict"], rows) if rows else []
 
@@ -262,6 +362,7 @@ def markdown(
         ]
     if closed_steps:
         lines += closed_sections(closed_steps, variants, connections)
+        lines += paired_section(closed_steps)
     if open_steps:
         lines += open_sections(open_steps, variants, shapes, slo_ms, timeout)
     lines += [f"Every step of every round: {files}.", ""]
