@@ -11,6 +11,9 @@ afresh), in up to three modes:
   each arrival shape;
 - ``mixed``: open-loop arrivals beside a closed-loop population, and the same arrivals alone.
 
+``--windows K`` splits each round's closed-loop step into K windows that the variants take in turns, so that the
+machine's drift from one minute to the next falls alike on all of them and each window pairs them seconds apart.
+
 It writes ``reports/peers.md`` (``--report`` names it), the closed-loop steps' ``peers.csv`` and ``peers.png`` and
 the open-loop steps' ``peers-open.csv`` and ``peers-open.png``. ``python -m benchmarks.openloop`` is this rig with
 the open-loop modes only.
@@ -132,6 +135,13 @@ def parse_args(argv: Sequence[str] | None, defaults: Defaults = Defaults()) -> a
     closed.add_argument("--seconds", type=int, help="measured seconds per step, whole (wrk's unit; default 10)")
     closed.add_argument("--warmup", type=int, help="warm-up seconds before each step, whole (default 3; 0: none)")
     closed.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (at most the connections)")
+    closed.add_argument(
+        "--windows",
+        type=int,
+        default=1,
+        help="split each round's step into this many windows of --seconds, the variants taking turns window by "
+        "window (default 1: each variant's steps in one block)",
+    )
     ol = p.add_argument_group("open loop and mixed (benchmarks.openloop.generate)")
     ol.add_argument("--shapes", default=defaults.shapes, help="arrival shapes: poisson, onoff, onoff:ON_MS/OFF_MS")
     ol.add_argument("--fractions", type=_floats, help="rates as fractions of the saturation (default 0.1,0.3,...)")
@@ -185,8 +195,8 @@ def parse_args(argv: Sequence[str] | None, defaults: Defaults = Defaults()) -> a
         args.plan.append((open_report.GREEDY, "ours", dict(GREEDY_SETTINGS)))
     if len({n for n, _, _ in args.plan}) != len(args.plan):
         p.error("two variants share a name")
-    if args.rounds < 1 or args.wrk_threads < 1 or args.seconds < 1 or args.warmup < 0:
-        p.error("--rounds, --wrk-threads and --seconds must be >= 1, --warmup >= 0")
+    if args.rounds < 1 or args.wrk_threads < 1 or args.seconds < 1 or args.warmup < 0 or args.windows < 1:
+        p.error("--rounds, --wrk-threads, --seconds and --windows must be >= 1, --warmup >= 0")
     if not (args.open_seconds > 0 and args.open_warmup >= 0 and args.timeout > 0 and args.max_connections >= 1):
         p.error("--open-seconds, --timeout and --max-connections must be > 0, --open-warmup >= 0")
     if args.mixed_connections < 0 or not args.mixed_fraction > 0 or args.mixed_think < 0:
@@ -249,6 +259,13 @@ def _header(
         lines.append(
             f"Closed loop: `{load.wrk_version()}`, {args.wrk_threads} thread(s), `--timeout 2s`, POST of one row; "
             f"{args.warmup:g} s warm-up, then {args.seconds:g} s per step"
+            + (
+                f"; each round's step in {args.windows} windows, the variants taking turns window by window (the "
+                "order reversed every other window; a warm-up before a variant's first window only): the CSV's "
+                "`round` and the tables' rounds are windows, and a window's steps pair as a round"
+                if args.windows > 1
+                else ""
+            )
         )
     if open_steps:
         gen_max = max(s.gen_cpu for s in open_steps)
@@ -314,34 +331,60 @@ def _fresh(variants: list[Variant], log_dir: Path, taskset: str | None) -> Itera
 def _closed(
     args: argparse.Namespace, variants: list[Variant], servers: dict[str, Server], body: str, rnd: int
 ) -> list[load.Step]:
-    """One round of wrk's steps, on that round's servers."""
+    """One round of wrk's steps, on that round's servers: each variant's steps in one block, or with ``--windows``,
+    each step split into windows that the variants take in turns (a machine whose speed drifts from one minute to
+    the next then drifts alike for all: each window pairs the variants seconds apart, not minutes)."""
     steps: list[load.Step] = []
-    for v in _order(variants, rnd):
-        servers[v.name].resume()
-        for conns in args.connections:
-            step = load.run_step(
-                variant=v.name,
-                rnd=rnd,
-                url=servers[v.name].url,
-                server_pid=servers[v.name].pid,
-                other_pids=[s.pid for n, s in servers.items() if n != v.name],
-                connections=conns,
-                seconds=args.seconds,
-                warmup=args.warmup,
-                threads=args.wrk_threads,
-                body=body,
-                taskset=args.taskset_load,
-            )
-            steps.append(step)
-            print(
-                f"closed round {rnd + 1} {v.name} c={conns}: {step.rps:,.0f} req/s, p99 {step.p99_ms:.1f} ms, "
-                f"{step.items_per_call or 0:.1f}/call, server {step.server_cpu or 0:.0f} %, "
-                f"wrk {step.wrk_cpu:.0f} %",
-                file=sys.stderr,
-                flush=True,
-            )
-        servers[v.name].pause()
+    order = _order(variants, rnd)
+    if args.windows == 1:
+        for v in order:
+            for conns in args.connections:
+                steps.append(_window(args, v, servers, body, rnd, conns, warmup=args.warmup))
+        return steps
+    for conns in args.connections:
+        for w in range(args.windows):
+            for v in order if w % 2 == 0 else order[::-1]:
+                warmup = args.warmup if w == 0 else 0
+                steps.append(_window(args, v, servers, body, rnd * args.windows + w, conns, warmup=warmup))
     return steps
+
+
+def _window(
+    args: argparse.Namespace,
+    v: Variant,
+    servers: dict[str, Server],
+    body: str,
+    rnd: int,
+    conns: int,
+    *,
+    warmup: int,
+) -> load.Step:
+    """One wrk step of ``v``, its server resumed for it (the others stay paused)."""
+    servers[v.name].resume()
+    try:
+        step = load.run_step(
+            variant=v.name,
+            rnd=rnd,
+            url=servers[v.name].url,
+            server_pid=servers[v.name].pid,
+            other_pids=[s.pid for n, s in servers.items() if n != v.name],
+            connections=conns,
+            seconds=args.seconds,
+            warmup=warmup,
+            threads=args.wrk_threads,
+            body=body,
+            taskset=args.taskset_load,
+        )
+    finally:
+        servers[v.name].pause()
+    print(
+        f"closed {'window' if args.windows > 1 else 'round'} {rnd + 1} {v.name} c={conns}: {step.rps:,.0f} req/s, "
+        f"p99 {step.p99_ms:.1f} ms, "
+        f"{step.items_per_call or 0:.1f}/call, server {step.server_cpu or 0:.0f} %, wrk {step.wrk_cpu:.0f} %",
+        file=sys.stderr,
+        flush=True,
+    )
+    return step
 
 
 # The open-loop capacity, the rates' 100 % unless given: a ramp of Poisson steps of the reference variant, from
