@@ -134,3 +134,27 @@ def test_the_cohort_ceiling_sends_the_whole_population_in_each_batch(tmp_path: P
     assert float(row["rps"]) > 0
     assert float(row["items_per_call"]) == 4.0  # never fewer: no batch leaves before the last caller is in
     assert "the ceiling of dispatch" in (tmp_path / "peers.md").read_text(encoding="utf-8")
+
+
+def test_windows_give_the_variants_turns_within_a_round_and_pair_them_by_window(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--variants", "ours", "--modes", "closed", "--windows", "0"])
+    cmd = [sys.executable, "-m", "benchmarks.peers", "--quick", "--variants", "ours,cohort", "--modes", "closed"]
+    cmd += ["--connections", "2", "--windows", "3", "--warmup", "0", "--out-dir", str(tmp_path)]
+    cmd += ["--peers-dir", str(tmp_path / "envs"), "--report", "w"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "w.csv", newline="", encoding="utf-8") as f:
+        rows = [(r["variant"], int(r["round"]), int(r["connections"])) for r in csv.DictReader(f)]
+    # Window by window, the order reversed every other window; each window a round of its own.
+    assert rows == [
+        ("ours", 0, 2),
+        ("cohort", 0, 2),
+        ("cohort", 1, 2),
+        ("ours", 1, 2),
+        ("ours", 2, 2),
+        ("cohort", 2, 2),
+    ]
+    text = (tmp_path / "w.md").read_text(encoding="utf-8")
+    assert "each round's step in 3 windows" in text
+    assert any(line.startswith("| 2 | ours | cohort | 3 | ") for line in text.splitlines()), text
