@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from benchmarks.openloop.report import is_ours, p_text, paired_counts, read_csv, sign_test
 from benchmarks.openloop.steps import OpenStep
 
-__all__ = ["main", "pooled"]
+__all__ = ["main", "pooled", "read_runs"]
+
+_Run = TypeVar("_Run")
 
 
 def pooled(runs: Sequence[Sequence[OpenStep]]) -> list[tuple[str, str, str, int, int]]:
@@ -38,16 +41,23 @@ def pooled(runs: Sequence[Sequence[OpenStep]]) -> list[tuple[str, str, str, int,
     return [(a, b, shape, lower, pairs) for (a, b, shape), (lower, pairs) in sorted(totals.items())]
 
 
+def read_runs(p: argparse.ArgumentParser, paths: Sequence[Path], read: Callable[[Path], _Run], what: str) -> list[_Run]:
+    """Each of ``paths`` read by ``read``; a file that is missing or not ``what`` (another report's CSV has other
+    columns) ends the command with an error naming it, not a traceback."""
+    runs = []
+    for path in paths:
+        try:
+            runs.append(read(path))
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            p.error(f"{path}: not {what} ({type(exc).__name__}: {exc})")
+    return runs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.openloop.paired", description=__doc__.splitlines()[0])
     p.add_argument("csv", nargs="+", type=Path, help="an open-loop run's steps (its CSV)")
     args = p.parse_args(argv)
-    runs = []
-    for path in args.csv:
-        try:
-            runs.append(read_csv(path))
-        except (OSError, KeyError, TypeError, ValueError) as exc:  # (a closed-loop CSV has other columns)
-            p.error(f"{path}: not an open-loop report's steps ({type(exc).__name__}: {exc})")
+    runs = read_runs(p, args.csv, read_csv, "an open-loop report's steps")
     print("| variant | against | arrivals | lower p99 in | p (sign test) |")
     print("|---|---|---|---|---|")
     for a, b, shape, lower, pairs in pooled(runs):

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.openloop.paired import read_runs
 from benchmarks.peers.report import PAIRED_HEAD, paired_rows, read_csv
 
 __all__ = ["main"]
@@ -26,12 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.peers.paired", description=__doc__.splitlines()[0])
     p.add_argument("csv", nargs="+", type=Path, help="a head-to-head's closed-loop steps (its CSV)")
     args = p.parse_args(argv)
-    runs = []
-    for path in args.csv:
-        try:
-            runs.append(read_csv(path))
-        except (OSError, KeyError, TypeError, ValueError) as exc:  # (an open-loop CSV has other columns)
-            p.error(f"{path}: not a head-to-head's closed-loop steps ({type(exc).__name__}: {exc})")
+    runs = read_runs(p, args.csv, read_csv, "a head-to-head's closed-loop steps")
     print("| " + " | ".join(PAIRED_HEAD) + " |")
     print("|" + "---|" * len(PAIRED_HEAD))
     for row in paired_rows(runs):
