@@ -197,6 +197,8 @@ def parse_args(argv: Sequence[str] | None, defaults: Defaults = Defaults()) -> a
         p.error("two variants share a name")
     if args.rounds < 1 or args.wrk_threads < 1 or args.seconds < 1 or args.warmup < 0 or args.windows < 1:
         p.error("--rounds, --wrk-threads, --seconds and --windows must be >= 1, --warmup >= 0")
+    if args.windows > 1 and "closed" not in args.modes:
+        p.error("--windows splits the closed loop's steps: give --modes closed (with or without the others)")
     if not (args.open_seconds > 0 and args.open_warmup >= 0 and args.timeout > 0 and args.max_connections >= 1):
         p.error("--open-seconds, --timeout and --max-connections must be > 0, --open-warmup >= 0")
     if args.mixed_connections < 0 or not args.mixed_fraction > 0 or args.mixed_think < 0:

@@ -28,9 +28,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("csv", nargs="+", type=Path, help="a head-to-head's closed-loop steps (its CSV)")
     args = p.parse_args(argv)
     runs = read_runs(p, args.csv, read_csv, "a head-to-head's closed-loop steps")
+    try:
+        rows = paired_rows(runs)
+    except ValueError as exc:  # two runs' steps in one CSV
+        p.error(str(exc))
     print("| " + " | ".join(PAIRED_HEAD) + " |")
     print("|" + "---|" * len(PAIRED_HEAD))
-    for row in paired_rows(runs):
+    for row in rows:
         print("| " + " | ".join(row) + " |")
     return 0
 

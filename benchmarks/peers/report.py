@@ -180,8 +180,18 @@ COHORT = "cohort"  # the ceiling of dispatch in a closed loop (apps/app_cohort.p
 
 
 def paired_ratios(steps: Iterable[Step], a: str, b: str, connections: int) -> list[float]:
-    """``a``'s requests/s over ``b``'s in each round of one run where both served at ``connections``, by round."""
-    rps = {(s.round, s.variant): s.rps for s in steps if s.connections == connections and s.variant in (a, b)}
+    """``a``'s requests/s over ``b``'s in each round of one run where both served at ``connections``, by round.
+    Raises ``ValueError`` for two steps of one variant in one round (two runs' steps in one list: they would pair
+    across runs)."""
+    rps: dict[tuple[int, str], float] = {}
+    for s in steps:
+        if s.connections == connections and s.variant in (a, b):
+            if (s.round, s.variant) in rps:
+                raise ValueError(
+                    f"two steps of {s.variant} in round {s.round} at {connections} connections: one run's steps "
+                    "have one a round (give several runs as several CSVs)"
+                )
+            rps[(s.round, s.variant)] = s.rps
     return [rps[(r, a)] / rps[(r, b)] for r, v in sorted(rps) if v == a and rps.get((r, b), 0) > 0]
 
 

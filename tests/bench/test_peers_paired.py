@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.openloop import report as open_report
 from benchmarks.peers import report as peers_report
 from benchmarks.peers.load import Step
@@ -33,6 +35,9 @@ def test_ratios_pair_each_round_at_one_connection_count() -> None:
     assert peers_report.paired_ratios(steps, "batched", "ours", 1) == [0.5, 1.25, 0.0]
     assert peers_report.paired_ratios(steps, "ours", "batched", 8) == [0.9]
     assert peers_report.paired_ratios(steps, "ours", "batched", 64) == []
+    # Two runs' steps in one list would pair across runs: refused, naming the step.
+    with pytest.raises(ValueError, match="two steps of ours in round 0 at 1 connections"):
+        peers_report.paired_ratios([*steps, _step("ours", 0, 1, 1.0)], "ours", "batched", 1)
 
 
 def test_rows_pool_runs_pairing_within_each() -> None:
@@ -105,3 +110,14 @@ def test_the_paired_command_pools_runs_and_names_a_bad_file(tmp_path: Path) -> N
         )  # fmt: skip
         assert done.returncode == 2 and f"{bad}: not a head-to-head's closed-loop steps" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_the_paired_command_refuses_two_runs_in_one_csv(tmp_path: Path) -> None:
+    both = [_step("ours", 0, 1, 900.0), _step("batched", 0, 1, 450.0), _step("ours", 0, 1, 500.0)]
+    peers_report.write_csv(tmp_path / "both.csv", both)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.peers.paired", str(tmp_path / "both.csv")],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2 and "two steps of ours in round 0 at 1 connections" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

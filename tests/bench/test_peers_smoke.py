@@ -139,6 +139,8 @@ def test_the_cohort_ceiling_sends_the_whole_population_in_each_batch(tmp_path: P
 def test_windows_give_the_variants_turns_within_a_round_and_pair_them_by_window(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         parse_args(["--variants", "ours", "--modes", "closed", "--windows", "0"])
+    with pytest.raises(SystemExit):  # windows of the closed loop's steps, and no closed loop
+        parse_args(["--variants", "ours", "--modes", "open", "--windows", "2", "--saturation", "100"])
     cmd = [sys.executable, "-m", "benchmarks.peers", "--quick", "--variants", "ours,cohort", "--modes", "closed"]
     cmd += ["--connections", "2", "--windows", "3", "--warmup", "0", "--out-dir", str(tmp_path)]
     cmd += ["--peers-dir", str(tmp_path / "envs"), "--report", "w"]
