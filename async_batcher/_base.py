@@ -66,9 +66,12 @@ class Base(Settings):
     #: costs nothing, it is never called.
     _overridden: ClassVar[frozenset[str]] = frozenset()
     continuous_batching: ClassVar[bool] = False
-    #: The loop's turns a batch's end lets pass before the next batch forms, while items wait
-    #: (:func:`~async_batcher._dispatch.batch_ended`); 0 sends at once (the benchmarks' plain greedy reference).
+    #: The loop's turns a batch's end lets pass before the next batch forms, while items wait, and the first arrival
+    #: after a batch that answered a cohort (:func:`~async_batcher._dispatch.batch_ended`); 0 sends at once (the
+    #: benchmarks' plain greedy reference).
     _turns: int = 4
+    #: Whether the turns apply to that first arrival (off: the benchmarks' reference of the rule before it).
+    _regather: bool = True
 
     if TYPE_CHECKING:  # implemented by AsyncBatcher
 

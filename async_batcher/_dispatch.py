@@ -6,7 +6,8 @@ launch of a batch on its path, and the abort that fails everything (private).
 else it arms a single timer for the earliest deadline of the lanes that are not due yet. Nothing runs while
 nothing waits: an item's arrival schedules the pump (:func:`arrived`) only when a batch may have become due; a
 batch's end (:func:`batch_ended`, which each run is given as its :attr:`~async_batcher._run.Run.batch_ended`) and
-the timer schedule it too.
+the timer schedule it too. A batch's end lets the loop turn before the next batch forms (:func:`_turn`), and so does
+the first arrival after a batch that answered a cohort (:func:`wake`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def launch(b: Base, run: Run, taken: Taken, now: float, lane: Lane) -> None:
     ends (:func:`batch_ended`). Its task runs in the batch's own context (:attr:`Batch.context`), never in the one
     that happens to run the pump (a caller's, or the batch that just ended)."""
     batch = Batch(run, taken, now, lane)
+    run.regather_until = 0.0  # (a batch that goes some other way, by a deadline or full, ends the regather)
     # Formed by a probe of the hold if during its time (a later batch, after one that ended with nothing waiting,
     # is not: it would judge the probe by other callers).
     batch.probe = lane.probing and now <= _policy.hold_end(b, lane)
@@ -101,9 +103,18 @@ def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
     batch just answered, if they call again at once), where they would have followed alone, and the batches of a busy
     server stop splitting into ever more, ever smaller ones. Turns, not time: on an idle loop they pass at once, and
     a lone caller, or one after an idle batcher, never waits for them (an arrival into a free slot pumps as before);
-    nor do as many items as the largest batch takes, a stop, or a caller waiting for room in the queue."""
-    batch.lane.in_flight -= 1
-    _policy.answered(b, run, batch, callers, run.loop.time())
+    nor do as many items as the largest batch takes, a stop, or a caller waiting for room in the queue.
+
+    If nothing waits, and the batch answered two callers or more, the first of them to call again lets the same
+    turns pass (:func:`wake`): a closed loop's cohort comes back one request at a time, and the first one back would
+    otherwise go alone and split it in two for good (the others, coming while it runs, go next, and their batch's
+    end finds the first one's callers waiting). Only within one cycle of the lane (the time since its batch before
+    ended): a caller after an idle spell goes at once."""
+    lane = batch.lane
+    lane.in_flight -= 1
+    now = run.loop.time()
+    cycle = now - (lane.ended if lane.ended != -math.inf else batch.started)
+    _policy.answered(b, run, batch, callers, now)
     waiting = run.queue.waiting
     if 0 < waiting < _policy.largest(b) and run.state is State.RUNNING and not run.putters:
         if run.pump_handle is not None:  # a pump to come (an arrival's, another end's turns) comes after these
@@ -111,6 +122,8 @@ def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
         _turn(b, run, b._turns)
     else:
         pump_safely(b, run)
+        if callers >= 2 and b._regather and b._turns and not run.queue.waiting and run.state is State.RUNNING:
+            run.regather_until = now + cycle
 
 
 def _turn(b: Base, run: Run, left: int) -> None:
@@ -138,6 +151,20 @@ def arrived(b: Base, run: Run, lane: Lane) -> None:
         # A hold, and as many items back as callers it waits for (a process_many may bring more than one).
         or (lane.hold_from != -math.inf and lane.arrived >= lane.hold_mark)
     ):
+        if run.regather_until:
+            wake(b, run, lane)
+        else:
+            run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
+
+
+def wake(b: Base, run: Run, lane: Lane) -> None:
+    """Schedule the pump for the first arrival into a free slot after a batch that answered a cohort and left
+    nothing waiting (:func:`batch_ended`): after the loop's turns if it came within the lane's cycle, the batcher
+    runs, nobody waits for room and the lane does not hold a full batch; else at once. Either way, once."""
+    until, run.regather_until = run.regather_until, 0.0
+    if until > run.clock() and lane.count < _policy.largest(b) and run.state is State.RUNNING and not run.putters:
+        _turn(b, run, b._turns)
+    else:
         run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
 from async_batcher import _admission, _checks, _execution, _lifecycle, _sync
 from async_batcher._base import HOOKS, Base, check_hooks
-from async_batcher._dispatch import scheduled_pump
+from async_batcher._dispatch import scheduled_pump, wake
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import Run, State
 from async_batcher._threads import Gate
@@ -292,7 +292,10 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
             # The wake-up test of _dispatch.arrived, inline (no weight in play here).
             if run.in_flight < self._slot_limit:
                 if run.pump_handle is None and (run.timer is None or lane.count >= run.trigger):
-                    run.pump_handle = loop.call_soon(scheduled_pump, self, run)
+                    if run.regather_until:  # the first arrival after a cohort's batch: the turns may come first
+                        wake(self, run, lane)
+                    else:
+                        run.pump_handle = loop.call_soon(scheduled_pump, self, run)
             elif _current_batch() is not None:  # (even with a pump to come: it finds no free slot either)
                 _admission.refuse_queued_if_reentrant(self, run, entry)
             return await fut

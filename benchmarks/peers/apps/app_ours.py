@@ -28,6 +28,7 @@ class Ours:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="model")
         settings = dict(settings)
         turns = settings.pop("_turns", None)  # not a setting: the loop's turns before a batch (0: plain greedy)
+        regather = settings.pop("_regather", None)  # not a setting: 0 for the rule before the regather
         self.batcher = KerasAsyncBatcher(
             model=model.keras_model,
             predict_fn=model.predict_rows,
@@ -37,6 +38,8 @@ class Ours:
         )
         if turns is not None:
             self.batcher._turns = int(turns)
+        if regather is not None:
+            self.batcher._regather = bool(int(regather))
 
     async def start(self) -> None:
         self.batcher.start()
