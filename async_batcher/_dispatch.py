@@ -122,7 +122,7 @@ def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
         _turn(b, run, b._turns)
     else:
         pump_safely(b, run)
-        if callers >= 2 and b._regather and b._turns and not run.queue.waiting and run.state is State.RUNNING:
+        if callers >= 2 and b._regather and b._turns and not run.queue.waiting:
             run.regather_until = now + cycle
 
 
@@ -159,10 +159,11 @@ def arrived(b: Base, run: Run, lane: Lane) -> None:
 
 def wake(b: Base, run: Run, lane: Lane) -> None:
     """Schedule the pump for the first arrival into a free slot after a batch that answered a cohort and left
-    nothing waiting (:func:`batch_ended`): after the loop's turns if it came within the lane's cycle, the batcher
-    runs, nobody waits for room and the lane does not hold a full batch; else at once. Either way, once."""
+    nothing waiting (:func:`batch_ended`): after the loop's turns if it came within the lane's cycle and the lane
+    does not hold a full batch; else at once. Either way, once. (An arrival is always into a running batcher; a
+    stop or a caller waiting for room during the turns waits for them, four turns at most.)"""
     until, run.regather_until = run.regather_until, 0.0
-    if until > run.clock() and lane.count < _policy.largest(b) and run.state is State.RUNNING and not run.putters:
+    if until > run.clock() and lane.count < _policy.largest(b):
         _turn(b, run, b._turns)
     else:
         run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
