@@ -105,11 +105,12 @@ def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
     a lone caller, or one after an idle batcher, never waits for them (an arrival into a free slot pumps as before);
     nor do as many items as the largest batch takes, a stop, or a caller waiting for room in the queue.
 
-    If nothing waits, and the batch answered two callers or more, the first of them to call again lets the same
-    turns pass (:func:`wake`): a closed loop's cohort comes back one request at a time, and the first one back would
-    otherwise go alone and split it in two for good (the others, coming while it runs, go next, and their batch's
-    end finds the first one's callers waiting). Only within one cycle of the lane (the time since its batch before
-    ended): a caller after an idle spell goes at once."""
+    If nothing waits, and the batch answered a cohort (two callers or more, and nothing arrived in its lane while it
+    ran though the lane's rate would have brought an item: :func:`_policy.answered`), the first item to arrive after
+    it lets the same turns pass (:func:`wake`): a closed loop's cohort comes back one request at a time, and the
+    first one back would otherwise go alone and split it in two for good (the others, coming while it runs, go next,
+    and their batch's end finds the first one's callers waiting). Only within one cycle of the lane (the time since
+    its batch before ended): a caller after an idle spell goes at once."""
     lane = batch.lane
     lane.in_flight -= 1
     now = run.loop.time()
@@ -122,7 +123,7 @@ def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
         _turn(b, run, b._turns)
     else:
         pump_safely(b, run)
-        if callers >= 2 and b._regather and b._turns and not run.queue.waiting:
+        if lane.cohort and b._regather and b._turns and not run.queue.waiting:
             run.regather_until = now + cycle
 
 

@@ -126,7 +126,8 @@ PROBE_AT_MOST = 64.0
 def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
     """A batch ended, having answered ``callers`` (each call it resolved counts once: a ``process_many`` whose items
     are still to go counts when its last batch ends; a caller who had left is not one): whether it held all its
-    lane's callers, and, for at most ``max_hold_time`` from now, the hold for them (:func:`holds`)."""
+    lane's callers, whether they are a cohort that may come back together, and, for at most ``max_hold_time`` from
+    now, the hold for them (:func:`holds`)."""
     lane = batch.lane
     # It held them all if items arrived in the lane while it ran at a quarter of the lane's rate since its previous
     # answer or less, that rate bringing two or more (fewer tell nothing).
@@ -136,6 +137,11 @@ def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
     since = max(now - lane.ended, ran)
     rate = (lane.arrived - lane.arrived_at_end) / since if since > 0 else 0.0
     lane.alone = rate * ran >= 2 and during * 4 <= rate * ran and not run.is_stream
+    # A cohort, for the turns before its first caller back (_dispatch.wake), on weaker evidence than the hold's (the
+    # turns cost no time): two callers or more, and nothing arrived while it ran though the rate would have brought
+    # one. Independent arrivals at a rate that brings one in a batch's time leave a batch without one about a third
+    # of the time; at lower rates never.
+    lane.cohort = callers >= 2 and not during and rate * ran >= 1
     if batch.probe:  # a probe that gathered them: the next may come soon; one that did not waits twice as long
         if lane.alone:
             run.probe_wait = PROBE_EVERY

@@ -35,27 +35,34 @@ async def _client(b: Recording, x: int, lag: int, rounds: int) -> list[int]:
     return got
 
 
+async def _warm(b: Recording, n: int) -> None:
+    """Two batches of ``n`` callers: after the second the lane has a rate, and its batch answered a cohort."""
+    for _ in range(2):
+        await asyncio.gather(*(b.process(x) for x in range(n)))
+
+
 async def _cohort(b: Recording, lags: list[int], rounds: int) -> list[list[int]]:
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(100):
         return list(await asyncio.gather(*(_client(b, i, lag, rounds) for i, lag in enumerate(lags))))
 
 
-@pytest.mark.parametrize(("regather", "whole"), [(True, True), (False, False)])
-async def test_a_cohort_that_comes_back_over_a_few_turns_stays_whole(regather: bool, whole: bool) -> None:
-    # Four clients come back 0 to 3 turns after their answers: with the regather every batch after the first holds
-    # all four; without it (the rule before), the first one back goes alone and the cohort splits (7 batches here).
+@pytest.mark.parametrize("regather", [True, False])
+async def test_a_cohort_that_comes_back_over_a_few_turns_stays_whole(regather: bool) -> None:
+    # Eight clients come back 0 to 3 turns after their answers. The first batch tells nothing of the lane's rate, so
+    # the first one back goes with those of its turn (two here), and the others follow; from then on, with the
+    # regather, every batch holds all eight (the last, those that had a round left). Without it (the rule before),
+    # the cohort stays split: more model calls for the same items.
     b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
     b._regather = regather
-    results = await _cohort(b, [0, 1, 2, 3], rounds=4)
-    assert results == [[2 * (i + 100 * r) for r in range(4)] for i in range(4)]
+    lags = [0, 1, 2, 3] * 2
+    results = await _cohort(b, lags, rounds=6)
+    assert results == [[2 * (i + 100 * r) for r in range(6)] for i in range(8)]
     sizes = [len(batch) for batch in b.batches]
-    if whole:
-        assert sizes == [4, 4, 4, 4]
+    if regather:
+        assert sizes[:2] == [8, 2] and sizes[2:-1] == [8] * 4 and sum(sizes) == 48
     else:
-        assert sizes[:2] == [4, 1] and len(sizes) > 4  # the first one back alone; more calls for the same items
-    loop = asyncio.get_running_loop()
-    assert b.started_at[-1] <= loop.time()  # (turns take no time: every batch starts on a whole second)
-    assert all(t == int(t) for t in b.started_at)
+        assert sizes[:3] == [8, 2, 8] and len(sizes) > 8 and min(sizes[3:]) < 8
+    assert all(t == int(t) for t in b.started_at)  # turns take no time: every batch starts on a whole second
     run = b._run
     assert run.timer is None and run.pump_handle is None  # an idle batcher keeps nothing scheduled
     await b.stop()
@@ -66,19 +73,19 @@ async def test_a_lone_callers_batch_lets_no_turns_pass() -> None:
     # after it does not join (it would, after a cohort's batch).
     b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
     async with asyncio.timeout(10):
-        assert await b.process(1) == 2
+        await _warm(b, 1)
 
         async def late() -> int:
             await asyncio.sleep(0)
             return await b.process(2)
 
         assert await asyncio.gather(b.process(3), late()) == [6, 4]
-    assert b.batches == [[1], [3], [2]]
+    assert b.batches[2:] == [[3], [2]]
     await b.stop()
 
 
 async def test_a_caller_after_an_idle_spell_goes_at_once() -> None:
-    # Ten callers answered by one batch, then the batcher idles for longer than the lane's cycle: the next caller
+    # Ten callers answered by a batch, then the batcher idles for longer than the lane's cycle: the next caller
     # goes at once (a task ready one turn later follows in the next batch), where within the cycle it lets the
     # turns pass and the task joins it.
     loop = asyncio.get_running_loop()
@@ -93,12 +100,12 @@ async def test_a_caller_after_an_idle_spell_goes_at_once() -> None:
     for idle, batches in [(0.5, [[1], [2]]), (0.0, [[1, 2]])]:
         b = Recording(delay=0.25, max_queue_time=0, max_hold_time=0)
         async with asyncio.timeout(10):
-            await asyncio.gather(*(b.process(x) for x in range(10)))  # one batch: its cycle is its time, 0.25 s
+            await _warm(b, 10)  # the second batch's cycle is 0.25 s, and ten items came in it
             ended = loop.time()
             await asyncio.sleep(idle)
             assert await pair() == [2, 4]
-        assert b.batches[1:] == batches, idle
-        assert b.started_at[1] == ended + idle
+        assert b.batches[2:] == batches, idle
+        assert b.started_at[2] == ended + idle
         await b.stop()
 
 
@@ -108,7 +115,7 @@ async def test_a_full_batch_goes_at_once() -> None:
     b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0, max_batch_size=3)
     seen: list[int] = []
     async with asyncio.timeout(10):
-        await asyncio.gather(*(b.process(x) for x in range(3)))
+        await _warm(b, 3)
 
         async def late() -> int:
             await asyncio.sleep(0)
@@ -117,7 +124,7 @@ async def test_a_full_batch_goes_at_once() -> None:
 
         assert await asyncio.gather(b.process_many([4, 5, 6]), late()) == [[8, 10, 12], 18]
     assert seen == [1]
-    assert b.batches[1:] == [[4, 5, 6], [9]]
+    assert b.batches[2:] == [[4, 5, 6], [9]]
     await b.stop()
 
 
@@ -128,7 +135,7 @@ async def test_a_stop_during_the_regathers_turns_resolves_every_caller_once(forc
     # forced stop fails the waiting caller. Nothing hangs, nothing stays scheduled.
     b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
     async with asyncio.timeout(10):
-        await asyncio.gather(b.process(1), b.process(2))
+        await _warm(b, 2)
 
         async def stopper() -> None:
             await asyncio.sleep(0)
@@ -142,20 +149,23 @@ async def test_a_stop_during_the_regathers_turns_resolves_every_caller_once(forc
     assert isinstance(outcomes[2], BatcherStoppedError)
     if force:
         assert isinstance(outcomes[0], BatcherStoppedError)
-        assert b.batches == [[1, 2]]
+        assert b.batches[2:] == []
     else:
         assert outcomes[0] == 6
-        assert b.batches == [[1, 2], [3]]
+        assert b.batches[2:] == [[3]]
     stats = b.stats
     assert stats.in_flight == 0 and stats.queued == 0
     assert b._run.timer is None
     assert b._run.pump_handle is None or b._run.pump_handle.cancelled()
 
 
-async def test_no_turns_no_regather() -> None:
+@pytest.mark.parametrize(("turns", "batches"), [(4, [[0, 1], [100, 101]]), (0, [[0, 1], [100], [101]])])
+async def test_no_turns_no_regather(turns: int, batches: list[list[int]]) -> None:
     # _turns = 0 (the benchmarks' plain greedy reference): the first caller back goes alone.
     b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
-    b._turns = 0
+    b._turns = turns
+    async with asyncio.timeout(10):
+        await _warm(b, 2)
     await _cohort(b, [0, 1], rounds=2)
-    assert b.batches == [[0, 1], [0 + 100], [1 + 100]]
+    assert b.batches[2:] == batches
     await b.stop()
