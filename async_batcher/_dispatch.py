@@ -74,7 +74,7 @@ def launch(b: Base, run: Run, taken: Taken, now: float, lane: Lane) -> None:
     ends (:func:`batch_ended`). Its task runs in the batch's own context (:attr:`Batch.context`), never in the one
     that happens to run the pump (a caller's, or the batch that just ended)."""
     batch = Batch(run, taken, now, lane)
-    run.regather_until = 0.0  # (a batch that goes some other way, by a deadline or full, ends the regather)
+    lane.regather_until = 0.0  # (a batch that goes some other way, by a deadline or full, ends the regather)
     # Formed by a probe of the hold if during its time (a later batch, after one that ended with nothing waiting,
     # is not: it would judge the probe by other callers).
     batch.probe = lane.probing and now <= _policy.hold_end(b, lane)
@@ -105,12 +105,12 @@ def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
     a lone caller, or one after an idle batcher, never waits for them (an arrival into a free slot pumps as before);
     nor do as many items as the largest batch takes, a stop, or a caller waiting for room in the queue.
 
-    If nothing waits, and the batch answered a cohort (two callers or more, and nothing arrived in its lane while it
-    ran though the lane's rate would have brought an item: :func:`_policy.answered`), the first item to arrive after
-    it lets the same turns pass (:func:`wake`): a closed loop's cohort comes back one request at a time, and the
-    first one back would otherwise go alone and split it in two for good (the others, coming while it runs, go next,
-    and their batch's end finds the first one's callers waiting). Only within one cycle of the lane (the time since
-    its batch before ended): a caller after an idle spell goes at once."""
+    If nothing of its lane waits, and the batch answered a cohort (two callers or more, and nothing arrived in its
+    lane while it ran though the lane's rate would have brought an item: :func:`_policy.answered`), the lane's first
+    item to arrive after it lets the same turns pass (:func:`wake`): a closed loop's cohort comes back one request
+    at a time, and the first one back would otherwise go alone and split it in two for good (the others, coming
+    while it runs, go next, and their batch's end finds the first one's callers waiting). Only within one cycle of
+    the lane (the time since its batch before ended): a caller after an idle spell goes at once."""
     lane = batch.lane
     lane.in_flight -= 1
     now = run.loop.time()
@@ -123,8 +123,8 @@ def batch_ended(b: Base, run: Run, batch: Batch, callers: int) -> None:
         _turn(b, run, b._turns)
     else:
         pump_safely(b, run)
-        if lane.cohort and b._regather and b._turns and not run.queue.waiting:
-            run.regather_until = now + cycle
+    if lane.cohort and b._regather and b._turns and not lane.count:
+        lane.regather_until = now + cycle
 
 
 def _turn(b: Base, run: Run, left: int) -> None:
@@ -152,18 +152,18 @@ def arrived(b: Base, run: Run, lane: Lane) -> None:
         # A hold, and as many items back as callers it waits for (a process_many may bring more than one).
         or (lane.hold_from != -math.inf and lane.arrived >= lane.hold_mark)
     ):
-        if run.regather_until:
+        if lane.regather_until:
             wake(b, run, lane)
         else:
             run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
 
 
 def wake(b: Base, run: Run, lane: Lane) -> None:
-    """Schedule the pump for the first arrival into a free slot after a batch that answered a cohort and left
-    nothing waiting (:func:`batch_ended`): after the loop's turns if it came within the lane's cycle and the lane
-    does not hold a full batch; else at once. Either way, once. (An arrival is always into a running batcher; a
-    stop or a caller waiting for room during the turns waits for them, four turns at most.)"""
-    until, run.regather_until = run.regather_until, 0.0
+    """Schedule the pump for a lane's first arrival into a free slot after its batch that answered a cohort and
+    left nothing of it waiting (:func:`batch_ended`): after the loop's turns if it came within the lane's cycle and
+    the lane does not hold a full batch; else at once. Either way, once. (An arrival is always into a running
+    batcher; a stop or a caller waiting for room during the turns waits for them, four turns at most.)"""
+    until, lane.regather_until = lane.regather_until, 0.0
     if until > run.clock() and lane.count < _policy.largest(b):
         _turn(b, run, b._turns)
     else:

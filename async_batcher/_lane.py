@@ -17,17 +17,17 @@ __all__: list[str] = []
 class Lane:
     """The items of one batch key waiting for a batch: a FIFO deque per priority level.
 
-        ``count`` is the number of its items still queued; ``weight`` their total weight while weights are kept
-        (:attr:`Queue.weighted`); ``left``, how many have left it so far (sent or withdrawn): ``count + left`` counts
-        every item that ever arrived in the lane, without a step per item.
+    ``count`` is the number of its items still queued; ``weight`` their total weight while weights are kept
+    (:attr:`Queue.weighted`); ``left``, how many have left it so far (sent or withdrawn): ``count + left`` counts
+    every item that ever arrived in the lane, without a step per item.
 
-        The rest is the lane's own history, for the hold (:mod:`~async_batcher._policy`): when its last batch ended
-        (``ended``) and its arrivals then (``arrived_at_end``), whether that batch held all its callers (``alone``) or at
-    least answered a cohort that may come back together (``cohort``),
-        and, while a hold for the callers it answered may apply, since when (``hold_from``: it ends ``max_hold_time``
-        later), how long it waits for an arrival (``quiet``), at which count of arrivals they are all back
-        (``hold_mark``), whether the hold is a probe (``probing``), and until when a hold kept its items back
-        (``kept``).
+    The rest is the lane's own history, for the hold and the turns (:mod:`~async_batcher._policy`): when its last
+    batch ended (``ended``) and its arrivals then (``arrived_at_end``), whether that batch held all its callers
+    (``alone``) or at least answered a cohort that may come back together (``cohort``), until when its first caller
+    back lets the loop's turns pass (``regather_until``, :func:`~async_batcher._dispatch.wake`), and, while a hold
+    for the callers it answered may apply, since when (``hold_from``: it ends ``max_hold_time`` later), how long it
+    waits for an arrival (``quiet``), at which count of arrivals they are all back (``hold_mark``), whether the hold
+    is a probe (``probing``), and until when a hold kept its items back (``kept``).
     """
 
     __slots__ = (
@@ -47,6 +47,7 @@ class Lane:
         "order",
         "probing",
         "quiet",
+        "regather_until",
         "served",
         "weight",
     )
@@ -72,6 +73,9 @@ class Lane:
         self.kept = -math.inf
         self.alone = False  # its last batch held all its callers (nothing else arrived while it ran)
         self.cohort = False  # its last batch answered a cohort that may come back together (_policy.answered)
+        # Until when its next arrival into a free slot lets the loop turn before its batch forms (0: it does not):
+        # its last batch answered a cohort and left nothing of it waiting (_dispatch.batch_ended, _dispatch.wake).
+        self.regather_until = 0.0
         self.arrived_at_end = 0  # its arrivals when its last batch ended
 
     def level(self, priority: float) -> deque[Any]:

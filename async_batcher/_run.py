@@ -83,7 +83,6 @@ class Run:
         "pump_handle",
         "putters",
         "queue",
-        "regather_until",
         "reserved",
         "start_line",
         "startup",
@@ -157,9 +156,6 @@ class Run:
         self.timer_at = 0.0
         self.timer_when = 0.0  # the deadline of the last timer that fired
         self.dispatches = 0  # batches formed so far: the clock of Lane.served
-        # Until when the next arrival into a free slot lets the loop turn before its batch forms (0: it does not):
-        # the last batch answered a cohort and left nothing waiting (_dispatch.batch_ended).
-        self.regather_until = 0.0
         # When the hold may next be tried while it is off, to see whether it gathers a batch of all its lane's
         # callers (a probe).
         self.probe_at = -math.inf

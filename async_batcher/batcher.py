@@ -292,7 +292,7 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
             # The wake-up test of _dispatch.arrived, inline (no weight in play here).
             if run.in_flight < self._slot_limit:
                 if run.pump_handle is None and (run.timer is None or lane.count >= run.trigger):
-                    if run.regather_until:  # the first arrival after a cohort's batch: the turns may come first
+                    if lane.regather_until:  # the first arrival after a cohort's batch: the turns may come first
                         wake(self, run, lane)
                     else:
                         run.pump_handle = loop.call_soon(scheduled_pump, self, run)
