@@ -140,7 +140,7 @@ def answered(b: Base, run: Run, batch: Batch, callers: int, now: float) -> None:
     # A cohort, for the turns before its first caller back (_dispatch.wake), on weaker evidence than the hold's (the
     # turns cost no time): two callers or more, and nothing arrived while it ran though the rate would have brought
     # one. Independent arrivals at a rate that brings one in a batch's time leave a batch without one about a third
-    # of the time; at lower rates never.
+    # of the time; at lower rates the rate since the batch before rarely reaches one (a burst).
     lane.cohort = callers >= 2 and not during and rate * ran >= 1
     if batch.probe:  # a probe that gathered them: the next may come soon; one that did not waits twice as long
         if lane.alone:
