@@ -152,19 +152,18 @@ def arrived(b: Base, run: Run, lane: Lane) -> None:
         # A hold, and as many items back as callers it waits for (a process_many may bring more than one).
         or (lane.hold_from != -math.inf and lane.arrived >= lane.hold_mark)
     ):
-        if lane.regather_until:
-            wake(b, run, lane)
-        else:
-            run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)
+        wake(b, run, lane)
 
 
 def wake(b: Base, run: Run, lane: Lane) -> None:
-    """Schedule the pump for a lane's first arrival into a free slot after its batch that answered a cohort and
-    left nothing of it waiting (:func:`batch_ended`): after the loop's turns if it came within the lane's cycle and
-    the lane does not hold a full batch; else at once. Either way, once. (An arrival is always into a running
-    batcher; a stop or a caller waiting for room during the turns waits for them, four turns at most.)"""
+    """Schedule the pump for an arrival into a free slot: at once, but for a lane's first arrival after its batch
+    that answered a cohort and left nothing of it waiting (:func:`batch_ended`), after the loop's turns if it came
+    within the lane's cycle and the lane does not hold a full batch (the regather ends with it, either way).
+    :meth:`AsyncBatcher.process` calls it only for that first arrival, and schedules the pump inline otherwise. (An
+    arrival is always into a running batcher; a stop or a caller waiting for room during the turns waits for them,
+    four turns at most.)"""
     until, lane.regather_until = lane.regather_until, 0.0
-    if until > run.clock() and lane.count < _policy.largest(b):
+    if until and until > run.clock() and lane.count < _policy.largest(b):
         _turn(b, run, b._turns)
     else:
         run.pump_handle = run.loop.call_soon(scheduled_pump, b, run)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from async_batcher import AsyncBatcher
 from tests.loops import until
 
-__all__ = ["Recording", "SyncRecording", "until"]
+__all__ = ["Recording", "SyncRecording", "stop_as", "turns", "until", "warm"]
 
 
 class Recording(AsyncBatcher[int, int]):
@@ -73,3 +74,27 @@ class SyncRecording(AsyncBatcher[int, int]):
         if self.block is not None and not self.block.wait(timeout=60):
             raise RuntimeError("the test never released the batch")
         return [x * 2 for x in batch]
+
+
+async def turns(n: int) -> None:
+    """Let ``n`` turns of the event loop pass."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def warm(b: AsyncBatcher[int, Any], items: Iterable[int]) -> None:
+    """Two batches of ``items``' callers: after the second, the lane has a rate and its batch answered a cohort."""
+    items = list(items)
+    for _ in range(2):
+        await asyncio.gather(*(b.process(x) for x in items))
+
+
+async def stop_as(b: AsyncBatcher[Any, Any], how: str, *, timeout: float) -> None:
+    """Stop ``b`` as ``how`` says: ``"drain"`` (``stop()``), ``"force"`` (``stop(force=True)``), else
+    ``stop(timeout=timeout)``."""
+    if how == "drain":
+        await b.stop()
+    elif how == "force":
+        await b.stop(force=True)
+    else:
+        await b.stop(timeout=timeout)

@@ -22,7 +22,7 @@ import pytest
 
 from async_batcher import BatcherStoppedError, _policy
 from async_batcher._run import State
-from tests.batchers import Recording
+from tests.batchers import Recording, stop_as
 from tests.loops import VirtualClockLoop
 from tests.test_hold_attacks import Keyed, clean, held, idle_without_timer
 
@@ -201,12 +201,7 @@ async def test_a_stop_during_the_turns_then_a_restart(cls: type[Recording], how:
         for _ in range(turns):
             await asyncio.sleep(0)
         seen.append((b._run.pump_handle is not None, b._run.queue.waiting, b._run.in_flight))
-        if how == "drain":
-            await b.stop()
-        elif how == "force":
-            await b.stop(force=True)
-        else:
-            await b.stop(timeout=0.05)
+        await stop_as(b, how, timeout=0.05)
 
     first = asyncio.ensure_future(first_then_stop())
     await asyncio.sleep(0)

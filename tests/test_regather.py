@@ -16,14 +16,9 @@ import asyncio
 import pytest
 
 from async_batcher import BatcherStoppedError
-from tests.batchers import Recording
+from tests.batchers import Recording, turns, warm
 
 pytestmark = pytest.mark.virtual_time
-
-
-async def _turns(n: int) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
 
 
 async def _client(b: Recording, x: int, lag: int, rounds: int) -> list[int]:
@@ -31,14 +26,8 @@ async def _client(b: Recording, x: int, lag: int, rounds: int) -> list[int]:
     got = []
     for r in range(rounds):
         got.append(await b.process(x + 100 * r))
-        await _turns(lag)
+        await turns(lag)
     return got
-
-
-async def _warm(b: Recording, n: int) -> None:
-    """Two batches of ``n`` callers: after the second the lane has a rate, and its batch answered a cohort."""
-    for _ in range(2):
-        await asyncio.gather(*(b.process(x) for x in range(n)))
 
 
 async def _cohort(b: Recording, lags: list[int], rounds: int) -> list[list[int]]:
@@ -73,7 +62,7 @@ async def test_a_lone_callers_batch_lets_no_turns_pass() -> None:
     # after it does not join (it would, after a cohort's batch).
     b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
     async with asyncio.timeout(10):
-        await _warm(b, 1)
+        await warm(b, range(1))
 
         async def late() -> int:
             await asyncio.sleep(0)
@@ -100,7 +89,7 @@ async def test_a_caller_after_an_idle_spell_goes_at_once() -> None:
     for idle, batches in [(0.5, [[1], [2]]), (0.0, [[1, 2]])]:
         b = Recording(delay=0.25, max_queue_time=0, max_hold_time=0)
         async with asyncio.timeout(10):
-            await _warm(b, 10)  # the second batch's cycle is 0.25 s, and ten items came in it
+            await warm(b, range(10))  # the second batch's cycle is 0.25 s, and ten items came in it
             ended = loop.time()
             await asyncio.sleep(idle)
             assert await pair() == [2, 4]
@@ -115,7 +104,7 @@ async def test_a_full_batch_goes_at_once() -> None:
     b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0, max_batch_size=3)
     seen: list[int] = []
     async with asyncio.timeout(10):
-        await _warm(b, 3)
+        await warm(b, range(3))
 
         async def late() -> int:
             await asyncio.sleep(0)
@@ -135,14 +124,14 @@ async def test_a_stop_during_the_regathers_turns_resolves_every_caller_once(forc
     # forced stop fails the waiting caller. Nothing hangs, nothing stays scheduled.
     b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
     async with asyncio.timeout(10):
-        await _warm(b, 2)
+        await warm(b, range(2))
 
         async def stopper() -> None:
             await asyncio.sleep(0)
             await b.stop(force=force)
 
         async def late() -> int:
-            await _turns(2)
+            await turns(2)
             return await b.process(4)
 
         outcomes = await asyncio.gather(b.process(3), stopper(), late(), return_exceptions=True)
@@ -165,7 +154,7 @@ async def test_no_turns_no_regather(turns: int, batches: list[list[int]]) -> Non
     b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
     b._turns = turns
     async with asyncio.timeout(10):
-        await _warm(b, 2)
+        await warm(b, range(2))
     await _cohort(b, [0, 1], rounds=2)
     assert b.batches[2:] == batches
     await b.stop()

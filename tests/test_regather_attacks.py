@@ -29,7 +29,7 @@ import pytest
 from async_batcher import END, AsyncBatcher, BatcherStoppedError
 from async_batcher._queue import DEFAULT_KEY
 from async_batcher._run import violations
-from tests.batchers import Recording, until
+from tests.batchers import Recording, stop_as, turns, until, warm
 
 pytestmark = pytest.mark.virtual_time
 
@@ -37,21 +37,10 @@ pytestmark = pytest.mark.virtual_time
 # ---------------------------------------------------------------------- helpers
 
 
-async def _turns(n: int) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
 async def _later(n: int, call: Callable[[], Awaitable[Any]]) -> Any:
     """``call()`` ``n`` turns of the loop from now."""
-    await _turns(n)
+    await turns(n)
     return await call()
-
-
-async def _warm(b: Recording, items: list[int]) -> None:
-    """Two batches of ``items``' callers: after the second, the lane has a rate and its batch answered a cohort."""
-    for _ in range(2):
-        await asyncio.gather(*(b.process(x) for x in items))
 
 
 def _idle_and_clean(b: Recording) -> None:
@@ -93,7 +82,7 @@ async def _two_lanes(other_lane_first: bool) -> Keyed:
     async with asyncio.timeout(100):
         for _ in range(2):
             await b.process(100)
-        await _warm(b, [0, 1])
+        await warm(b, [0, 1])
         assert b._run.queue.lane0.regather_until > asyncio.get_running_loop().time()
         del b.batches[:]
         calls = [_later(5, lambda: b.process(10)), _later(6, lambda: b.process(11))]
@@ -129,14 +118,14 @@ async def test_a_full_batch_of_another_lane_in_the_first_arrival_waits_out_the_t
     # the pump; here the first lane's turns are already pending: turns only, no time.)
     async with asyncio.timeout(100):
         b = Keyed(delay=1.0, max_queue_time=0, max_hold_time=0, max_batch_size=3, concurrency=2)
-        await _warm(b, [1, 2])
+        await warm(b, [1, 2])
         now = asyncio.get_running_loop().time()
         assert b._run.queue.lane0.regather_until > now
         del b.batches[:], b.started_at[:]
         seen: list[int] = []
 
         async def look() -> None:
-            await _turns(2)
+            await turns(2)
             seen.append(b._run.in_flight)
 
         got = await asyncio.gather(b.process_many([4, 150, 151, 152]), _later(1, lambda: b.process(5)), look())
@@ -151,7 +140,7 @@ async def _keyed_pair(cls: type[Recording]) -> list[list[int]]:
     # A cohort of two callers, twice; then its first caller back, and a task of the same lane one turn later.
     b = cls(delay=1.0, max_queue_time=0, max_hold_time=0)
     async with asyncio.timeout(100):
-        await _warm(b, [1, 2])
+        await warm(b, [1, 2])
         del b.batches[:]
         assert await asyncio.gather(b.process(3), _later(1, lambda: b.process(4))) == [6, 8]
     _idle_and_clean(b)
@@ -178,7 +167,7 @@ async def test_a_keyed_lanes_cohort_regathers() -> None:
 
 async def _cohort_batcher(**kwargs: Any) -> Recording:
     b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0, **kwargs)
-    await _warm(b, [1, 2])
+    await warm(b, [1, 2])
     assert b._run.queue.lane0.regather_until > asyncio.get_running_loop().time()
     del b.batches[:], b.started_at[:]
     return b
@@ -223,7 +212,7 @@ async def test_the_first_arrival_leaves_during_the_turns(how: str) -> None:
         now = asyncio.get_running_loop().time()
         first = asyncio.ensure_future(b.process(4) if how == "cancel" else b.process(4, timeout=0))
         second = asyncio.ensure_future(_later(1, lambda: b.process(5)))
-        await _turns(2)
+        await turns(2)
         assert b.batches == [] and b._run.pump_handle is not None  # the turns are pending
         if how == "cancel":
             first.cancel()
@@ -244,11 +233,11 @@ async def test_the_only_arrival_leaves_during_the_turns() -> None:
     async with asyncio.timeout(100):
         b = await _cohort_batcher()
         first = asyncio.ensure_future(b.process(4))
-        await _turns(1)
+        await turns(1)
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
-        await _turns(6)
+        await turns(6)
         assert b._run.pump_handle is None and b._run.timer is None
         assert b._run.queue.lane0.regather_until == 0.0
         got = await asyncio.gather(b.process(6), _later(1, lambda: b.process(7)))
@@ -276,7 +265,7 @@ async def test_a_setting_changed_during_the_regathers_turns(change: str) -> None
         waiting: list[tuple[int, int]] = []
 
         async def change_it() -> None:
-            await _turns(2)
+            await turns(2)
             assert b._run.pump_handle is not None, "no turn pending"
             if change == "max_batch_size":
                 b.max_batch_size = 2
@@ -285,7 +274,7 @@ async def test_a_setting_changed_during_the_regathers_turns(change: str) -> None
                 b.max_batch_size = 1
             else:
                 b.max_queue_time = 5
-            await _turns(1)
+            await turns(1)
             waiting.append((b._run.queue.waiting, len(b.batches)))
 
         got = await asyncio.gather(
@@ -316,9 +305,9 @@ async def test_a_caller_waiting_for_room_during_the_turns() -> None:
         room: list[int] = []
 
         async def second() -> int:
-            await _turns(1)
+            await turns(1)
             call = asyncio.ensure_future(b.process(5))
-            await _turns(1)
+            await turns(1)
             room.append(b._run.awaiting_room)
             return await call
 
@@ -358,14 +347,14 @@ async def test_a_batch_ending_during_the_regathers_turns_with_two_slots() -> Non
         long_one = asyncio.ensure_future(long_caller())
         b.delay = 1.0
         await until(lambda: b._run.in_flight == 1)
-        await _warm(b, [1, 2])  # t=0..1 and 1..2, beside [90]
+        await warm(b, [1, 2])  # t=0..1 and 1..2, beside [90]
         loop = asyncio.get_running_loop()
         assert b._run.queue.lane0.regather_until > loop.time()
         now = loop.time()
         del b.batches[:], b.started_at[:]
 
         async def open_gate() -> None:
-            await _turns(2)
+            await turns(2)
             assert b._run.pump_handle is not None and b.batches == []  # the regather's turns are pending
             b.gate90.set()
 
@@ -388,14 +377,9 @@ async def test_a_stop_during_the_turns_then_a_restart(how: str) -> None:
         b = await _cohort_batcher()
         old = b._run
         first = asyncio.ensure_future(b.process(4))
-        await _turns(2)
+        await turns(2)
         assert old.pump_handle is not None and b.batches == []
-        if how == "drain":
-            await b.stop()
-        elif how == "force":
-            await b.stop(force=True)
-        else:
-            await b.stop(timeout=0.5)
+        await stop_as(b, how, timeout=0.5)
         outcome = (await asyncio.gather(first, return_exceptions=True))[0]
         assert old.timer is None and (old.pump_handle is None or old.pump_handle.cancelled())
         assert not old.queue.waiting and not old.in_flight
@@ -447,7 +431,7 @@ async def test_max_queue_time_with_the_regather_costs_no_time(regather: bool) ->
     async with asyncio.timeout(100):
         b = Recording(delay=1.0, max_queue_time=0.5, max_hold_time=0)
         b._regather = regather
-        await _warm(b, [1, 2])
+        await warm(b, [1, 2])
         loop = asyncio.get_running_loop()
         assert (b._run.queue.lane0.regather_until > loop.time()) is regather
         now = loop.time()
@@ -469,7 +453,7 @@ async def test_the_hold_with_the_regather(regather: bool, back: int) -> None:
     async with asyncio.timeout(100):
         b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0.5)
         b._regather = regather
-        await _warm(b, [1, 2])
+        await warm(b, [1, 2])
         now = asyncio.get_running_loop().time()
         del b.batches[:], b.started_at[:]
         calls = [b.process(4)] + ([_later(1, lambda: b.process(5))] if back == 2 else [])
@@ -499,7 +483,7 @@ async def test_a_reentrant_call_is_the_first_arrival_after_the_cohort() -> None:
         b = Reentrant(delay=1.0, max_queue_time=0, max_hold_time=0, concurrency=2)
         outer = asyncio.ensure_future(b.process(7))
         await until(lambda: b._run.in_flight == 1)
-        await _warm(b, [1, 2])
+        await warm(b, [1, 2])
         loop = asyncio.get_running_loop()
         assert b._run.queue.lane0.regather_until == 3.0 and loop.time() == 2.0
         del b.batches[:], b.started_at[:]
@@ -507,7 +491,7 @@ async def test_a_reentrant_call_is_the_first_arrival_after_the_cohort() -> None:
         async def outside() -> int:
             await asyncio.sleep(0.5)
             await until(lambda: b._run.queue.waiting == 1)  # 70 has come
-            await _turns(1)
+            await turns(1)
             return await b.process(71)
 
         got = await asyncio.gather(outer, outside())
