@@ -21,7 +21,7 @@ import math
 from collections import deque
 from collections.abc import Hashable
 from itertools import repeat
-from operator import itemgetter, setitem
+from operator import attrgetter, itemgetter, setitem
 from typing import TYPE_CHECKING, Any
 
 from async_batcher._lane import Lane
@@ -37,11 +37,16 @@ ITEM, SINK, ARRIVAL, QUEUED, WEIGHT, LANE, INDEX, CONTEXT = range(8)
 # The key of every item when batch_key is not overridden.
 DEFAULT_KEY: Hashable = object()
 
+# The idle lanes (empty, no batch in flight, no hold) kept for their history when keys come and go: a service's
+# keys (a model, a length bucket) are usually fewer; a stream of new keys (one a user) keeps no more than this.
+KEEP_IDLE = 16
+
 _item_of = itemgetter(ITEM)
 _sink_of = itemgetter(SINK)
 _context_of = itemgetter(CONTEXT)
 _queued_of = itemgetter(QUEUED)
 _popleft = deque.popleft
+_ended = attrgetter("ended")
 
 
 class Taken:
@@ -222,14 +227,20 @@ class Queue:
 
     def drop_empty_lanes(self, held_since: float) -> None:
         """Keys come and go: forget the lanes that hold nothing, have no batch in flight and no hold waiting for
-        their callers (one that began after ``held_since``); the default lane stays."""
-        if len(self.lanes) > 1:
-            for key in [
-                key
-                for key, lane in self.lanes.items()
+        their callers (one that began after ``held_since``), all but the :data:`KEEP_IDLE` whose last batch ended
+        last; the default lane stays. A key used again finds its lane's history (when its last batch ended, the
+        rate since: the hold's and the turns' evidence, :mod:`~async_batcher._policy`), as the default lane's
+        callers do; a stream of new keys keeps at most that many idle lanes."""
+        if len(self.lanes) > 1 + KEEP_IDLE:
+            idle = [
+                lane
+                for lane in self.lanes.values()
                 if not lane.count and not lane.in_flight and lane.hold_from <= held_since and lane is not self.lane0
-            ]:
-                del self.lanes[key]
+            ]
+            if len(idle) > KEEP_IDLE:
+                idle.sort(key=_ended)
+                for lane in idle[: len(idle) - KEEP_IDLE]:
+                    del self.lanes[lane.key]
 
     def keep_weights(self) -> None:
         """Weights come into play on a running batcher: count the queued items' weights from now on."""

@@ -11,8 +11,9 @@ item resolves once and never reaches ``process_batch`` after its caller left; an
 no pump scheduled; the counters add up; the turns cost no virtual time.
 
 Found here and mended: the regather's state was the run's, so an arrival in another lane used up (and paid) a
-cohort's turns; it is the lane's now. Left, as a strict xfail: a keyed lane (other than the default one) is
-forgotten once empty without a hold, so its batches never answer a cohort and the regather never applies to it.
+cohort's turns; it is the lane's now. And a keyed lane (other than the default one) was forgotten once empty
+without a hold, so its batches never answered a cohort and the regather never applied to it: the idle lanes that
+ended last are kept now (``KEEP_IDLE``), and a lane pushed out by newer keys starts afresh.
 A streaming batch counts no callers answered, so the regather never follows one (by design, undocumented).
 
 Every wait is bounded (``asyncio.timeout`` on the loop's clock, ``until``): a hang fails instead of blocking.
@@ -27,7 +28,7 @@ from typing import Any
 import pytest
 
 from async_batcher import END, AsyncBatcher, BatcherStoppedError
-from async_batcher._queue import DEFAULT_KEY
+from async_batcher._queue import DEFAULT_KEY, KEEP_IDLE
 from async_batcher._run import violations
 from tests.batchers import Recording, stop_as, turns, until, warm
 
@@ -152,14 +153,43 @@ async def test_the_default_lanes_cohort_regathers() -> None:
     assert await _keyed_pair(Recording) == [[3, 4]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="without a hold, a keyed lane is dropped once empty (Queue.drop_empty_lanes at each pump): its next "
-    "batch starts from a fresh Lane (ended=-inf, rate 0), never answers a cohort, and the regather never applies "
-    "to batch_key lanes (a closed loop on a keyed lane stays split)",
-)
 async def test_a_keyed_lanes_cohort_regathers() -> None:
-    assert await _keyed_pair(AllKeyed) == [[3, 4]]  # (actual: [[3], [4]])
+    # (Found here: a keyed lane was forgotten once empty, so it never had a history and stayed split, [[3], [4]].
+    # Mended: the idle lanes that ended last are kept, KEEP_IDLE of them.)
+    assert await _keyed_pair(AllKeyed) == [[3, 4]]
+
+
+async def test_a_stream_of_new_keys_keeps_only_the_idle_lanes_that_ended_last() -> None:
+    # Forty keys, one batch each, one after another: the idle lanes kept are bounded, and they are the latest.
+    b = AllKeyed(delay=1.0, max_queue_time=0, max_hold_time=0)
+    async with asyncio.timeout(1000):
+        for key in range(40):
+            await b.process(key * 100)
+        lanes = b._run.queue.lanes
+        assert len(lanes) <= 2 + KEEP_IDLE, len(lanes)  # the default lane, the bound, the last one (not pumped since)
+        assert set(range(40 - KEEP_IDLE, 40)) <= set(lanes), sorted(k for k in lanes if k is not DEFAULT_KEY)
+    _idle_and_clean(b)
+    await b.stop()
+
+
+async def test_a_keyed_lane_pushed_out_by_newer_keys_starts_afresh() -> None:
+    # A keyed cohort's lane, then more new keys than are kept, all while its cycle lasts (their batches take no
+    # time): its history is gone, so its first caller back goes at once, as a new key's does.
+    b = AllKeyed(delay=1.0, max_queue_time=0, max_hold_time=0)
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(1000):
+        await warm(b, [1, 2])
+        assert b._run.queue.lanes[0].regather_until > loop.time()
+        b.delay, now = 0.0, loop.time()
+        for key in range(1, KEEP_IDLE + 3):
+            await b.process(100 * key)
+        assert loop.time() == now and 0 not in b._run.queue.lanes
+        b.delay = 1.0
+        del b.batches[:]
+        assert await asyncio.gather(b.process(3), _later(1, lambda: b.process(4))) == [6, 8]
+    assert b.batches == [[3], [4]]
+    _idle_and_clean(b)
+    await b.stop()
 
 
 # ---------------------------------------------------------------------- the first arrival: its shape, its leaving
