@@ -230,16 +230,26 @@ class Queue:
         their callers (one that began after ``held_since``), all but the :data:`KEEP_IDLE` whose last batch ended
         last; the default lane stays. A key used again finds its lane's history (when its last batch ended, the
         rate since: the hold's and the turns' evidence, :mod:`~async_batcher._policy`), as the default lane's
-        callers do; a stream of new keys keeps at most that many idle lanes."""
-        if len(self.lanes) > 1 + KEEP_IDLE:
-            idle = [
-                lane
-                for lane in self.lanes.values()
-                if not lane.count and not lane.in_flight and lane.hold_from <= held_since and lane is not self.lane0
-            ]
-            if len(idle) > KEEP_IDLE:
-                idle.sort(key=_ended)
-                for lane in idle[: len(idle) - KEEP_IDLE]:
+        callers do; a stream of new keys keeps at most that many idle lanes. A lane kept idle lets go of what its
+        levels still hold (the entries of callers who left, which the dispatcher would drop on reaching them) and
+        of the levels themselves."""
+        if len(self.lanes) == 1:
+            return
+        idle: list[Lane] = []
+        for lane in self.lanes.values():
+            if lane.count or lane.in_flight or lane.hold_from > held_since or lane is self.lane0:
+                continue
+            if lane.order:
+                lane.levels.clear()
+                lane.order = []
+                lane.clean = True
+            idle.append(lane)
+        if len(idle) > KEEP_IDLE:
+            idle.sort(key=_ended)
+            for lane in idle[: len(idle) - KEEP_IDLE]:
+                # (A key whose hash changed since its call, against the contract of a dict key, no longer finds its
+                # lane, or finds another: that lane stays, rather than failing the pump or dropping the other.)
+                if self.lanes.get(lane.key) is lane:
                     del self.lanes[lane.key]
 
     def keep_weights(self) -> None:
