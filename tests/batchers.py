@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
 from async_batcher import AsyncBatcher
+from async_batcher._run import violations
 from tests.loops import until
 
 __all__ = ["Recording", "SyncRecording", "stop_as", "turns", "until", "warm"]
@@ -98,3 +99,29 @@ async def stop_as(b: AsyncBatcher[Any, Any], how: str, *, timeout: float) -> Non
         await b.stop(force=True)
     else:
         await b.stop(timeout=timeout)
+
+
+async def later(n: int, call: Callable[[], Awaitable[Any]]) -> Any:
+    """``call()`` ``n`` turns of the loop from now."""
+    await turns(n)
+    return await call()
+
+
+def idle_and_clean(b: AsyncBatcher[Any, Any]) -> None:
+    """``b`` is idle (nothing queued or in flight), keeps no timer and no pump, its queue's invariants hold and its
+    counters add up."""
+    run = b._run
+    assert run is not None
+    assert not run.queue.waiting and not run.in_flight, (run.queue.waiting, run.in_flight)
+    assert run.timer is None, f"an idle batcher keeps a timer for {run.timer_at}"
+    assert run.pump_handle is None or run.pump_handle.cancelled(), f"an idle batcher keeps {run.pump_handle!r}"
+    assert violations(run) == []
+    s = b.stats
+    assert s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out, s
+
+
+class AllKeyed(Recording):
+    """Every item has a keyed lane: 0-99 key 0, 100-199 key 1..."""
+
+    def batch_key(self, item: int) -> Hashable:
+        return item // 100

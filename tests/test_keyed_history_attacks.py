@@ -43,7 +43,7 @@ import asyncio
 import gc
 import math
 import weakref
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Hashable
 from typing import Any
 
 import pytest
@@ -51,7 +51,7 @@ import pytest
 from async_batcher import BatcherStoppedError
 from async_batcher._queue import DEFAULT_KEY, KEEP_IDLE, Queue
 from async_batcher._run import violations
-from tests.batchers import Recording, stop_as, turns, until, warm
+from tests.batchers import AllKeyed, Recording, idle_and_clean, later, stop_as, turns, until, warm
 
 pytestmark = pytest.mark.virtual_time
 
@@ -59,34 +59,11 @@ pytestmark = pytest.mark.virtual_time
 # ---------------------------------------------------------------------- helpers
 
 
-async def _later(n: int, call: Callable[[], Awaitable[Any]]) -> Any:
-    """``call()`` ``n`` turns of the loop from now."""
-    await turns(n)
-    return await call()
-
-
-def _idle_and_clean(b: Recording) -> None:
-    run = b._run
-    assert not run.queue.waiting and not run.in_flight, (run.queue.waiting, run.in_flight)
-    assert run.timer is None, f"an idle batcher keeps a timer for {run.timer_at}"
-    assert run.pump_handle is None or run.pump_handle.cancelled(), f"an idle batcher keeps {run.pump_handle!r}"
-    assert violations(run) == []
-    s = b.stats
-    assert s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out, s
-
-
 class ByHundreds(Recording):
     """Items below 100 go to the default lane; 100-199 to key 1, 200-299 to key 2..."""
 
     def batch_key(self, item: int) -> Hashable:
         return DEFAULT_KEY if item < 100 else item // 100
-
-
-class AllKeyed(Recording):
-    """Every item has a keyed lane: 0-99 key 0, 100-199 key 1..."""
-
-    def batch_key(self, item: int) -> Hashable:
-        return item // 100
 
 
 class Box:
@@ -144,7 +121,7 @@ async def test_a_kept_lane_lets_go_of_the_items_of_callers_who_left() -> None:
             assert await b.process(Box(3, n)) == 2 * n
     gc.collect()
     assert [ref() for ref in refs] == [None] * len(refs), "a kept lane keeps items whose callers left"
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -156,7 +133,7 @@ async def test_a_kept_lane_does_not_keep_a_priority_level_for_every_priority_it_
     lane = b._run.queue.lanes[1]
     assert not lane.count
     assert len(lane.levels) < 10, f"an empty lane keeps {len(lane.levels)} priority levels"
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -174,7 +151,7 @@ async def test_a_key_mutated_after_its_call_does_not_fail_the_other_keys(loop_er
         )
     assert got == [2 * i for i in range(KEEP_IDLE + 3)]
     assert loop_errors == []
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -193,7 +170,7 @@ async def test_a_mutated_key_used_again_is_served(loop_errors: list[dict[str, An
                 assert violations(b._run) == []
             assert await mine == 14
         assert loop_errors == []
-        _idle_and_clean(b)
+        idle_and_clean(b)
     finally:  # (an orphaned caller is not failed by a forced stop, and its count keeps the drain from ending)
         if mine is not None and not mine.done():
             mine.cancel()
@@ -224,7 +201,7 @@ async def test_a_lane_due_at_once_does_not_wait_for_another_lanes_hold_timer() -
         assert await b.process(150) == 300  # key 1 owes nobody, and both slots are free
         assert b.started_at[b.batches.index([150])] == sent
         assert await back == 10
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -245,7 +222,7 @@ async def test_with_one_slot_a_fresh_key_goes_first_then_the_kept_lanes_in_the_o
         assert await busy == 1800
         assert await asyncio.gather(*calls) == [600, 602, 200, 1400, 400, 604]
     assert b.batches[4:] == [[700], [100], [200], [300, 301, 302]]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -324,7 +301,7 @@ async def test_thousands_of_keys_churning_keep_the_bound_and_release_their_keys(
     alive = [key for key in (ref() for ref in b.keys) if key is not None]
     assert len(b.keys) > 1000
     assert all(key in lanes for key in alive) and len(alive) <= KEEP_IDLE, len(alive)
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -354,10 +331,10 @@ async def test_a_new_run_keeps_no_lane_of_the_last_one(how: str) -> None:
         b.gate = None
         del b.batches[:]
         b.start()
-        assert await asyncio.gather(b.process(3), _later(1, lambda: b.process(4))) == [6, 8]
+        assert await asyncio.gather(b.process(3), later(1, lambda: b.process(4))) == [6, 8]
     assert b.batches == [[3], [4]]
     assert set(b._run.queue.lanes) == {DEFAULT_KEY, 0}
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -375,9 +352,9 @@ async def test_a_kept_lanes_cohort_regathers_among_fewer_new_keys_than_are_kept(
         b.delay = 1.0
         del b.batches[:], b.started_at[:]
         now = loop.time()
-        assert await asyncio.gather(b.process(3), _later(1, lambda: b.process(4))) == [6, 8]
+        assert await asyncio.gather(b.process(3), later(1, lambda: b.process(4))) == [6, 8]
     assert b.batches == [[3, 4]] and b.started_at == [now]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -393,10 +370,10 @@ async def test_a_kept_lanes_lone_caller_after_an_idle_spell_goes_at_once() -> No
         await asyncio.sleep(1.5)
         assert lane is b._run.queue.lanes[0] and lane.regather_until  # kept, its regather (stale) too
         del b.batches[:]
-        assert await asyncio.gather(b.process(3), _later(1, lambda: b.process(4))) == [6, 8]
+        assert await asyncio.gather(b.process(3), later(1, lambda: b.process(4))) == [6, 8]
     assert b.batches == [[3], [4]]
     assert lane.regather_until == 0.0
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -424,5 +401,5 @@ async def test_weights_turned_on_live_count_right_with_kept_lanes_holding_caller
         assert await b.process(103) == 206
     assert all(len(batch) <= 2 for batch in b.batches[4:]), b.batches
     assert sorted(x for batch in b.batches[4:] for x in batch) == [6, 7, 103, 301, 302, 303]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()

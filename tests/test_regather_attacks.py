@@ -22,36 +22,19 @@ Every wait is bounded (``asyncio.timeout`` on the loop's clock, ``until``): a ha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
 import pytest
 
 from async_batcher import END, AsyncBatcher, BatcherStoppedError
 from async_batcher._queue import DEFAULT_KEY, KEEP_IDLE
-from async_batcher._run import violations
-from tests.batchers import Recording, stop_as, turns, until, warm
+from tests.batchers import AllKeyed, Recording, idle_and_clean, later, stop_as, turns, until, warm
 
 pytestmark = pytest.mark.virtual_time
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-async def _later(n: int, call: Callable[[], Awaitable[Any]]) -> Any:
-    """``call()`` ``n`` turns of the loop from now."""
-    await turns(n)
-    return await call()
-
-
-def _idle_and_clean(b: Recording) -> None:
-    run = b._run
-    assert not run.queue.waiting and not run.in_flight, (run.queue.waiting, run.in_flight)
-    assert run.timer is None, f"an idle batcher keeps a timer for {run.timer_at}"
-    assert run.pump_handle is None or run.pump_handle.cancelled(), f"an idle batcher keeps {run.pump_handle!r}"
-    assert violations(run) == []
-    s = b.stats
-    assert s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out, s
 
 
 def _sent(b: Recording) -> list[int]:
@@ -63,13 +46,6 @@ class Keyed(Recording):
 
     def batch_key(self, item: int) -> Hashable:
         return DEFAULT_KEY if item < 100 else item // 100
-
-
-class AllKeyed(Recording):
-    """Every item has a key of its own lane: 0-99 key 0, 100-199 key 1..."""
-
-    def batch_key(self, item: int) -> Hashable:
-        return item // 100
 
 
 # ---------------------------------------------------------------------- lanes
@@ -86,11 +62,11 @@ async def _two_lanes(other_lane_first: bool) -> Keyed:
         await warm(b, [0, 1])
         assert b._run.queue.lane0.regather_until > asyncio.get_running_loop().time()
         del b.batches[:]
-        calls = [_later(5, lambda: b.process(10)), _later(6, lambda: b.process(11))]
+        calls = [later(5, lambda: b.process(10)), later(6, lambda: b.process(11))]
         if other_lane_first:
-            calls += [_later(0, lambda: b.process(150)), _later(1, lambda: b.process(151))]
+            calls += [later(0, lambda: b.process(150)), later(1, lambda: b.process(151))]
         await asyncio.gather(*calls)
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
     return b
 
@@ -129,11 +105,11 @@ async def test_a_full_batch_of_another_lane_in_the_first_arrival_waits_out_the_t
             await turns(2)
             seen.append(b._run.in_flight)
 
-        got = await asyncio.gather(b.process_many([4, 150, 151, 152]), _later(1, lambda: b.process(5)), look())
+        got = await asyncio.gather(b.process_many([4, 150, 151, 152]), later(1, lambda: b.process(5)), look())
     assert got[:2] == [[8, 300, 302, 304], 10]
     assert seen == [0]
     assert sorted(b.batches) == [[4, 5], [150, 151, 152]] and b.started_at == [now, now]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -143,8 +119,8 @@ async def _keyed_pair(cls: type[Recording]) -> list[list[int]]:
     async with asyncio.timeout(100):
         await warm(b, [1, 2])
         del b.batches[:]
-        assert await asyncio.gather(b.process(3), _later(1, lambda: b.process(4))) == [6, 8]
-    _idle_and_clean(b)
+        assert await asyncio.gather(b.process(3), later(1, lambda: b.process(4))) == [6, 8]
+    idle_and_clean(b)
     await b.stop()
     return b.batches
 
@@ -168,7 +144,7 @@ async def test_a_stream_of_new_keys_keeps_only_the_idle_lanes_that_ended_last() 
         lanes = b._run.queue.lanes
         assert len(lanes) <= 2 + KEEP_IDLE, len(lanes)  # the default lane, the bound, the last one (not pumped since)
         assert set(range(40 - KEEP_IDLE, 40)) <= set(lanes), sorted(k for k in lanes if k is not DEFAULT_KEY)
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -186,9 +162,9 @@ async def test_a_keyed_lane_pushed_out_by_newer_keys_starts_afresh() -> None:
         assert loop.time() == now and 0 not in b._run.queue.lanes
         b.delay = 1.0
         del b.batches[:]
-        assert await asyncio.gather(b.process(3), _later(1, lambda: b.process(4))) == [6, 8]
+        assert await asyncio.gather(b.process(3), later(1, lambda: b.process(4))) == [6, 8]
     assert b.batches == [[3], [4]]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -209,10 +185,10 @@ async def test_a_process_many_smaller_than_a_batch_lets_the_turns_pass() -> None
     async with asyncio.timeout(100):
         b = await _cohort_batcher(max_batch_size=3)
         now = asyncio.get_running_loop().time()
-        got = await asyncio.gather(b.process_many([4, 5]), _later(1, lambda: b.process(9)))
+        got = await asyncio.gather(b.process_many([4, 5]), later(1, lambda: b.process(9)))
     assert got == [[8, 10], 18]
     assert b.batches == [[4, 5, 9]] and b.started_at == [now]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -223,12 +199,12 @@ async def test_the_long_path_first_arrival_with_a_priority_and_a_timeout() -> No
     async with asyncio.timeout(100):
         b = await _cohort_batcher()
         got = await asyncio.gather(
-            b.process(4, timeout=1.5, priority=1), _later(1, lambda: b.process(5, priority=0, timeout=1.5))
+            b.process(4, timeout=1.5, priority=1), later(1, lambda: b.process(5, priority=0, timeout=1.5))
         )
     assert got == [8, 10]
     assert b.batches == [[5, 4]]
     assert b.stats.timed_out == 0
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -241,7 +217,7 @@ async def test_the_first_arrival_leaves_during_the_turns(how: str) -> None:
         b = await _cohort_batcher()
         now = asyncio.get_running_loop().time()
         first = asyncio.ensure_future(b.process(4) if how == "cancel" else b.process(4, timeout=0))
-        second = asyncio.ensure_future(_later(1, lambda: b.process(5)))
+        second = asyncio.ensure_future(later(1, lambda: b.process(5)))
         await turns(2)
         assert b.batches == [] and b._run.pump_handle is not None  # the turns are pending
         if how == "cancel":
@@ -252,7 +228,7 @@ async def test_the_first_arrival_leaves_during_the_turns(how: str) -> None:
     assert b.batches == [[5]] and b.started_at == [now]
     s = b.stats
     assert (s.cancelled, s.timed_out) == ((1, 0) if how == "cancel" else (0, 1))
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -270,10 +246,10 @@ async def test_the_only_arrival_leaves_during_the_turns() -> None:
         await turns(6)
         assert b._run.pump_handle is None and b._run.timer is None
         assert b._run.queue.lane0.regather_until == 0.0
-        got = await asyncio.gather(b.process(6), _later(1, lambda: b.process(7)))
+        got = await asyncio.gather(b.process(6), later(1, lambda: b.process(7)))
     assert got == [12, 14]
     assert b.batches == [[6], [7]]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -308,7 +284,7 @@ async def test_a_setting_changed_during_the_regathers_turns(change: str) -> None
             waiting.append((b._run.queue.waiting, len(b.batches)))
 
         got = await asyncio.gather(
-            b.process(4), b.process(5), _later(3, lambda: b.process(6)), change_it(), return_exceptions=True
+            b.process(4), b.process(5), later(3, lambda: b.process(6)), change_it(), return_exceptions=True
         )
     assert got[:3] == [8, 10, 12]
     assert waiting == [(3, 0)]  # a full batch or not, they wait out the turns (6 came meanwhile)
@@ -319,7 +295,7 @@ async def test_a_setting_changed_during_the_regathers_turns(change: str) -> None
         assert b.batches == [[4], [5], [6]] and b.started_at == [now] * 3
     else:
         assert b.batches == [[4, 5, 6]] and b.started_at == [now + 5]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -344,7 +320,7 @@ async def test_a_caller_waiting_for_room_during_the_turns() -> None:
         got = await asyncio.gather(b.process(4), second())
     assert got == [8, 10] and room == [1]
     assert b.batches == [[4], [5]] and b.started_at == [now, now + 1]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -388,10 +364,10 @@ async def test_a_batch_ending_during_the_regathers_turns_with_two_slots() -> Non
             assert b._run.pump_handle is not None and b.batches == []  # the regather's turns are pending
             b.gate90.set()
 
-        got = await asyncio.gather(b.process(4), _later(1, lambda: b.process(5)), long_one, open_gate())
+        got = await asyncio.gather(b.process(4), later(1, lambda: b.process(5)), long_one, open_gate())
     assert got[:3] == [8, 10, [180, 182]]
     assert b.batches == [[4, 5, 91]] and b.started_at == [now]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -420,10 +396,10 @@ async def test_a_stop_during_the_turns_then_a_restart(how: str) -> None:
             assert b.batches == ([] if how == "force" else [[4]])  # (a forced stop fails it before it goes)
         del b.batches[:]
         b.start()
-        got = await asyncio.gather(b.process(6), _later(1, lambda: b.process(7)))
+        got = await asyncio.gather(b.process(6), later(1, lambda: b.process(7)))
     assert b._run is not old
     assert got == [12, 14] and b.batches == [[6], [7]]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -444,9 +420,9 @@ async def test_a_cohort_ending_during_a_drain_leaves_nothing_to_the_next_run() -
             await b.process(9)
         del b.batches[:]
         b.start()
-        got = await asyncio.gather(b.process(6), _later(1, lambda: b.process(7)))
+        got = await asyncio.gather(b.process(6), later(1, lambda: b.process(7)))
     assert got == [12, 14] and b.batches == [[6], [7]]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -466,10 +442,10 @@ async def test_max_queue_time_with_the_regather_costs_no_time(regather: bool) ->
         assert (b._run.queue.lane0.regather_until > loop.time()) is regather
         now = loop.time()
         del b.batches[:], b.started_at[:]
-        got = await asyncio.gather(b.process(4), _later(1, lambda: b.process(5)))
+        got = await asyncio.gather(b.process(4), later(1, lambda: b.process(5)))
     assert got == [8, 10]
     assert b.batches == [[4, 5]] and b.started_at == [now + 0.5]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -486,11 +462,11 @@ async def test_the_hold_with_the_regather(regather: bool, back: int) -> None:
         await warm(b, [1, 2])
         now = asyncio.get_running_loop().time()
         del b.batches[:], b.started_at[:]
-        calls = [b.process(4)] + ([_later(1, lambda: b.process(5))] if back == 2 else [])
+        calls = [b.process(4)] + ([later(1, lambda: b.process(5))] if back == 2 else [])
         got = await asyncio.gather(*calls)
     assert got == [8, 10][:back]
     assert b.batches == [[4, 5][:back]] and b.started_at == [now + (0 if back == 2 else 0.5)]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -527,7 +503,7 @@ async def test_a_reentrant_call_is_the_first_arrival_after_the_cohort() -> None:
         got = await asyncio.gather(outer, outside())
     assert got == [140, 142]
     assert b.batches == [[70, 71]] and b.started_at == [2.5]
-    _idle_and_clean(b)
+    idle_and_clean(b)
     await b.stop()
 
 
@@ -559,7 +535,7 @@ async def test_a_streaming_batch_sets_no_regather() -> None:
             await asyncio.gather(consume(1), consume(2))
         assert b._run.queue.lane0.regather_until == 0.0
         del b.batches[:]
-        got = await asyncio.gather(consume(4), _later(1, lambda: consume(5)))
+        got = await asyncio.gather(consume(4), later(1, lambda: consume(5)))
     assert got == [[8], [10]]
     assert b.batches == [[4], [5]]
     run = b._run
