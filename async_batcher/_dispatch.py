@@ -16,15 +16,15 @@ import asyncio
 import math
 from typing import TYPE_CHECKING
 
-from async_batcher import _execution, _policy, _room, _streaming
+from async_batcher import _execution, _forming, _policy, _room, _streaming
 from async_batcher._run import Batch, Run, State
 from async_batcher._sinks import fail_sinks
 from async_batcher.exceptions import AsyncBatchException
 
 if TYPE_CHECKING:
     from async_batcher._base import Base
+    from async_batcher._forming import Taken
     from async_batcher._lane import Lane
-    from async_batcher._queue import Taken
 
 __all__: list[str] = []
 
@@ -49,7 +49,7 @@ def pump(b: Base, run: Run) -> None:
         run.dispatches += 1
         lane.served = run.dispatches
         limit = _policy.cut(b, lane.count)
-        taken = queue.take(lane, limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
+        taken = _forming.take(queue, lane, limit, b._weight_limit, now=now, max_priority_wait=b._max_priority_wait)
         if taken is not None:
             launch(b, run, taken, now, lane)
             _policy.formed(b, lane, taken.oldest)

@@ -1,7 +1,8 @@
 """A lane: the items of one batch key waiting for a batch, a FIFO per priority level (private).
 
-The bottom of the queue's state: :mod:`~async_batcher._queue` counts and forms batches over lanes, and a plain
-``process_many`` call (:class:`~async_batcher._sinks.Bulk`) remembers the lane of its one entry.
+The bottom of the queue's state: :mod:`~async_batcher._queue` counts over lanes, :mod:`~async_batcher._forming`
+forms batches from them, and a plain ``process_many`` call (:class:`~async_batcher._sinks.Bulk`) remembers the lane
+of its one entry.
 """
 
 from __future__ import annotations

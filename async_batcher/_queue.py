@@ -1,4 +1,5 @@
-"""What waits in a batcher: queue entries, lanes, and the queue that counts them and forms batches (private).
+"""What waits in a batcher: queue entries, lanes, and the queue that counts them (private); batches are formed from
+it by :mod:`~async_batcher._forming`.
 
 A queued single item is a small list, not an object: creating it is the one allocation per item besides its
 future, and the hot path reads it by index::
@@ -20,12 +21,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Hashable
-from itertools import repeat
-from operator import attrgetter, itemgetter, setitem
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from async_batcher._lane import Lane
-from async_batcher._sinks import Bulk, consume, future_done
+from async_batcher._sinks import Bulk
 
 if TYPE_CHECKING:
     from async_batcher.stats import _Recorder
@@ -41,44 +41,7 @@ DEFAULT_KEY: Hashable = object()
 # keys (a model, a length bucket) are usually fewer; a stream of new keys (one a user) keeps no more than this.
 KEEP_IDLE = 16
 
-_item_of = itemgetter(ITEM)
-_sink_of = itemgetter(SINK)
-_context_of = itemgetter(CONTEXT)
-_queued_of = itemgetter(QUEUED)
-_popleft = deque.popleft
 _ended = attrgetter("ended")
-
-
-class Taken:
-    """A batch just taken from the queue: its items, one sink per caller, their weight, its oldest arrival.
-
-    ``contexts``, beside ``sinks``: each caller's context (a snapshot; a bulk call's is its
-    :class:`~async_batcher._sinks.Bulk`'s). Only they are kept, not the entries: an entry kept alive for as long as
-    its batch runs would be one more object for every garbage collection to look at, per item.
-    """
-
-    __slots__ = ("contexts", "futures_only", "items", "newest", "oldest", "sinks", "weight", "weights")
-
-    def __init__(
-        self,
-        items: list[Any],
-        sinks: list[Any],
-        contexts: list[Any],
-        *,
-        oldest: float,
-        newest: float,
-        weight: float,
-        futures_only: bool,
-        weights: list[float] | None = None,
-    ) -> None:
-        self.items = items
-        self.sinks = sinks
-        self.contexts = contexts
-        self.oldest = oldest
-        self.newest = newest  # the arrival of its newest item (the hold's measure of how its items arrived)
-        self.weight = weight
-        self.weights = weights  # each item's, when weights are kept (None: each weighs 1)
-        self.futures_only = futures_only  # every sink is a single caller's future (no bulk call)
 
 
 class Queue:
@@ -262,169 +225,6 @@ class Queue:
                     lane.weight += entry[WEIGHT] if entry[QUEUED] else 0.0
                 elif entry.lane is not None:
                     lane.weight += len(entry.items) - entry.pos
-
-    # ------------------------------------------------------------------ forming a batch
-
-    def take(
-        self,
-        lane: Lane,
-        limit: int,
-        weight_limit: float,
-        *,
-        now: float,
-        max_priority_wait: float,
-        overflow: bool = True,
-    ) -> Taken | None:
-        """Take the lane's next batch: at most ``limit`` items and ``weight_limit`` weight.
-
-        The best priority goes first, unless the head of another level has waited ``max_priority_wait``; first
-        come, first served within a level. ``overflow``: a first item heavier than ``weight_limit`` is taken all
-        the same (a batch of one; what fills a running batch passes ``False``). ``None`` if nothing is taken.
-        """
-        taken = None
-        if not self.weighted and len(lane.order) == 1:
-            taken = self._take_plain(lane, limit)
-        if taken is None:
-            taken = self._take_each(lane, limit, weight_limit, now - max_priority_wait, overflow=overflow)
-            if taken is None:
-                return None
-        n = len(taken.items)
-        lane.count -= n
-        lane.left += n
-        if self.weighted:
-            lane.weight -= taken.weight
-        self.waiting -= n
-        self.recorder.exited += n
-        if not any(lane.order):
-            lane.clean = True
-        return taken
-
-    def _take_plain(self, lane: Lane, limit: int) -> Taken | None:
-        """The common case in C-level passes: one level of single items whose callers all still wait."""
-        fifo = lane.order[0]
-        if not fifo:
-            return None
-        if limit >= len(fifo):
-            entries = list(fifo)
-            fifo.clear()
-        else:
-            entries = list(map(_popleft, repeat(fifo, limit)))
-        sinks = list(map(_sink_of, entries)) if lane.clean or _regular(entries) else None
-        if sinks is None or any(map(future_done, sinks)):
-            fifo.extendleft(reversed(entries))  # a bulk call or a departed caller among them: the general way
-            return None
-        consume(map(setitem, entries, repeat(QUEUED), repeat(False)))  # entry[QUEUED] = False, in C
-        n = len(entries)
-        return Taken(
-            list(map(_item_of, entries)),
-            sinks,
-            list(map(_context_of, entries)),
-            oldest=entries[0][ARRIVAL],
-            newest=entries[-1][ARRIVAL],
-            weight=n,
-            futures_only=True,
-        )
-
-    def _take_each(
-        self, lane: Lane, limit: int, weight_limit: float, starved_before: float, *, overflow: bool
-    ) -> Taken | None:
-        """Entry by entry: priorities, weights, bulk calls, departed callers."""
-        items: list[Any] = []
-        sinks: list[Any] = []
-        contexts: list[Any] = []
-        weights: list[float] | None = [] if self.weighted else None
-        weight = 0.0
-        oldest = math.inf
-        newest = -math.inf
-        futures_only = True
-        while len(items) < limit:
-            picked = self._next_level(lane, starved_before)
-            if picked is None:
-                break
-            fifo, entry = picked
-            if entry.__class__ is list:
-                w = entry[WEIGHT]
-                if weight + w > weight_limit and (items or not overflow):
-                    break  # the batch closes before an item that would overflow it
-                fifo.popleft()
-                entry[QUEUED] = False
-                weight += w
-                items.append(entry[ITEM])
-                if weights is not None:
-                    weights.append(w)
-                sink = entry[SINK]
-                if sink.__class__ is Bulk:
-                    sink = (sink, entry[INDEX], 1)
-                    futures_only = False
-                sinks.append(sink)
-                contexts.append(entry[CONTEXT])
-                oldest = min(oldest, entry[ARRIVAL])
-                newest = max(newest, entry[ARRIVAL])
-                continue
-            start = entry.pos
-            count = min(limit - len(items), len(entry.items) - start)
-            if weight_limit < math.inf:  # a weight limit set after this call was queued: its items weigh 1
-                room = int(weight_limit - weight)
-                if room < 1 and (items or not overflow):
-                    break
-                count = min(count, max(room, 1))
-            chunk = entry.items[start : start + count]  # a copy: process_batch may keep or mutate it
-            if items:
-                items.extend(chunk)
-            else:
-                items = chunk
-            sinks.append((entry, start, count))
-            contexts.append(entry.context)
-            futures_only = False
-            entry.pos = start + count
-            weight += count
-            if weights is not None:
-                weights.extend([1.0] * count)
-            oldest = min(oldest, entry.arrival)
-            newest = max(newest, entry.arrival)
-            if entry.pos == len(entry.items):
-                fifo.popleft()
-        if not items:
-            return None
-        return Taken(
-            items,
-            sinks,
-            contexts,
-            oldest=oldest,
-            newest=newest,
-            weight=weight,
-            futures_only=futures_only,
-            weights=weights,
-        )
-
-    def _next_level(self, lane: Lane, starved_before: float) -> tuple[deque[Any], Any] | None:
-        """The level to take the next item from: the best priority, unless a head arrived by ``starved_before``."""
-        order = lane.order
-        if len(order) == 1:
-            head = self.live_head(order[0])
-            return None if head is None else (order[0], head)
-        best = None
-        overdue = None
-        overdue_at = math.inf
-        for fifo in order:
-            head = self.live_head(fifo)
-            if head is None:
-                continue
-            if best is None:
-                best = (fifo, head)
-            arrival = head[ARRIVAL] if head.__class__ is list else head.arrival
-            if arrival <= starved_before and arrival < overdue_at:
-                overdue, overdue_at = (fifo, head), arrival
-        return overdue if overdue is not None else best
-
-
-def _regular(entries: list[Any]) -> bool:
-    """Single items, all still queued, each its own caller's (no bulk call): what a clean lane holds."""
-    return (
-        set(map(type, entries)) == {list}
-        and all(map(_queued_of, entries))
-        and Bulk not in set(map(type, map(_sink_of, entries)))
-    )
 
 
 def violations(queue: Queue) -> list[str]:

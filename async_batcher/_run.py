@@ -30,8 +30,8 @@ from async_batcher._queue import Queue
 from async_batcher._queue import violations as queue_violations
 
 if TYPE_CHECKING:
+    from async_batcher._forming import Taken
     from async_batcher._lane import Lane
-    from async_batcher._queue import Taken
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []

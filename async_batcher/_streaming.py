@@ -34,7 +34,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from async_batcher import _execution, _room
+from async_batcher import _execution, _forming, _room
 from async_batcher._sinks import END, as_results
 from async_batcher.exceptions import BatcherStoppedError
 
@@ -272,8 +272,8 @@ def _join(b: Base, run: Run, batch: Batch) -> int:
     budget = b._weight_limit
     if run.queue.weighted:
         budget -= sum(batch.weights) if batch.weights is not None else len(batch.items)
-    taken = run.queue.take(
-        lane, room, budget, now=run.loop.time(), max_priority_wait=b._max_priority_wait, overflow=False
+    taken = _forming.take(
+        run.queue, lane, room, budget, now=run.loop.time(), max_priority_wait=b._max_priority_wait, overflow=False
     )
     if taken is None:
         return 0

@@ -15,6 +15,7 @@ from async_batcher import (
     BatchSizeMismatchError,
     OutcomeUnknownError,
     ProcessBatchCancelledError,
+    _forming,
 )
 from async_batcher._queue import Queue
 from tests.batchers import Recording, SyncRecording, until
@@ -163,17 +164,17 @@ async def test_a_bug_in_the_dispatcher_fails_the_callers_instead_of_hanging_them
     loop_errors: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Fault injection: forming a batch (an internal step, no public hook reaches it) fails once.
-    original = Queue.take
+    original = _forming.take
     calls = 0
 
-    def broken_once(self: Queue, *args: Any, **kwargs: Any) -> Any:
+    def broken_once(queue: Queue, *args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("a bug")
-        return original(self, *args, **kwargs)
+        return original(queue, *args, **kwargs)
 
-    monkeypatch.setattr(Queue, "take", broken_once)
+    monkeypatch.setattr(_forming, "take", broken_once)
     b = Recording(max_queue_time=0, max_queue_size=2, wait_when_full=True)
     # Two queued, one in line for room: all three hear of it.
     everyone = asyncio.gather(*(b.process(i) for i in range(3)), return_exceptions=True)
