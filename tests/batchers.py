@@ -11,7 +11,17 @@ from async_batcher import AsyncBatcher
 from async_batcher._run import violations
 from tests.loops import until
 
-__all__ = ["Recording", "SyncRecording", "stop_as", "turns", "until", "warm"]
+__all__ = [
+    "AllKeyed",
+    "Recording",
+    "SyncRecording",
+    "idle_and_clean",
+    "later",
+    "stop_as",
+    "turns",
+    "until",
+    "warm",
+]
 
 
 class Recording(AsyncBatcher[int, int]):
@@ -108,13 +118,14 @@ async def later(n: int, call: Callable[[], Awaitable[Any]]) -> Any:
 
 
 def idle_and_clean(b: AsyncBatcher[Any, Any]) -> None:
-    """``b`` is idle (nothing queued or in flight), keeps no timer and no pump, its queue's invariants hold and its
-    counters add up."""
+    """Nothing queued, nothing in flight: no timer, no pending turn, no deadline timer, the run's invariants hold,
+    and the counters add up (every submitted item counted once as succeeded, failed, cancelled or timed out)."""
     run = b._run
     assert run is not None
     assert not run.queue.waiting and not run.in_flight, (run.queue.waiting, run.in_flight)
     assert run.timer is None, f"an idle batcher keeps a timer for {run.timer_at}"
     assert run.pump_handle is None or run.pump_handle.cancelled(), f"an idle batcher keeps {run.pump_handle!r}"
+    assert run.deadlines.timer is None
     assert violations(run) == []
     s = b.stats
     assert s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out, s

@@ -37,10 +37,6 @@ pytestmark = pytest.mark.virtual_time
 # ---------------------------------------------------------------------- helpers
 
 
-def _sent(b: Recording) -> list[int]:
-    return [x for batch in b.batches for x in batch]
-
-
 class Keyed(Recording):
     """Items below 100 go to the default lane (it is never forgotten); 100-199 to key 1, 200-299 to key 2..."""
 
@@ -288,7 +284,7 @@ async def test_a_setting_changed_during_the_regathers_turns(change: str) -> None
         )
     assert got[:3] == [8, 10, 12]
     assert waiting == [(3, 0)]  # a full batch or not, they wait out the turns (6 came meanwhile)
-    assert sorted(_sent(b)) == [4, 5, 6]
+    assert sorted(b.sent) == [4, 5, 6]
     if change == "max_batch_size":
         assert b.batches == [[4, 5], [6]] and b.started_at == [now, now + 1]
     elif change == "concurrency":

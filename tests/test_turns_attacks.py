@@ -49,8 +49,8 @@ from async_batcher import (
     _dispatch,
     _policy,
 )
-from async_batcher._run import State, violations
-from tests.batchers import Recording, SyncRecording, until
+from async_batcher._run import State
+from tests.batchers import Recording, SyncRecording, idle_and_clean, until
 from tests.loops import VirtualClockLoop
 
 pytestmark = pytest.mark.virtual_time
@@ -153,19 +153,6 @@ def count_turns(monkeypatch: pytest.MonkeyPatch) -> Count:
 
     monkeypatch.setattr(_dispatch, "_turn", counting)
     return count
-
-
-def idle_and_clean(b: AsyncBatcher[Any, Any]) -> None:
-    """Nothing queued, nothing in flight: no timer, no pending turn, the run's invariants hold, and the counters add
-    up (every submitted item counted once as succeeded, failed, cancelled or timed out)."""
-    run = b._run
-    assert not run.queue.waiting and not run.in_flight, (run.queue.waiting, run.in_flight)
-    assert run.timer is None, f"an idle batcher keeps a timer for {run.timer_at}"
-    assert run.pump_handle is None or run.pump_handle.cancelled(), f"an idle batcher keeps {run.pump_handle!r}"
-    assert run.deadlines.timer is None
-    assert violations(run) == []
-    s = b.stats
-    assert s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out, s
 
 
 def no_item_twice(b: Scripted) -> None:
