@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from async_batcher._current import CurrentBatch, current_batch
-from async_batcher._sinks import END
+from async_batcher._core.current import CurrentBatch, current_batch
+from async_batcher._core.options import BatcherOptions
+from async_batcher._core.settings import Limits, Streaming
+from async_batcher._core.sinks import END
 from async_batcher._version import __version__
 from async_batcher.adaptive import AdaptiveWaitState
 from async_batcher.batcher import AsyncBatcher
@@ -24,10 +26,13 @@ __all__ = [
     "AsyncBatcher",
     "AsyncBatchException",
     "BatchDecorator",
+    "BatcherOptions",
     "BatchedFunction",
     "BatchedMethod",
     "BatcherStats",
     "CurrentBatch",
+    "Limits",
+    "Streaming",
     "LatencySummary",
     "BatchSizeMismatchError",
     "BatcherStoppedError",

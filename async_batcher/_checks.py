@@ -7,9 +7,11 @@ Each check returns the value it accepts, converted (numpy's integers and floats 
 from __future__ import annotations
 
 import concurrent.futures
+import difflib
 import math
 import numbers
 import operator
+from collections.abc import Collection, Iterable
 from typing import TypeGuard
 
 __all__: list[str] = []
@@ -57,6 +59,11 @@ def count(name: str, value: object, *, zero_means_unlimited: bool = False, unlim
     return number
 
 
+def plural(n: int, noun: str) -> str:
+    """``"1 item"``, ``"2 items"``: a count and its noun, in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def timeout(value: object) -> float | None:
     """A ``timeout=``: ``None``, or a finite number of seconds >= 0."""
     return None if value is None else seconds("timeout", value)
@@ -90,3 +97,13 @@ def name(value: object, default: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"name must be a str or None, got {value!r}")
     return value
+
+
+def unexpected_keywords(given: Iterable[str], valid: Collection[str], where: str) -> TypeError:
+    """The error for keyword arguments ``where`` does not take: each named, with the closest valid one."""
+    parts = []
+    for name in given:
+        close = difflib.get_close_matches(name, valid, n=1)
+        parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    noun = "argument" if len(parts) == 1 else "arguments"
+    return TypeError(f"{where} got an unexpected keyword {noun} {', '.join(parts)}")

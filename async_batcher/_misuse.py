@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from async_batcher._sinks import as_results
+from async_batcher._core.sinks import as_results
 from async_batcher.exceptions import BatchSizeMismatchError
 
 __all__: list[str] = []

@@ -14,13 +14,16 @@ import concurrent.futures
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from async_batcher import _checks, _execution, _lifecycle
-from async_batcher._run import State
+from async_batcher import _checks
+from async_batcher._core.engine import State
+from async_batcher._core.execution import thread_batch
 from async_batcher._threads import refuse_on_loop_thread, submit_to, wait_for
 from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
 
 if TYPE_CHECKING:
-    from async_batcher._base import Base
+    from async_batcher.batcher import AsyncBatcher
+
+    Base = AsyncBatcher[Any, Any]
 
 __all__: list[str] = []
 
@@ -61,25 +64,30 @@ def _hand_over(b: Base, coro: Coroutine[Any, Any, S], n: int) -> concurrent.futu
     """The loop a blocking call goes to: the batcher's, if it is alive; else the batcher's own loop thread."""
     gate = b._sync
     with gate.lock:
-        run = b._run
+        run = b._life.run
         loop = run.loop
         if gate.stopping or run.state is State.STOPPED:
             b._recorder.rejected += n
             raise BatcherStoppedError(f"{b.name} is {'stopping' if gate.stopping else 'stopped'}")
         live = loop is not None and not loop.is_closed()
-        if live and (run.state is not State.NEW or loop.is_running()) and loop is not gate.thread.loop:
+        if (
+            live
+            and loop is not None
+            and (run.state is not State.NEW or loop.is_running())
+            and loop is not gate.thread.loop
+        ):
             # Bound to a live loop (an app's), or marked to start again on one that still runs.
             return submit_to(loop, coro, b.name)
         return gate.thread.submit(coro, owner=b)
 
 
 def _hand_over_stop(b: Base, *, force: bool, timeout: float | None) -> concurrent.futures.Future[None] | None:
-    run, thread_loop = b._run, b._sync.thread.loop
-    coro = _lifecycle.stop(b, force=force, timeout=timeout)
+    run, thread_loop = b._life.run, b._sync.thread.loop
+    coro = b._life.stop(force=force, timeout=timeout)
     if thread_loop is not None and (run.loop is thread_loop or run.state is State.NEW):
         # After the calls handed over before it: those on their way are served (or refused), not lost.
         return b._sync.thread.submit(coro)
-    if run.state in (State.RUNNING, State.STOPPING) and not run.loop.is_closed():
+    if run.state in (State.RUNNING, State.STOPPING) and run.loop is not None and not run.loop.is_closed():
         return submit_to(run.loop, coro, f"{b.name}: stop_sync()")
     coro.close()
     return None
@@ -88,9 +96,10 @@ def _hand_over_stop(b: Base, *, force: bool, timeout: float | None) -> concurren
 def _refuse_from_own_thread_batch(b: Base) -> None:
     # A blocking call from inside this batcher's sync process_batch, with every slot taken, would wait for the
     # very batch its thread is running.
-    inside = getattr(_execution.thread_batch, "batch", None)
-    if inside is not None and inside.run is b._run and b._run.in_flight >= b._slot_limit:
+    inside = getattr(thread_batch, "batch", None)
+    engine = b._life.run.engine
+    if inside is not None and inside.owner is engine and engine is not None and engine.in_flight >= engine.slot_limit:
         raise ReentrantCallError(
             f"{b.name}: a blocking call from inside its own process_batch while every slot (concurrency="
-            f"{b._concurrency}) is taken would wait for that batch forever"
+            f"{b.concurrency}) is taken would wait for that batch forever"
         )

@@ -4,37 +4,36 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import warnings
 from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Sequence
-from concurrent.futures import Executor
 from contextvars import copy_context
 from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
-from async_batcher import _admission, _checks, _execution, _lifecycle, _sync
-from async_batcher._base import HOOKS, Base, check_hooks
-from async_batcher._dispatch import scheduled_pump, wake
-from async_batcher._queue import DEFAULT_KEY
-from async_batcher._run import Run, State
+from async_batcher import _checks, _sync
+from async_batcher._core.admission import Admission
+from async_batcher._core.engine import State
+from async_batcher._core.hooks import check_hooks, overridden
+from async_batcher._core.lifecycle import Lifecycle
+from async_batcher._core.options import BatcherOptions, SettingsView, settings_from
+from async_batcher._core.queue import DEFAULT_KEY
 from async_batcher._threads import Gate
 from async_batcher.stats import BatcherStats, _Recorder
 
 if TYPE_CHECKING:
     from types import TracebackType
-    from typing import Self
+    from typing import Self, Unpack
 
 __all__ = ["AsyncBatcher"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-_current_batch = _execution.current_batch.get
 # The default priority, by identity: the common case's test costs no comparison of numbers.
 _ZERO: Final = 0
 
 
-class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
+class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
     """Collects the items of concurrent :meth:`process` calls and hands them to :meth:`process_batch` in batches.
 
     Subclass it and implement :meth:`process_batch`; then ``await batcher.process(item)`` from any number of
@@ -44,7 +43,8 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
     1. **Dispatch.** A batch goes out as soon as a concurrency slot is free and either it is full
        (``max_batch_size`` items, ``max_batch_weight``, or the largest of ``preferred_batch_sizes`` available) or
        its oldest item has waited ``max_queue_time`` seconds, measured from *its arrival* on the event loop's
-       clock. A free slot never sits idle while one of those holds, but for ``max_hold_time``: a slot freed by a
+       clock (the rule of the default policy, :class:`~async_batcher.policies.Deadline`; ``policy=`` takes
+       another). A free slot never sits idle while one of those holds, but for ``max_hold_time``: a slot freed by a
        batch may wait, at most that long after the batch ended, for the callers it answered to come back (only
        while they come back together, as a closed loop's clients do; never while a caller waits for room or the
        batcher stops; details in the guarantees). ``max_queue_time=0`` sends whatever is waiting the moment a
@@ -97,93 +97,37 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         whether its caller has left, are the batch's to ask: :func:`~async_batcher.current_batch`.
 
     Args:
-        max_batch_size: The most items in one batch; ``-1`` for no limit.
-        max_queue_time: The most seconds the oldest waiting item waits for its batch to fill (from its arrival)
-            once a slot is free; ``0`` sends at once.
-        concurrency: The most batches processed at once; ``-1`` for no limit.
-        max_queue_size: The most items waiting (batches in flight not counted); ``-1`` or ``0`` for no limit.
-        executor: Where a synchronous ``process_batch`` runs; the loop's default executor if ``None``.
-        wait_when_full: On a full queue, wait for room instead of raising :class:`QueueFullException`.
-        max_batch_weight: The most total :meth:`item_weight` in one batch; ``None`` for no limit.
-        max_priority_wait: The most seconds an item is passed over for items of a better priority.
-        max_latency: A latency budget in seconds: the batcher then chooses how long batches wait from what it
-            measures (the adaptive wait, :mod:`async_batcher.adaptive`) instead of ``max_queue_time``.
-        max_hold_time: The most seconds, from a batch's end, that a free slot waits for the callers that batch
-            answered to come back with their next items (clients that send their next request once they have
-            their answer), so that they share a batch; it applies to closed loops only; ``0``: never.
-        preferred_batch_sizes: Batch sizes the model runs best at (Triton's ``preferred_batch_size``): a batch
-            goes out at the largest one available, else waits for the next one at most ``max_queue_time``.
-        default_timeout: Seconds every item may take at most when its call gives no ``timeout=``.
-        stream_buffer: The most parts a stream buffers for its consumer; beyond, its batch waits for it.
-        stream_stall_timeout: Seconds a batch waits for a consumer with a full buffer, then drops it (``None``: never).
-        name: A name for logs and statistics; the class name by default.
-        batch_size: Deprecated synonym of ``max_batch_size`` (async-batcher 0.2.2); warns.
-        sleep_time: Deprecated, ignored (async-batcher 0.2.2); warns.
-        buffering_time: Deprecated, ignored (async-batcher 0.2.2); warns.
+        **options: The settings (:class:`~async_batcher.BatcherOptions`), all keyword-only and optional:
+            ``limits`` (:class:`~async_batcher.Limits`: ``max_batch_size``, ``max_batch_weight``, ``concurrency``,
+            ``max_queue_size``; ``None`` is no limit), ``policy`` (when a batch goes: a
+            :class:`~async_batcher.policies.DispatchPolicy`, ``Deadline(max_queue_time=0.01)`` by default),
+            ``streaming`` (:class:`~async_batcher.Streaming`), ``executor``, ``wait_when_full``,
+            ``default_timeout``, ``max_priority_wait`` and ``name``. Each field of a group may be given on its own
+            instead (``max_batch_size=64``, ``max_queue_time=0.002``, ``max_latency=``, ``max_hold_time=``,
+            ``preferred_batch_sizes=``, ``stream_buffer=``, ``stream_stall_timeout=``), as in earlier versions;
+            the dispatch keywords build the policy. async-batcher 0.2.2's ``batch_size`` (``max_batch_size``),
+            ``sleep_time`` and ``buffering_time`` (ignored) warn.
     """
 
-    def __init__(
-        self,
-        *,
-        max_batch_size: int = -1,
-        max_queue_time: float = 0.01,
-        concurrency: int = 1,
-        max_queue_size: int = -1,
-        executor: Executor | None = None,
-        wait_when_full: bool = False,
-        max_batch_weight: float | None = None,
-        max_priority_wait: float = 1.0,
-        max_latency: float | None = None,
-        max_hold_time: float = 0.0,
-        preferred_batch_sizes: Iterable[int] = (),
-        default_timeout: float | None = None,
-        stream_buffer: int = 16,
-        stream_stall_timeout: float | None = 10.0,
-        name: str | None = None,
-        batch_size: int | None = None,
-        sleep_time: float | None = None,
-        buffering_time: float | None = None,
-    ) -> None:
+    def __init__(self, **options: Unpack[BatcherOptions]) -> None:
         super().__init__()
-        if batch_size is not None:
-            if max_batch_size != -1:
-                raise TypeError("pass max_batch_size or its deprecated synonym batch_size, not both")
-            warnings.warn("batch_size is deprecated: use max_batch_size", DeprecationWarning, stacklevel=2)
-            max_batch_size = batch_size
-        for deprecated, value in (("sleep_time", sleep_time), ("buffering_time", buffering_time)):
-            if value is not None:
-                warnings.warn(
-                    f"{deprecated!r} has no effect and is ignored: the batcher sleeps until there is work",
-                    DeprecationWarning,
-                    stacklevel=2,
-                )
-        self.name: str = _checks.name(name, type(self).__name__)
+        cls = type(self)
+        self._settings, name = settings_from(dict(options), f"{cls.__name__}()")
+        self.name: str = _checks.name(name, cls.__name__)
         self._recorder = _Recorder()
-        self._run = Run(None, self._recorder, state=State.NEW, default_key=DEFAULT_KEY)
-        self._adaptive = None
-        self._preferred = ()
-        self._default_timeout = None
+        self._life = Lifecycle(self, self._settings, self._recorder, cls._overridden)
+        self._admission = Admission(self._life, self._settings)
+        self._settings.changed = self._life.settings_changed
         self._sync = Gate(self.name)  # what blocking calls from threads share
-        # The settings go through their property setters, which validate them.
-        self.executor = executor
-        self.wait_when_full = wait_when_full
-        self.max_batch_size = max_batch_size
-        self.max_queue_time = max_queue_time
-        self.concurrency = concurrency
-        self.max_queue_size = max_queue_size
-        self.max_batch_weight = max_batch_weight
-        self.max_priority_wait = max_priority_wait
-        self.max_latency = max_latency
-        self.max_hold_time = max_hold_time
-        self.preferred_batch_sizes = preferred_batch_sizes
-        self.default_timeout = default_timeout
-        self.stream_buffer = stream_buffer
-        self.stream_stall_timeout = stream_stall_timeout
+
+    #: The hooks of the class that override :class:`AsyncBatcher`'s (set as each subclass is defined): a hook left
+    #: alone costs nothing, it is never called.
+    _overridden: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        cls._overridden = frozenset(name for name in HOOKS if getattr(cls, name) is not getattr(AsyncBatcher, name))
-        check_hooks(cls)
+        cls._overridden = overridden(cls, AsyncBatcher)
+        check_hooks(cls, cls._overridden)
 
     # ------------------------------------------------------------------ the part users write
 
@@ -265,51 +209,36 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
             BatchSizeMismatchError: ``process_batch`` returned the wrong number of results.
             Exception: whatever ``process_batch`` raised, or the ``Exception`` it returned for this item.
         """
-        # The common case, kept short: bound to this loop, on its thread, no key, no weight, no timeout, no
-        # priority, room in the queue. (asyncio.get_running_loop() would tell the loop, but on Python 3.11 it
-        # makes a getpid() system call each time: too dear for every item. A thread runs one loop at a time: the
-        # bound loop, if it is not the one running, cannot schedule (closed) or the await below fails (another
-        # loop's task), and either way the call takes the long path.)
-        run = self._run
-        loop = run.fast_loop
-        queue = run.queue
+        # Submit, then await. The common case (bound to this loop, on its thread, no key, no weight, no timeout, no
+        # priority, room in the queue) is the engine's put(); the rest is admission's. (asyncio.get_running_loop()
+        # would tell the loop, but on Python 3.11 it makes a getpid() system call each time: too dear for every
+        # item. A thread runs one loop at a time: the bound loop, if it is not the one running, cannot schedule
+        # (closed) or the await below fails (another loop's task), and either way the call takes the long path.)
+        run = self._life.run
+        engine = run.fast
         if (
-            loop is None
+            engine is None
             or timeout is not None
             or priority is not _ZERO  # (not == 0: False == 0, and a bool is no priority; any other zero is checked)
             or get_ident() != run.ident
-            # A full queue (or callers already waiting for room, who go first): refuse or wait, on the long path.
-            or queue.waiting + run.reserved >= self._room_limit
-            or run.putters
+            or (entry := engine.put(item)) is None  # a full queue: refuse or wait, on the long path
         ):
-            return cast(R, await _admission.submit(self, item, timeout=timeout, priority=priority))
-        fut: asyncio.Future[R] = run.new_future()
-        lane = queue.lane0
-        entry = [item, fut, run.clock(), True, 1.0, lane, 0, copy_context()]
-        queue.fifo0.append(entry)
-        lane.count += 1
-        queue.waiting += 1
+            return cast(R, await self._admission.submit(item, timeout=timeout, priority=priority))
+        fut = entry.sink
         try:
-            # The wake-up test of _dispatch.arrived, inline (no weight in play here).
-            if run.in_flight < self._slot_limit:
-                if run.pump_handle is None and (run.timer is None or lane.count >= run.trigger):
-                    if lane.regather_until:  # the first arrival after a cohort's batch: the turns may come first
-                        wake(self, run, lane)
-                    else:
-                        run.pump_handle = loop.call_soon(scheduled_pump, self, run)
-            elif _current_batch() is not None:  # (even with a pump to come: it finds no free slot either)
-                _admission.refuse_queued_if_reentrant(self, run, entry)
-            return await fut
+            return cast(R, await fut)
         except asyncio.CancelledError:
-            _admission.left(self, run, entry, fut)
+            if fut.cancelled():  # the caller's own cancellation, not an error of process_batch
+                self._recorder.cancelled += 1
+                engine.withdraw(entry)
             raise
         except RuntimeError:
             if fut.done():
                 raise  # this item's own outcome
             # The bound loop is not the running one (it is closed, or another runs on this thread): take the item
             # back, as if it had never come, and go the long path, which starts afresh or refuses.
-            _admission.unsubmit(self, run, entry)
-            return cast(R, await _admission.submit(self, item, timeout=timeout, priority=priority))
+            engine.unsubmit(entry)
+            return cast(R, await self._admission.submit(item, timeout=timeout, priority=priority))
 
     async def process_many(
         self,
@@ -327,8 +256,8 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         batch's too). Cancellation, ``timeout`` and ``priority`` work as in :meth:`process`, for all the items
         together.
         """
-        return await _admission.submit_many(
-            self, items, timeout=timeout, priority=priority, return_exceptions=return_exceptions
+        return await self._admission.submit_many(
+            items, timeout=timeout, priority=priority, return_exceptions=return_exceptions
         )
 
     def stream(self, item: T, *, timeout: float | None = None, priority: float = 0) -> AsyncIterator[R]:
@@ -341,7 +270,7 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         ``timeout`` bounds the whole stream. The item is submitted at the first iteration. Without a streaming
         ``process_batch``, the stream has one part.
         """
-        return _admission.submit_stream(self, item, timeout=timeout, priority=priority)
+        return self._admission.submit_stream(item, timeout=timeout, priority=priority)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -351,15 +280,14 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            if self._run.state is State.STOPPED:
-                self._run = Run(self._run.loop, self._recorder, state=State.NEW, default_key=DEFAULT_KEY)
+            self._life.mark_to_start()
             return
-        _lifecycle.bind(self, loop, copy_context())
+        self._life.bind(loop, copy_context())
 
     async def is_running(self) -> bool:
         """Whether the batcher is started and not yet fully stopped (it is running while it drains)."""
-        run = self._run
-        return run.state in (State.RUNNING, State.STOPPING) and not run.loop.is_closed()
+        run = self._life.run
+        return run.state in (State.RUNNING, State.STOPPING) and run.loop is not None and not run.loop.is_closed()
 
     async def stop(self, force: bool = False, timeout: float | None = None) -> None:
         """Stop: refuse new items, finish (or with ``force``, fail) the accepted ones, then run :meth:`on_stop`.
@@ -380,11 +308,11 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         if thread.loop is not None and not thread.is_current():
             # Blocking calls started a loop thread for this batcher: the stop runs there, then the thread ends.
             await asyncio.get_running_loop().run_in_executor(None, partial(self.stop_sync, force, timeout))
-        await _lifecycle.stop(self, force=force, timeout=timeout)
+        await self._life.stop(force=force, timeout=timeout)
 
     async def __aenter__(self) -> Self:
         self.start()
-        startup = self._run.startup
+        startup = self._life.run.startup
         if startup is not None:
             try:
                 await asyncio.shield(startup)
@@ -397,9 +325,6 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
-
-    def _settings_changed(self, *, weights: bool = False, room: bool = False, stall: bool = False) -> None:
-        _lifecycle.settings_changed(self, weights=weights, room=room, stall=stall)
 
     # ------------------------------------------------------------------ callers from threads
 
@@ -430,15 +355,16 @@ class AsyncBatcher(Base, abc.ABC, Generic[T, R]):
     @property
     def stats(self) -> BatcherStats:
         """A frozen snapshot of the counters and recent latency percentiles."""
-        run = self._run
+        engine = self._life.run.engine
+        if engine is None:
+            return self._recorder.snapshot(self.name, queued=0, awaiting_room=0, in_flight=0)
         return self._recorder.snapshot(
-            self.name, queued=run.queue.waiting, awaiting_room=run.awaiting_room, in_flight=run.in_flight
+            self.name, queued=engine.queue.waiting, awaiting_room=engine.room.awaiting, in_flight=engine.in_flight
         )
 
     def __repr__(self) -> str:
-        run = self._run
+        stats = self.stats
         return (
-            f"<{type(self).__name__} {self.name!r} {run.state.value} max_batch_size={self._max_batch_size} "
-            f"max_queue_time={self._max_queue_time} concurrency={self._concurrency} "
-            f"queued={run.queue.waiting} in_flight={run.in_flight}>"
+            f"<{type(self).__name__} {self.name!r} {self._life.run.state.value} limits={self.limits!r} "
+            f"policy={self.policy!r} queued={stats.queued} in_flight={stats.in_flight}>"
         )

@@ -50,7 +50,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "async_batcher.opentelemetry needs the OpenTelemetry API: pip install 'async-batcher[opentelemetry]'"
     ) from exc
 
-from async_batcher._current import CurrentBatch, current_batch
+from async_batcher._core.current import CurrentBatch, current_batch
 from async_batcher._version import __version__
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.decorator import BatchedFunction, BatchedMethod

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TypeAlias
 
 __all__ = ["BatchObserver", "BatcherStats", "LatencySummary"]
@@ -102,6 +103,9 @@ class BatcherStats:
     #: Of ``held``, the probes: holds tried while the hold is off (at most once a second, and half as often after
     #: each that did not gather its callers, down to once a minute).
     probes: int = 0
+    #: Why the batches counted in ``batches`` went, a count per reason (:class:`~async_batcher.policies.Reason`:
+    #: ``"full"``, ``"size"``, ``"deadline"``, ``"hold"``, ``"stop"``, ``"flush"``): why batches are small, answered.
+    reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class _Recorder:
@@ -110,12 +114,12 @@ class _Recorder:
     __slots__ = (
         "batches",
         "cancelled",
+        "counts",
         "exited",
         "failed",
-        "held",
         "observers",
-        "probes",
         "processed",
+        "reasons",
         "rejected",
         "sized",
         "succeeded",
@@ -136,18 +140,25 @@ class _Recorder:
         self.cancelled = 0
         self.timed_out = 0
         self.rejected = 0
-        self.held = 0  # batches a hold kept back (BatcherStats.held), and of them the probes
-        self.probes = 0
+        # Counts a dispatch policy keeps (its Signals.count): "held", "probes" (BatcherStats.held, .probes).
+        self.counts: Counter[str] = Counter()
+        self.reasons: Counter[str] = Counter()  # why the batches went (BatcherStats.reasons)
         # (queue wait of the oldest item, process_batch duration) per recent batch.
         self.window: deque[tuple[float, float]] = deque(maxlen=WINDOW)
         # Callables fed every batch (histograms, say); an empty tuple costs one test per batch. A tuple, replaced
         # whole on change, so that adding or removing one while the loop calls them is safe from any thread.
         self.observers: tuple[BatchObserver, ...] = ()
 
-    def record_batch(self, size: int, waited: float, elapsed: float) -> None:
-        """One call of ``process_batch`` ended: ``size`` items, its oldest item ``waited`` seconds for it, and it
-        took ``elapsed`` seconds. Feeds the observers; one that raises is logged, never propagated."""
+    def count(self, name: str, n: int = 1) -> None:
+        self.counts[name] += n
+
+    def record_batch(self, size: int, waited: float, elapsed: float, reason: str | None = None) -> None:
+        """One call of ``process_batch`` ended: ``size`` items, its oldest item ``waited`` seconds for it, it took
+        ``elapsed`` seconds, and it went for ``reason``. Feeds the observers; one that raises is logged, never
+        propagated."""
         self.batches += 1
+        if reason is not None:
+            self.reasons[reason] += 1
         self.sized += size
         self.window.append((waited, elapsed))
         if self.observers:
@@ -185,6 +196,7 @@ class _Recorder:
             mean_batch_size=self.sized / self.batches if self.batches else 0.0,
             queue_wait=LatencySummary.of([w for w, _ in window]),
             process_time=LatencySummary.of([p for _, p in window]),
-            held=self.held,
-            probes=self.probes,
+            held=self.counts["held"],
+            probes=self.counts["probes"],
+            reasons=MappingProxyType({str(reason): n for reason, n in self.reasons.items()}),
         )

@@ -7,8 +7,8 @@ is kept with its item instead, so that per-item work can log or trace as its cal
 :meth:`CurrentBatch.run_as_caller`. And a long batch can ask which of its callers have left since it was formed
 (cancelled, timed out) and skip their rows: :attr:`CurrentBatch.departed`, :meth:`CurrentBatch.is_live`.
 
-A layer above execution: it reads the batch that :mod:`~async_batcher._execution` and
-:mod:`~async_batcher._streaming` put in the batch's context; nothing in the core imports it.
+A layer above execution: it reads the batch that :mod:`~async_batcher._core.execution` and
+:mod:`~async_batcher._core.streaming` put in the batch's context; nothing in the core imports it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import contextvars
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from async_batcher._execution import current_batch as _batch_var
-from async_batcher._queue import DEFAULT_KEY
+from async_batcher._core.execution import current_batch as _batch_var
+from async_batcher._core.policy import Reason
+from async_batcher._core.queue import DEFAULT_KEY
 
 if TYPE_CHECKING:
-    from async_batcher._run import Batch
+    from async_batcher._core.execution import Batch
 
 __all__ = ["CurrentBatch", "current_batch"]
 
@@ -81,6 +82,11 @@ class CurrentBatch:
         """The batch's key (``batch_key``), or ``None`` when the batcher has no keys."""
         key = self._batch.lane.key
         return None if key is DEFAULT_KEY else key
+
+    @property
+    def reason(self) -> Reason:
+        """Why the batch went: full, its policy's size reached, its deadline, a hold's end, a stop, a flush."""
+        return self._batch.reason
 
     @property
     def waited(self) -> float:

@@ -1,8 +1,9 @@
 """Forming a batch: a lane's next batch taken from the queue, by priority, weight and arrival (private).
 
-:func:`take` is the one way from the :class:`~async_batcher._queue.Queue` into a batch: the common case (one
+:func:`take` is the one way from the :class:`~async_batcher._core.queue.Queue` into a batch: the common case (one
 level of single items whose callers all wait) in C-level passes, else entry by entry (priorities, weights, bulk
-calls, departed callers). It keeps the queue's counts as the items leave (:func:`~async_batcher._queue.violations`).
+calls, departed callers). It keeps the queue's counts as the items leave
+(:func:`~async_batcher._core.queue.violations`).
 """
 
 from __future__ import annotations
@@ -10,19 +11,18 @@ from __future__ import annotations
 import math
 from collections import deque
 from itertools import repeat
-from operator import itemgetter, setitem
+from operator import attrgetter
 from typing import Any
 
-from async_batcher._lane import Lane
-from async_batcher._queue import ARRIVAL, CONTEXT, INDEX, ITEM, QUEUED, SINK, WEIGHT, Queue
-from async_batcher._sinks import Bulk, consume, future_done
+from async_batcher._core.queue import Lane, Queue
+from async_batcher._core.sinks import Bulk, consume, future_done
 
 __all__: list[str] = []
 
-_item_of = itemgetter(ITEM)
-_sink_of = itemgetter(SINK)
-_context_of = itemgetter(CONTEXT)
-_queued_of = itemgetter(QUEUED)
+_item_of = attrgetter("item")
+_sink_of = attrgetter("sink")
+_context_of = attrgetter("context")
+_lane_of = attrgetter("lane")
 _popleft = deque.popleft
 
 
@@ -30,7 +30,7 @@ class Taken:
     """A batch just taken from the queue: its items, one sink per caller, their weight, its oldest arrival.
 
     ``contexts``, beside ``sinks``: each caller's context (a snapshot; a bulk call's is its
-    :class:`~async_batcher._sinks.Bulk`'s). Only they are kept, not the entries: an entry kept alive for as long as
+    :class:`~async_batcher._core.sinks.Bulk`'s). Only they are kept, not the entries: an entry kept alive for as long as
     its batch runs would be one more object for every garbage collection to look at, per item.
     """
 
@@ -107,14 +107,14 @@ def _take_plain(lane: Lane, limit: int) -> Taken | None:
     if sinks is None or any(map(future_done, sinks)):
         fifo.extendleft(reversed(entries))  # a bulk call or a departed caller among them: the general way
         return None
-    consume(map(setitem, entries, repeat(QUEUED), repeat(False)))  # entry[QUEUED] = False, in C
+    consume(map(setattr, entries, repeat("lane"), repeat(None)))  # entry.lane = None (it has left), in C
     n = len(entries)
     return Taken(
         list(map(_item_of, entries)),
         sinks,
         list(map(_context_of, entries)),
-        oldest=entries[0][ARRIVAL],
-        newest=entries[-1][ARRIVAL],
+        oldest=entries[0].arrival,
+        newest=entries[-1].arrival,
         weight=n,
         futures_only=True,
     )
@@ -137,24 +137,24 @@ def _take_each(
         if picked is None:
             break
         fifo, entry = picked
-        if entry.__class__ is list:
-            w = entry[WEIGHT]
+        if entry.__class__ is not Bulk:
+            w = entry.weight
             if weight + w > weight_limit and (items or not overflow):
                 break  # the batch closes before an item that would overflow it
             fifo.popleft()
-            entry[QUEUED] = False
+            entry.lane = None
             weight += w
-            items.append(entry[ITEM])
+            items.append(entry.item)
             if weights is not None:
                 weights.append(w)
-            sink = entry[SINK]
+            sink = entry.sink
             if sink.__class__ is Bulk:
-                sink = (sink, entry[INDEX], 1)
+                sink = (sink, entry.index, 1)
                 futures_only = False
             sinks.append(sink)
-            contexts.append(entry[CONTEXT])
-            oldest = min(oldest, entry[ARRIVAL])
-            newest = max(newest, entry[ARRIVAL])
+            contexts.append(entry.context)
+            oldest = min(oldest, entry.arrival)
+            newest = max(newest, entry.arrival)
             continue
         start = entry.pos
         count = min(limit - len(items), len(entry.items) - start)
@@ -208,7 +208,7 @@ def _next_level(queue: Queue, lane: Lane, starved_before: float) -> tuple[deque[
             continue
         if best is None:
             best = (fifo, head)
-        arrival = head[ARRIVAL] if head.__class__ is list else head.arrival
+        arrival = head.arrival
         if arrival <= starved_before and arrival < overdue_at:
             overdue, overdue_at = (fifo, head), arrival
     return overdue if overdue is not None else best
@@ -217,7 +217,7 @@ def _next_level(queue: Queue, lane: Lane, starved_before: float) -> tuple[deque[
 def _regular(entries: list[Any]) -> bool:
     """Single items, all still queued, each its own caller's (no bulk call): what a clean lane holds."""
     return (
-        set(map(type, entries)) == {list}
-        and all(map(_queued_of, entries))
+        Bulk not in set(map(type, entries))
+        and all(map(_lane_of, entries))
         and Bulk not in set(map(type, map(_sink_of, entries)))
     )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from async_batcher.exceptions import BatchSizeMismatchError
 
 if TYPE_CHECKING:
-    from async_batcher._lane import Lane
+    from async_batcher._core.queue import Lane, WeightedEntry
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []
@@ -87,7 +87,7 @@ class Bulk:
         self.pos = 0  # items that have left the queue (plain bulk only)
         self.left = len(items)  # results still to come
         self.results: list[Any] = [PENDING] * len(items)
-        self.entries: list[list[Any]] | None = None
+        self.entries: list[WeightedEntry] | None = None
 
     def done(self) -> bool:
         return self.future.done()

@@ -1,8 +1,8 @@
 """Streaming results: a ``process_batch`` that is an async generator, and each caller's stream (private).
 
 This is the producer's side, a layer with execution: :class:`StreamSink`, a caller's stream, and
-:func:`run_stream_batch`, which steps the generator. The consumer's side, ``stream(item)``, is admission's
-(:func:`async_batcher._admission.submit_stream`).
+:class:`StreamRunner`, which steps the generator. The consumer's side, ``stream(item)``, is admission's
+(:func:`async_batcher._core.admission.submit_stream`).
 
 Each step of the generator yields a sequence with one element per item of the batch, as the batch is at that
 step: a part of that item's stream, :data:`~async_batcher.END` (that item's stream is complete), or an
@@ -34,13 +34,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from async_batcher import _execution, _forming, _room
-from async_batcher._sinks import END, as_results
+from async_batcher._core.execution import Batch, Runner, current_batch
+from async_batcher._core.sinks import END, as_results
 from async_batcher.exceptions import BatcherStoppedError
 
 if TYPE_CHECKING:
-    from async_batcher._base import Base
-    from async_batcher._run import Batch, Run
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []
@@ -154,101 +152,115 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 # ---------------------------------------------------------------------- the producer's side
 
 
-async def run_stream_batch(b: Base, batch: Batch) -> None:
-    """A streaming batch as a task: step the generator, hand out the parts, edit the batch between steps; close
-    the generator, and free the slot whatever happens on the way."""
-    run = batch.run
-    entered = 0  # items that reached process_batch: those it started with, then those that joined
-    steps: Any = None
-    try:
+class StreamRunner(Runner):
+    """The :class:`~async_batcher._core.execution.Runner` of a streaming ``process_batch``: each batch is a task that
+    steps the generator, hands out the parts, and edits the batch between steps."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.is_stream = True
+
+    def launch(self, batch: Batch) -> None:
+        batch.context = self.context.copy()
+        batch.handle = self.loop.create_task(self.run_stream_batch(batch), context=batch.context)
+
+    async def run_stream_batch(self, batch: Batch) -> None:
+        """Step the generator, hand out the parts, edit the batch between steps; close the generator, and free the
+        slot whatever happens on the way."""
+        entered = 0  # items that reached process_batch: those it started with, then those that joined
+        steps: Any = None
         try:
-            if run.startup is not None:
-                await _execution.wait_for_start(run, run.startup)
-            _compact(batch)
-            if not batch.items:
-                return
-            # Its size: the most items it holds at once (items join and leave a stream batch as it runs).
-            entered = batch.size = len(batch.items)
-            _execution.current_batch.set(batch)
-            batch.entered = True
-            steps = _execution.call_process_batch(b, run, batch.items)
-            async for parts in steps:
-                _deliver(batch, as_results(parts, len(batch.items)))
-                await _wait_for_consumers(b, batch)
+            try:
+                if self.startup is not None:
+                    await self.wait_for_start(self.startup)
                 _compact(batch)
-                if b.continuous_batching:
-                    entered += _join(b, run, batch)
                 if not batch.items:
-                    return  # every stream has ended (the generator is closed on the way out)
-            for sink in batch.sinks:  # the generator returned: the streams still open are complete
-                sink.end()
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():  # a forced stop, or the loop shutting down
-                if not batch.abandoned:  # (a forced stop answered its callers already)
-                    stopped = BatcherStoppedError(f"{b.name}: stream batch cancelled")
-                    _fail(b, batch, _execution.stopped_error(b, batch, stopped), cut_off=True)
-                raise
-            _fail(b, batch, asyncio.CancelledError())
-        except BaseException as exc:  # process_batch raised, or its results did not fit (a KeyboardInterrupt goes on)
-            _fail(b, batch, exc)
+                    return
+                # Its size: the most items it holds at once (items join and leave a stream batch as it runs).
+                entered = batch.size = len(batch.items)
+                current_batch.set(batch)
+                batch.entered = True
+                steps = self.call(batch.items)
+                async for parts in steps:
+                    self._deliver(batch, as_results(parts, len(batch.items)))
+                    await self._wait_for_consumers(batch)
+                    _compact(batch)
+                    if self.hooks.continuous_batching:
+                        entered += self.join(batch)
+                    if not batch.items:
+                        return  # every stream has ended (the generator is closed on the way out)
+                for sink in batch.sinks:  # the generator returned: the streams still open are complete
+                    sink.end()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # a forced stop, or the loop shutting down
+                    if not batch.abandoned:  # (a forced stop answered its callers already)
+                        stopped = BatcherStoppedError(f"{self.name}: stream batch cancelled")
+                        self._fail(batch, self.stopped_error(batch, stopped), cut_off=True)
+                    raise
+                self._fail(batch, asyncio.CancelledError())
+            except BaseException as exc:  # process_batch raised, or its parts did not fit (a KeyboardInterrupt goes on)
+                self._fail(batch, exc)
+            finally:
+                if steps is not None:
+                    await self._close(steps)
         finally:
-            if steps is not None:
-                await _close(b, steps)
-    finally:
-        _end(b, batch, entered)
+            self._end(batch, entered)
 
+    async def _close(self, steps: Any) -> None:
+        """Close the generator: its ``finally`` runs. Every stream of the batch has ended by then; a generator that
+        fails to close (its ``finally`` raises, or it ignores ``GeneratorExit`` and yields again) is only logged."""
+        try:
+            await steps.aclose()
+        except Exception as exc:
+            logger.warning("%s: process_batch's generator raised %s as it was closed", self.name, type(exc).__name__)
 
-async def _close(b: Base, steps: Any) -> None:
-    """Close the generator: its ``finally`` runs. Every stream of the batch has ended by then; a generator that fails
-    to close (its ``finally`` raises, or it ignores ``GeneratorExit`` and yields again) is only logged."""
-    try:
-        await steps.aclose()
-    except Exception as exc:
-        logger.warning("%s: process_batch's generator raised %s as it was closed", b.name, type(exc).__name__)
+    def _deliver(self, batch: Batch, parts: Any) -> None:
+        for sink, part in zip(batch.sinks, parts, strict=True):
+            if sink.done():
+                continue  # its consumer left, or it already ended: the part is dropped
+            if part is END:
+                sink.end()
+            elif isinstance(part, Exception):
+                self.recorder.failed += 1
+                sink.set_exception(part)
+            else:
+                sink.put(part)
 
-
-def _deliver(batch: Batch, parts: Any) -> None:
-    for sink, part in zip(batch.sinks, parts, strict=True):
-        if sink.done():
-            continue  # its consumer left, or it already ended: the part is dropped
-        if part is END:
-            sink.end()
-        elif isinstance(part, Exception):
-            batch.run.queue.recorder.failed += 1
-            sink.set_exception(part)
-        else:
-            sink.put(part)
-
-
-async def _wait_for_consumers(b: Base, batch: Batch) -> None:
-    """Backpressure: wait while a stream's buffer is full, at most ``stream_stall_timeout`` for the step (as it is
-    now: a live change applies to the wait in progress); a consumer that has taken nothing by then is treated as
-    having left."""
-    deadline = None
-    for sink in batch.sinks:
-        if sink.full():
-            if deadline is None:
-                deadline = partial(_stall_deadline, b, batch.run.loop.time())
-            if not await sink.room(deadline):
-                b._recorder.timed_out += 1
-                sink.set_exception(
-                    TimeoutError(
-                        f"{b.name}: the stream's consumer took none of its {sink.limit} buffered parts within "
-                        f"stream_stall_timeout={b._stream_stall_timeout} s; it was dropped from its batch"
-                    )
-                )
-
-
-def _stall_deadline(b: Base, since: float) -> float:
-    return since + b._stall_limit
-
-
-def stall_changed(run: Run) -> None:
-    """The stall timeout changed: the steps waiting for a consumer look at their deadline again."""
-    for batch in run.batches:
+    async def _wait_for_consumers(self, batch: Batch) -> None:
+        """Backpressure: wait while a stream's buffer is full, at most ``stream_stall_timeout`` for the step (as it
+        is now: a live change applies to the wait in progress); a consumer that has taken nothing by then is treated
+        as having left."""
+        deadline = None
         for sink in batch.sinks:
-            sink.wake_producer()
+            if sink.full():
+                if deadline is None:
+                    deadline = partial(self._stall_deadline, self.loop.time())
+                if not await sink.room(deadline):
+                    self.recorder.timed_out += 1
+                    sink.set_exception(
+                        TimeoutError(
+                            f"{self.name}: the stream's consumer took none of its {sink.limit} buffered parts within "
+                            f"stream_stall_timeout={self.stall_limit} s; it was dropped from its batch"
+                        )
+                    )
+
+    def _stall_deadline(self, since: float) -> float:
+        return since + self.stall_limit
+
+    def _fail(self, batch: Batch, error: BaseException, *, cut_off: bool = False) -> None:
+        """The streams still open end with ``error``, logged (unless a forced stop answered them already)."""
+        if not batch.abandoned:
+            self.fail(batch, error, cut_off=cut_off)
+
+    def _end(self, batch: Batch, entered: int) -> None:
+        """The batch is over: its statistics (if it reached process_batch), then its slot."""
+        batch.let_go()  # (it answers no callers: a stream's consumer comes back on its own, no hold is for it)
+        if entered:
+            self.record(batch)
+            if not batch.abandoned:
+                self.recorder.processed += entered
+        self.release(batch)
 
 
 def _compact(batch: Batch) -> None:
@@ -260,45 +272,3 @@ def _compact(batch: Batch) -> None:
         batch.contexts[:] = [batch.contexts[i] for i in kept]
         if batch.weights is not None:
             batch.weights[:] = [batch.weights[i] for i in kept]
-
-
-def _join(b: Base, run: Run, batch: Batch) -> int:
-    """Continuous batching: items waiting in the batch's lane join it, up to ``max_batch_size`` and
-    ``max_batch_weight``; return how many did."""
-    room = b._batch_limit - len(batch.items)
-    lane = batch.lane
-    if room <= 0 or not lane.count:
-        return 0
-    budget = b._weight_limit
-    if run.queue.weighted:
-        budget -= sum(batch.weights) if batch.weights is not None else len(batch.items)
-    taken = _forming.take(
-        run.queue, lane, room, budget, now=run.loop.time(), max_priority_wait=b._max_priority_wait, overflow=False
-    )
-    if taken is None:
-        return 0
-    batch.items.extend(taken.items)
-    batch.sinks.extend(taken.sinks)
-    batch.contexts.extend(taken.contexts)
-    if batch.weights is not None:
-        batch.weights.extend(taken.weights or ())  # (a list: the queue was weighted when the batch formed)
-    batch.size = max(batch.size, len(batch.items))
-    if run.putters:
-        _room.wake_putters(b, run)
-    return len(taken.items)
-
-
-def _fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool = False) -> None:
-    """The streams of the batch still open end with ``error``, logged (unless a forced stop answered them already)."""
-    if not batch.abandoned:
-        _execution.fail(b, batch, error, cut_off=cut_off)
-
-
-def _end(b: Base, batch: Batch, entered: int) -> None:
-    """The batch is over: its statistics (if it reached process_batch), then its slot."""
-    batch.let_go()  # (it counts no callers answered: a stream's consumer comes back on its own, the hold is not for it)
-    if entered:
-        _execution.record(b, batch)
-        if not batch.abandoned:
-            b._recorder.processed += entered
-    _execution.release(batch)

@@ -1,0 +1,556 @@
+"""The engine of one run: it owns what waits (the queue, the room, the timeouts), the slots and the batches in flight,
+the one timer, and the policy's decisions as they are applied; only its methods change them (private).
+
+Items come in through :meth:`Engine.put` (the common case: the default lane, priority 0) and
+:meth:`Engine.put_entry`; an arrival wakes the dispatcher (:meth:`Engine.pump`, scheduled on the loop) only when a
+batch may have become due. The pump asks the :class:`~async_batcher._core.policy.DispatchPolicy` which lane is due,
+while slots are free, forms its batch (:mod:`~async_batcher._core.forming`) and hands it to the run's
+:class:`~async_batcher._core.execution.Runner`; else it arms a single timer for the earliest deadline. A batch's end
+comes back through :meth:`Engine.batch_ended` (the runner's ``on_end``), which lets the loop turn the policy's
+``turns`` before the next batch forms while items wait. Nothing runs while nothing waits: an idle engine schedules
+no wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import math
+from collections.abc import Callable, Hashable
+from contextvars import copy_context
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from async_batcher._core import forming
+from async_batcher._core.deadlines import Deadlines
+from async_batcher._core.deadlines import violations as deadline_violations
+from async_batcher._core.execution import Batch, Runner, current_batch
+from async_batcher._core.policy import UNLIMITED, DispatchPolicy, Reason
+from async_batcher._core.queue import Entry, Lane, Queue
+from async_batcher._core.queue import violations as queue_violations
+from async_batcher._core.room import Room
+from async_batcher._core.sinks import Bulk, fail_sinks
+from async_batcher.exceptions import AsyncBatchException, ReentrantCallError
+
+if TYPE_CHECKING:
+    from async_batcher.stats import _Recorder
+
+__all__: list[str] = []
+
+
+class State(enum.Enum):
+    """Where a run is in its life. A batcher's state is its current run's."""
+
+    NEW = "new"  # not bound to a loop: the first process() or start() in a loop starts it
+    RUNNING = "running"
+    STOPPING = "stopping"  # refuses new items; drains what it holds (or a forced stop fails it), then on_stop()
+    STOPPED = "stopped"  # on_stop() has run: start() or the first process() starts a new run
+
+
+_DISPATCHING = (State.RUNNING, State.STOPPING)
+_new_entry = object.__new__
+
+
+def _ignore() -> None:
+    pass
+
+
+class Engine:
+    """One run's queue, slots, timer and batches in flight (see the module's docstring).
+
+    Invariants (checked by the property test through :func:`violations`): ``in_flight == len(batches)`` (the slots
+    taken; at most ``slot_limit`` unless it was lowered under them); the queue's, the room's and the deadlines'.
+    """
+
+    __slots__ = (
+        "batch_limit",
+        "batches",
+        "clock",
+        "deadlines",
+        "flushing",
+        "in_flight",
+        "keyed",
+        "loop",
+        "name",
+        "new_future",
+        "on_drained",
+        "policy",
+        "priority_wait",
+        "pump_handle",
+        "queue",
+        "recorder",
+        "room",
+        "runner",
+        "slot_limit",
+        "state",
+        "timer",
+        "timer_at",
+        "timer_when",
+        "weight_limit",
+    )
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        recorder: _Recorder,
+        runner: Runner,
+        policy: DispatchPolicy,
+        *,
+        name: str,
+        keyed: bool,
+        weighted: bool,
+    ) -> None:
+        self.loop = loop
+        self.name = name
+        self.recorder = recorder
+        # The loop's clock and its futures: for the standard loop, time.monotonic and the C Future class directly,
+        # to spare a Python frame per item; a loop with a clock of its own (a test's virtual clock, uvloop) is asked.
+        self.clock: Callable[[], float] = loop.time
+        if type(loop).time is asyncio.BaseEventLoop.time:
+            import time
+
+            self.clock = time.monotonic
+        self.new_future: Callable[[], asyncio.Future[Any]] = (
+            partial(asyncio.Future, loop=loop)
+            if type(loop).create_future is asyncio.BaseEventLoop.create_future
+            else loop.create_future
+        )
+        self.state = State.RUNNING
+        self.keyed = keyed  # batch_key is overridden: each item is asked its key
+        self.queue = Queue(recorder, weighted=weighted)
+        self.room = Room(self.queue, name)
+        self.deadlines = Deadlines(loop)  # the callers' timeouts: one timer for all of them
+        self.runner = runner
+        runner.on_end = self.batch_ended
+        runner.join = self.join
+        self.policy = policy
+        self.batches: dict[Batch, None] = {}
+        self.in_flight = 0
+        self.pump_handle: asyncio.Handle | None = None  # the pump to come (one at a time), or the turns before it
+        # The timer's deadline is kept here: for a time already past, uvloop's call_at gives a plain Handle.
+        self.timer: asyncio.Handle | None = None
+        self.timer_at = 0.0
+        self.timer_when = 0.0  # the deadline of the last timer that fired
+        self.flushing = False  # a flush: what waits now goes whatever the policy says
+        self.on_drained: Callable[[], None] = _ignore  # the stop's: called once, as the drain ends
+        self.batch_limit = self.slot_limit = self.room.limit = UNLIMITED
+        self.weight_limit = math.inf
+        self.priority_wait = 1.0
+        policy.bind(self)
+
+    # ------------------------------------------------------------------ what the policy may read (Signals)
+
+    @property
+    def concurrency(self) -> int:
+        return self.slot_limit
+
+    @property
+    def room_wanted(self) -> bool:
+        return bool(self.room.putters)
+
+    @property
+    def arrivals(self) -> int:
+        return self.recorder.exited + self.queue.waiting
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.recorder.count(name, n)
+
+    # ------------------------------------------------------------------ settings
+
+    def configure(
+        self,
+        *,
+        batch_limit: int,
+        slot_limit: int,
+        room_limit: int,
+        queue_size: int | None,
+        weight_limit: float,
+        priority_wait: float,
+        policy: DispatchPolicy,
+        weighted: bool,
+    ) -> None:
+        """The settings as they are now: they apply from the next batch."""
+        self.batch_limit, self.slot_limit, self.weight_limit = batch_limit, slot_limit, weight_limit
+        self.room.limit, self.room.size, self.priority_wait = room_limit, queue_size, priority_wait
+        if policy is not self.policy:
+            self.policy = policy
+            policy.bind(self)
+        if weighted and not self.queue.weighted:
+            self.queue.keep_weights()
+        if self.room.putters:
+            self.room.wake()
+        self.repump()
+
+    # ------------------------------------------------------------------ coming in
+
+    def put(self, item: Any) -> Entry | None:
+        """Queue ``item`` in the default lane at priority 0 and return its entry, whose ``sink`` its caller awaits;
+        ``None`` if it must wait for room (or be refused). The common case, kept short: the queue's own steps
+        (:meth:`Queue.push`, :meth:`arrived`) written out for the one lane and level it touches."""
+        queue = self.queue
+        room = self.room
+        if queue.waiting + room.reserved >= room.limit or room.putters:
+            return None
+        lane = queue.lane0
+        entry = _new_entry(Entry)  # (Entry's fields set here, without a call of its __init__: the one hot path)
+        entry.item = item
+        entry.sink = self.new_future()
+        entry.arrival = self.clock()
+        entry.lane = lane
+        entry.context = copy_context()
+        queue.fifo0.append(entry)
+        lane.count += 1
+        queue.waiting += 1
+        if self.in_flight < self.slot_limit:
+            if self.pump_handle is None and (self.timer is None or lane.count >= lane.trigger):
+                try:
+                    self._wake(lane)
+                except RuntimeError:  # its loop is closed: as if the item had never come (the long path starts anew)
+                    self.unsubmit(entry)
+                    return None
+        elif current_batch.get() is not None:  # (even with a pump to come: it finds no free slot either)
+            self.refuse_queued_if_reentrant(entry)
+        return entry
+
+    def put_entry(self, entry: Entry, priority: float) -> None:
+        """Queue a single item's entry (any lane, weight, priority) and wake the dispatcher if it may be due."""
+        self.queue.push(entry, priority)
+        self.arrived(entry.lane)  # type: ignore[arg-type]
+
+    def put_bulk(self, bulk: Bulk, priority: float) -> None:
+        """Queue a ``process_many`` call: one entry of the default lane, or an entry per item in its lane."""
+        if bulk.entries is None:
+            self.queue.push_bulk(bulk, priority)
+            self.arrived(self.queue.lane0)
+            return
+        for entry in bulk.entries:
+            self.queue.push(entry, priority)
+        for lane in dict.fromkeys(entry.lane for entry in bulk.entries):
+            self.arrived(lane)  # type: ignore[arg-type]
+
+    def lane(self, key: Hashable) -> Lane:
+        return self.queue.lane(key)
+
+    def arrived(self, lane: Lane) -> None:
+        """Items joined ``lane``: wake the dispatcher if a batch may now be due: nothing else would (no timer), the
+        policy's size is reached, or the lane's weight is full; a lane that was empty is looked at (its deadline may
+        come before the timer's)."""
+        if self.pump_handle is not None or self.in_flight >= self.slot_limit:
+            return  # the dispatcher is coming already, or no batch can go before one ends (which pumps)
+        if self.timer is None or lane.count >= lane.trigger or lane.weight >= self.weight_limit:
+            self._wake(lane)
+
+    def _wake(self, lane: Lane) -> None:
+        """Schedule the pump for an arrival into a free slot: at once, unless the policy asked to see this lane's
+        next arrival and lets the loop turn first (:meth:`DispatchPolicy.arrival`)."""
+        turns = 0
+        if lane.watch:
+            lane.watch = False
+            turns = self.policy.arrival(lane, self.clock())
+        if turns:
+            self._turn(turns)
+        else:
+            self.pump_handle = self.loop.call_soon(self._scheduled_pump)
+
+    # ------------------------------------------------------------------ leaving without a batch
+
+    def withdraw(self, entry: Entry) -> None:
+        """Take an item out of the queue if it is still there: it will never be sent."""
+        if self.queue.withdraw(entry):
+            self._withdrawn()
+
+    def withdraw_bulk(self, bulk: Bulk) -> None:
+        """Take what is still queued of a ``process_many`` call out of the queue."""
+        if self.queue.withdraw_bulk(bulk):
+            self._withdrawn()
+
+    def unsubmit(self, entry: Entry) -> None:
+        """Take back an item :meth:`put` queued on a loop that turned out not to be the running one: as if it had
+        never been submitted (it is submitted again, on the long path)."""
+        if self.queue.withdraw(entry):
+            self.recorder.exited -= 1
+
+    def _withdrawn(self) -> None:
+        # Items left without a batch: room for those in line, and perhaps the end of a drain.
+        if self.room.putters:
+            self.room.wake()
+        if not self.queue.waiting:
+            self._cancel_timer()  # nothing waits: an idle engine keeps no wake-up
+        elif self.timer is not None:
+            self.repump()  # a hold's wake-up count (Lane.trigger) counts the items left: look again
+        self.check_drained()
+
+    def refuse_queued_if_reentrant(self, entry: Entry) -> None:
+        """:meth:`put` found every slot taken: an item queued from inside one of this engine's batches would wait for
+        its own batch forever. Take it back and fail it, its one outcome."""
+        if not self.inside_own_batch():
+            return
+        self.queue.withdraw(entry)
+        self.recorder.failed += 1
+        entry.sink.set_exception(self.reentrant_error())
+
+    def inside_own_batch(self) -> bool:
+        inside = current_batch.get()
+        return inside is not None and inside.owner is self and inside.is_live()
+
+    def reentrant_error(self) -> ReentrantCallError:
+        slots = "-1" if self.slot_limit == UNLIMITED else self.slot_limit
+        return ReentrantCallError(
+            f"{self.name}: an item submitted (process(), process_many() or stream()) from inside its own process_batch "
+            f"while every slot (concurrency={slots}) is taken would wait for its own batch forever; raise "
+            "concurrency, or do the work directly"
+        )
+
+    # ------------------------------------------------------------------ sending batches out
+
+    def pump(self) -> None:
+        """Send every batch that is due while slots are free; else arm one timer for the next deadline."""
+        if self.state not in _DISPATCHING:
+            return
+        queue = self.queue
+        # A timer may fire a hair before its time by the loop's clock resolution: when it fired for a deadline, that
+        # deadline is due.
+        now = max(self.loop.time(), self.timer_when)
+        self.policy.pumping(now)
+        next_at = math.inf
+        while queue.waiting and self.in_flight < self.slot_limit:
+            lane, next_at = self._choose(now)
+            if lane is None:
+                break
+            self._dispatch(lane, now)
+        self.flushing = False
+        queue.drop_empty_lanes()
+        if self.room.putters:
+            self.room.wake()  # the batches just taken made room
+        if not queue.waiting:
+            self._cancel_timer()  # nothing waits: an idle engine has no wake-ups
+            self.check_drained()
+        elif self.in_flight < self.slot_limit and next_at < math.inf:
+            self._arm_timer(next_at)
+
+    def _choose(self, now: float) -> tuple[Lane | None, float]:
+        """The due lane served longest ago (a lane never served counts from when it came), so that keys take turns
+        when slots are scarce; and, of the lanes looked at that are not due, the earliest time one will be."""
+        chosen: Lane | None = None
+        next_at = math.inf
+        for lane in self.queue.lanes.values():
+            if chosen is not None and lane.served >= chosen.served:
+                continue  # it cannot go before the one chosen
+            at = self._due(lane, now)
+            if at <= now:
+                chosen = lane
+            elif at < next_at:
+                next_at = at
+        return chosen, next_at
+
+    def _due(self, lane: Lane, now: float) -> float:
+        """When the lane's next batch goes: at once when full, stopping or flushing; at once when the policy's size
+        is reached; else when the policy says. ``inf`` if nothing of it waits."""
+        if not lane.count:
+            lane.trigger = 1  # an arrival into an empty lane is looked at
+            return math.inf
+        if self.state is State.STOPPING or self.flushing or lane.weight >= self.weight_limit:
+            return now
+        trigger = lane.trigger = min(self.policy.full_at(lane, now), self.batch_limit)
+        if lane.count >= trigger:
+            return now
+        return self.policy.due(lane, now)
+
+    def _reason(self, lane: Lane, now: float) -> Reason:
+        if lane.count >= self.batch_limit or lane.weight >= self.weight_limit:
+            return Reason.FULL
+        if self.state is State.STOPPING:
+            return Reason.STOP
+        if self.flushing:
+            return Reason.FLUSH
+        if lane.count >= lane.trigger:
+            return Reason.SIZE
+        return self.policy.reason(lane, now)
+
+    def _dispatch(self, lane: Lane, now: float) -> None:
+        """Form the lane's batch and send it on its way; it takes a slot until it ends (:meth:`batch_ended`)."""
+        queue = self.queue
+        queue.dispatches += 1
+        lane.served = queue.dispatches
+        reason = self._reason(lane, now)
+        limit = min(self.policy.size(lane), self.batch_limit)
+        taken = forming.take(queue, lane, limit, self.weight_limit, now=now, max_priority_wait=self.priority_wait)
+        if taken is None:
+            return
+        batch = Batch(self, taken, now, lane, reason)
+        lane.watch = False  # (a batch that goes ends what the policy watched for)
+        self.policy.dispatched(lane, batch, now)
+        self.batches[batch] = None
+        self.in_flight += 1
+        lane.in_flight += 1
+        self.runner.launch(batch)
+
+    def batch_ended(self, batch: Batch, callers: int) -> None:
+        """A batch has freed its slot, having answered ``callers``: the policy learns from it, and a free slot never
+        idles while a batch is due. While fewer items wait than the largest batch, the next batch forms the policy's
+        ``turns`` turns of the loop later (not while stopping, or while callers wait for room)."""
+        del self.batches[batch]
+        self.in_flight -= 1
+        lane = batch.lane
+        lane.in_flight -= 1
+        now = self.loop.time()
+        lane.watch = self.policy.ended(lane, batch, callers, now)
+        lane.ended, lane.arrived_at_end = now, lane.arrived
+        waiting = self.queue.waiting
+        turns = self.policy.turns
+        if turns and 0 < waiting < self.policy.largest() and self.state is State.RUNNING and not self.room.putters:
+            if self.pump_handle is not None:  # a pump to come (an arrival's, another end's turns) comes after these
+                self.pump_handle.cancel()
+            self._turn(turns)
+        else:
+            self.pump_safely()
+
+    def _turn(self, left: int) -> None:
+        """Pump after ``left`` more turns of the loop: each a zero-delay timer, which the loop runs once it has polled
+        its sockets and run what was ready. The pending turn is ``pump_handle``: arrivals do not pump early, and a
+        batch that ends meanwhile starts the count again."""
+        if left > 0:
+            self.pump_handle = self.loop.call_at(self.loop.time(), self._turn, left - 1)
+        else:
+            self._scheduled_pump()
+
+    def join(self, batch: Batch) -> int:
+        """Continuous batching: items waiting in a streaming batch's lane join it between its steps, up to
+        ``max_batch_size`` and ``max_batch_weight``; return how many did."""
+        room = self.batch_limit - len(batch.items)
+        lane = batch.lane
+        if room <= 0 or not lane.count:
+            return 0
+        budget = self.weight_limit
+        if self.queue.weighted:
+            budget -= sum(batch.weights) if batch.weights is not None else len(batch.items)
+        now = self.loop.time()
+        taken = forming.take(
+            self.queue, lane, room, budget, now=now, max_priority_wait=self.priority_wait, overflow=False
+        )
+        if taken is None:
+            return 0
+        batch.items.extend(taken.items)
+        batch.sinks.extend(taken.sinks)
+        batch.contexts.extend(taken.contexts)
+        if batch.weights is not None:
+            batch.weights.extend(taken.weights or ())  # (a list: the queue was weighted when the batch formed)
+        batch.size = max(batch.size, len(batch.items))
+        if self.room.putters:
+            self.room.wake()
+        return len(taken.items)
+
+    # ------------------------------------------------------------------ waking the pump
+
+    def repump(self) -> None:
+        """A setting or the state changed: let the dispatcher look again (a no-op when the run does not dispatch)."""
+        if self.state in _DISPATCHING and self.pump_handle is None and not self.loop.is_closed():
+            self.pump_handle = self.loop.call_soon(self._scheduled_pump)
+
+    def room_wanted_now(self) -> None:
+        """A caller waits for room in the queue: a hold never keeps it waiting (the batch it keeps back makes room),
+        so let the dispatcher look again if its timer may be a hold's."""
+        if self.timer is not None:
+            self.repump()
+
+    def flush(self) -> None:
+        """Send what waits now at the next pass, whatever the policy says (slots permitting)."""
+        self.flushing = True
+        if self.pump_handle is not None:
+            self.pump_handle.cancel()
+            self.pump_handle = None
+        self.repump()
+
+    def _scheduled_pump(self) -> None:
+        self.pump_handle = None
+        self.pump_safely()
+
+    def pump_safely(self) -> None:
+        """:meth:`pump`, such that even a bug in it cannot leave a caller waiting: it fails them, and serves on."""
+        try:
+            self.pump()
+        except Exception as exc:
+            self.loop.call_exception_handler(
+                {"message": f"{self.name}: internal error while dispatching batches", "exception": exc}
+            )
+            self.abort(AsyncBatchException(f"{self.name}: internal error while dispatching batches: {exc!r}"))
+
+    # ------------------------------------------------------------------ the timer
+
+    def _arm_timer(self, deadline: float) -> None:
+        """Make sure the pump runs at ``deadline``: one timer, for the earliest deadline."""
+        if self.timer is not None:
+            if self.timer_at <= deadline:
+                return  # it fires first and will look again
+            self.timer.cancel()
+        self.timer = self.loop.call_at(deadline, self._on_timer, deadline)
+        self.timer_at = deadline
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _on_timer(self, when: float) -> None:
+        self.timer = None
+        self.timer_when = when
+        self.pump_safely()
+
+    # ------------------------------------------------------------------ stopping, failing everything
+
+    def begin_stop(self, exc: BaseException) -> None:
+        """Refuse new items and the callers in line for room (with ``exc``); send what waits without waiting for
+        deadlines."""
+        self.state = State.STOPPING
+        self.room.fail(exc)
+        self.repump()
+        self.check_drained()
+
+    def abort(self, exc: AsyncBatchException) -> None:
+        """Fail every queued, waiting and in-flight caller with ``exc``; cancel the batches in flight and free their
+        slots. A batch running in a thread runs on to its end unheard; one still waiting for a thread never starts.
+        The callers of a batch cut off inside ``process_batch`` get what ``abandoned_error()`` says."""
+        rec = self.recorder
+        fail_sinks(self.queue.clear(), exc, rec)
+        self.room.fail(exc)
+        for batch in self.batches:
+            batch.abandoned = True
+            batch.lane.in_flight -= 1
+            fail_sinks(batch.sinks, self.runner.stopped_error(batch, exc), rec)
+            if isinstance(batch.handle, asyncio.Task):
+                batch.handle.cancel()
+        self.batches.clear()
+        self.in_flight = 0
+        self._cancel_timer()
+        self.check_drained()
+
+    def check_drained(self) -> None:
+        """During a stop: once nothing is queued or in flight, the drain is over (the stop's ``on_drained``, once)."""
+        if self.state is State.STOPPING and not self.queue.waiting and not self.in_flight:
+            on_drained, self.on_drained = self.on_drained, _ignore
+            on_drained()
+
+    def finish(self) -> None:
+        """The end of the run: no wake-up left, and the state says so."""
+        self._cancel_timer()
+        if self.pump_handle is not None:
+            self.pump_handle.cancel()  # (a stopped run is never dispatched again: a new run starts afresh)
+        self.state = State.STOPPED
+
+    def stall_changed(self) -> None:
+        """The stall timeout changed: the streaming batches waiting for a consumer look at their deadline again."""
+        for batch in self.batches:
+            for sink in batch.sinks:
+                sink.wake_producer()
+
+
+def violations(engine: Engine) -> list[str]:
+    """The invariants of :class:`Engine` (and of its queue, room and deadlines) that do not hold now, described (for
+    the tests)."""
+    found = queue_violations(engine.queue) + deadline_violations(engine.deadlines)
+    if engine.in_flight != len(engine.batches):
+        found.append(f"in_flight {engine.in_flight}, but {len(engine.batches)} batches in flight")
+    room = engine.room
+    if not 0 <= room.reserved <= room.awaiting:
+        found.append(f"reserved {room.reserved} outside 0..awaiting={room.awaiting}")
+    return found

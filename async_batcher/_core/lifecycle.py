@@ -1,0 +1,355 @@
+"""A batcher's life across its runs: binding to a loop (start), the stop (drain, force, timeout), ``on_start`` and
+``on_stop`` (private).
+
+States (:class:`~async_batcher._core.engine.State`): NEW, then RUNNING once bound to a loop (the first ``process()``
+or ``start()`` in a loop), STOPPING from ``stop()`` until its drain ends and ``on_stop()`` has run, then STOPPED. A
+stopped batcher starts again as a new :class:`Run`, in the same loop or another; a batch keeps its run's engine, so
+a batch that ends after its run was stopped (a thread cannot be interrupted) touches that run only.
+
+A hook that would wait for itself is refused at once (:class:`ReentrantCallError`): ``process()``,
+``process_many()``, ``stream()`` or ``stop()`` from inside ``on_start()`` (the first batch waits for it), and
+``stop()`` from inside ``on_stop()`` (the stop waits for it). "Inside" is the hook's task and the tasks it starts,
+while the hook runs (:data:`in_hook`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+from collections.abc import Awaitable
+from functools import partial
+from threading import get_ident
+from typing import TYPE_CHECKING, Any
+
+from async_batcher._core.engine import Engine, State
+from async_batcher._core.execution import Runner, current_batch
+from async_batcher._core.streaming import StreamRunner
+from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
+
+if TYPE_CHECKING:
+    from async_batcher._core.execution import Hooks
+    from async_batcher._core.settings import Settings
+    from async_batcher.stats import _Recorder
+
+__all__: list[str] = []
+
+logger = logging.getLogger("async_batcher")
+
+#: The hook whose task (or a task it started) this is, and its run.
+in_hook: contextvars.ContextVar[tuple[Run, str] | None] = contextvars.ContextVar("async_batcher_hook", default=None)
+
+
+class Run:
+    """One run: from a start on an event loop to the end of its stop. ``engine`` is ``None`` until it is bound to a
+    loop (a NEW run); ``fast`` is the engine while :meth:`AsyncBatcher.process` may take its short path."""
+
+    __slots__ = ("closing", "context", "drained", "engine", "fast", "ident", "loop", "startup", "stop_waiters")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, engine: Engine | None = None) -> None:
+        self.loop = loop  # (a NEW run keeps its stopped predecessor's, where blocking calls go)
+        self.engine = engine
+        self.ident = get_ident()  # a run is bound from a coroutine: this is its loop's thread
+        # The run's own context: a copy of start()'s, or an empty one when a caller's first call started it.
+        self.context = contextvars.Context()
+        self.fast: Engine | None = None
+        self.startup: asyncio.Task[None] | None = None  # on_start()
+        self.drained: asyncio.Future[None] | None = None  # set by a stop once nothing is queued or in flight
+        self.closing: asyncio.Task[None] | None = None  # on_stop(), once drained
+        self.stop_waiters = 0  # stop() calls awaiting closing: a failing on_stop() is theirs to raise
+
+    @property
+    def state(self) -> State:
+        return State.NEW if self.engine is None else self.engine.state
+
+
+class Lifecycle:
+    """A batcher's runs, one after the other: the current one (``run``), how it starts and how it stops."""
+
+    def __init__(self, hooks: Hooks, settings: Settings, recorder: _Recorder, overridden: frozenset[str]) -> None:
+        self.hooks = hooks
+        self.settings = settings
+        self.recorder = recorder
+        self.overridden = overridden  # the hooks the batcher's class overrides: the others are never called
+        self.run = Run(None)
+
+    @property
+    def name(self) -> str:
+        return self.hooks.name
+
+    # ------------------------------------------------------------------ starting
+
+    def admit(self, loop: asyncio.AbstractEventLoop, n: int) -> Run:
+        """The run that ``n`` items submitted from ``loop`` join: the running one, or a new one; else refuse them."""
+        run = self.run
+        if run.loop is loop and run.state is State.RUNNING:
+            startup = run.startup
+            if startup is not None and not startup.done() and self.inside_hook(run, "on_start"):
+                self.recorder.rejected += n
+                raise ReentrantCallError(
+                    f"{self.name}: an item submitted from inside on_start() would wait for on_start() forever (the "
+                    "first batch waits for it); warm up by calling process_batch() directly"
+                )
+            return run
+        if run.state is State.NEW or run.state is State.RUNNING:
+            return self.bind(loop)  # (which refuses another loop that still runs)
+        self.recorder.rejected += n
+        raise BatcherStoppedError(f"{self.name} is {run.state.value}; start() it again to submit items")
+
+    def inside_hook(self, run: Run, hook: str) -> bool:
+        """Whether the running code is ``hook`` of ``run`` (its task, or a task it started), while the hook runs."""
+        if in_hook.get() != (run, hook):
+            return False
+        task = run.startup if hook == "on_start" else run.closing
+        return task is not None and not task.done()
+
+    def mark_to_start(self) -> None:
+        """start() with no running loop: a stopped batcher starts again at first use."""
+        if self.run.state is State.STOPPED:
+            self.run = Run(self.run.loop)
+
+    def bind(self, loop: asyncio.AbstractEventLoop, context: contextvars.Context | None = None) -> Run:
+        """Make the batcher run on ``loop``: start it, or start it again after a stop, as a new run.
+
+        ``context``: the run's own, a copy of :meth:`AsyncBatcher.start`'s; ``None`` when a caller's first call
+        starts it, whose context must not be the batches': then an empty one.
+        """
+        old = self.run
+        if old.loop is loop and old.state is State.RUNNING:
+            return old
+        if old.state in (State.RUNNING, State.STOPPING) and old.loop is not None:
+            if old.loop is loop:
+                raise BatcherStoppedError(f"{self.name} is stopping; it can be started again once stop() returns")
+            if not old.loop.is_closed():
+                raise RuntimeError(f"{self.name} is running on another event loop; stop it there before using it here")
+            # Its loop was closed without a stop: whatever it held went with it, its callers too. Nothing to say
+            # when nothing was lost (a @batch function used in one asyncio.run after another): a warning only for
+            # items lost, or an on_stop() that never ran.
+            lost = self._account_abandoned(old)
+            level = logging.WARNING if lost or "on_stop" in self.overridden else logging.DEBUG
+            logger.log(
+                level, "%s: its event loop was closed without stop(); starting afresh (%d items lost)", self.name, lost
+            )
+        run = Run(loop)
+        if context is not None:
+            # start() called from inside another batcher's batch or hook: this run's batches are neither.
+            context.run(current_batch.set, None)
+            context.run(in_hook.set, None)
+            run.context = context
+        settings = self.settings
+        cls = StreamRunner if inspect.isasyncgenfunction(self.hooks.process_batch) else Runner
+        runner = cls(self.hooks, loop, self.recorder, run.context)
+        engine = Engine(
+            loop,
+            self.recorder,
+            runner,
+            settings.policy,
+            name=self.name,
+            # The hooks cost a call per item: they are only called when overridden (or weights are limited).
+            keyed="batch_key" in self.overridden,
+            weighted="item_weight" in self.overridden or settings.limits.max_batch_weight is not None,
+        )
+        if "on_start" in self.overridden:
+            started = self._hook_call("on_start")  # (before the run is the batcher's: refused, it stays as it was)
+            run.startup = runner.startup = loop.create_task(
+                _in_hook(run, "on_start", started), context=run.context.copy()
+            )
+            run.startup.add_done_callback(partial(self._startup_done, run))
+        run.engine = engine
+        self._configure(run)
+        self.run = run
+        return run
+
+    def settings_changed(self, *, weights: bool = False, room: bool = False, stall: bool = False) -> None:
+        """A setting changed on a live batcher: it applies from the next batch (the stall timeout, from now)."""
+        run = self.run
+        if run.state not in (State.RUNNING, State.STOPPING):
+            return
+        self._configure(run)
+        if stall and run.engine is not None:
+            run.engine.stall_changed()
+
+    def _configure(self, run: Run) -> None:
+        engine = run.engine
+        assert engine is not None
+        settings = self.settings
+        engine.runner.stall_limit = settings.stall_limit
+        engine.configure(
+            batch_limit=settings.batch_limit,
+            slot_limit=settings.slot_limit,
+            room_limit=settings.room_limit,
+            queue_size=settings.limits.max_queue_size,
+            weight_limit=settings.weight_limit,
+            priority_wait=settings.max_priority_wait,
+            policy=settings.policy,
+            weighted=settings.limits.max_batch_weight is not None,
+        )
+        self.choose_fast_path(run)
+
+    def choose_fast_path(self, run: Run) -> None:
+        """Whether :meth:`AsyncBatcher.process` may take its short path: running, no key, no weight, no default
+        timeout, on_start() done (each of those needs the long path; a call from inside on_start() is refused
+        there)."""
+        engine = run.engine
+        plain = (
+            engine is not None
+            and not engine.keyed
+            and not engine.queue.weighted
+            and self.settings.default_timeout is None
+            and not engine.runner.is_stream
+        )
+        started = run.startup is None or run.startup.done()
+        run.fast = engine if plain and started and run.state is State.RUNNING else None
+
+    def _hook_call(self, hook: str) -> Awaitable[None]:
+        """Call ``on_start`` or ``on_stop``: what it returns must be awaitable (an ``async def``), else refuse it."""
+        awaitable = getattr(self.hooks, hook)()
+        if not inspect.isawaitable(awaitable):
+            raise TypeError(
+                f"{self.name}: {type(self.hooks).__name__}.{hook}() returned {awaitable!r}; it must be an async def"
+            )
+        return awaitable
+
+    def _account_abandoned(self, run: Run) -> int:
+        # The callers of a run whose loop closed are gone: their items end here, as failed. Returns how many.
+        engine = run.engine
+        assert engine is not None
+        rec = self.recorder
+        lost = engine.queue.waiting + engine.room.awaiting
+        rec.exited += lost
+        lost += sum(len(batch.items) for batch in engine.batches)
+        rec.failed += lost
+        return lost
+
+    def _startup_done(self, run: Run, task: asyncio.Task[None]) -> None:
+        # A failing on_start is reported to the callers of the batches; retrieve it here so that a run with no batch
+        # does not end in "exception was never retrieved".
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("%s: on_start() failed: %s", self.name, type(task.exception()).__name__)
+        self.choose_fast_path(run)  # the short path opens once on_start() is over
+
+    # ------------------------------------------------------------------ stopping
+
+    async def stop(self, *, force: bool, timeout: float | None) -> None:
+        """The body of :meth:`AsyncBatcher.stop` on the batcher's own loop. ``timeout`` bounds all of it: the drain
+        may take it all, or half of it when the batcher overrides ``on_stop()``, which has the rest."""
+        run = self.run
+        engine = run.engine
+        if engine is None or run.state is State.STOPPED:
+            return
+        loop = engine.loop
+        if loop.is_closed():
+            engine.finish()  # its loop is gone, and everything it held with it
+            return
+        if loop is not asyncio.get_running_loop():
+            raise RuntimeError(f"{self.name} runs on another event loop; call stop() there")
+        task = asyncio.current_task()
+        if any(batch.handle is task for batch in engine.batches):
+            raise ReentrantCallError(
+                f"{self.name}: stop() awaited inside its own process_batch would wait for that batch forever; "
+                "stop it from outside the batch"
+            )
+        for hook, waits in (("on_start", "the batches, which wait for on_start()"), ("on_stop", "on_stop()")):
+            if self.inside_hook(run, hook):
+                raise ReentrantCallError(f"{self.name}: stop() awaited inside {hook}() would wait for {waits} forever")
+        hooked = "on_stop" in self.overridden
+        began = loop.time()
+        deadline = None if timeout is None else began + timeout
+        drain_deadline = None if timeout is None else began + (timeout / 2 if hooked else timeout)
+        if run.state is State.RUNNING:
+            self._begin_stop(run, engine)
+        if force:
+            engine.abort(BatcherStoppedError(f"{self.name} was stopped with force=True"))
+        drained = run.drained
+        if drained is not None:  # (awaiting it done costs nothing)
+            try:
+                await asyncio.wait_for(asyncio.shield(drained), _left(loop, drain_deadline))
+            except TimeoutError:
+                logger.warning(
+                    "%s: stop(timeout=%s) cut the drain off after %.3g s: %d batches in flight, %d items queued",
+                    self.name,
+                    timeout,
+                    loop.time() - began,
+                    engine.in_flight,
+                    engine.queue.waiting,
+                )
+                engine.abort(BatcherStoppedError(f"{self.name} was stopped: stop(timeout={timeout}) expired"))
+        closing = run.closing
+        if closing is None:  # (an abort always ends the drain, so this is not reached)
+            return
+        run.stop_waiters += 1
+        given = _left(loop, deadline) if hooked else None  # (without an on_stop() of its own, it ends at once)
+        try:
+            await asyncio.wait_for(asyncio.shield(closing), given)
+        except TimeoutError:
+            logger.warning(
+                "%s: on_stop() did not finish within the %.3g s left of stop(timeout=%s) after the drain; it is "
+                "cancelled",
+                self.name,
+                given,
+                timeout,
+            )
+            closing.cancel()
+            self._finish(run)
+        except asyncio.CancelledError:
+            # A concurrent stop(timeout=...) gave up on on_stop() and cancelled it (the shield passes that on): the
+            # batcher is stopped, and this stop returns. Its own cancellation is raised.
+            task = asyncio.current_task()
+            if not closing.cancelled() or (task is not None and task.cancelling()):
+                raise
+        finally:
+            run.stop_waiters -= 1
+
+    def _begin_stop(self, run: Run, engine: Engine) -> None:
+        """Refuse new items, refuse the callers in line for room, and send what waits without waiting for
+        deadlines."""
+        run.fast = None
+        run.drained = engine.loop.create_future()
+        engine.on_drained = partial(self._drained, run, engine)
+        engine.begin_stop(BatcherStoppedError(f"{self.name} is stopping"))
+
+    def _drained(self, run: Run, engine: Engine) -> None:
+        """The drain is over (once): run ``on_stop()``."""
+        if run.drained is not None and not run.drained.done():
+            run.drained.set_result(None)
+        run.closing = engine.loop.create_task(self._finish_stop(run), context=run.context.copy())
+        run.closing.add_done_callback(partial(self._closing_done, run))
+
+    async def _finish_stop(self, run: Run) -> None:
+        try:
+            startup = run.startup
+            if startup is not None and not startup.done():
+                # on_stop() closes what on_start() opened: only once on_start() has ended, its own cleanup included,
+                # and nothing of it runs on after the stop.
+                startup.cancel()
+                await asyncio.wait([startup])
+            if "on_stop" in self.overridden:
+                await _in_hook(run, "on_stop", self._hook_call("on_stop"))
+        finally:
+            self._finish(run)
+
+    def _finish(self, run: Run) -> None:
+        """The end of a run: no wake-up left, and the state says so."""
+        run.fast = None
+        if run.engine is not None:
+            run.engine.finish()
+
+    def _closing_done(self, run: Run, task: asyncio.Task[None]) -> None:
+        # stop() re-raises an on_stop() failure to whoever awaits it; retrieve it here so that a stop nobody awaits
+        # still reports it, through the loop's exception handler.
+        if not task.cancelled() and task.exception() is not None and not run.stop_waiters:
+            assert run.loop is not None
+            run.loop.call_exception_handler(
+                {"message": f"{self.name}: on_stop() failed", "exception": task.exception(), "task": task}
+            )
+
+
+async def _in_hook(run: Run, hook: str, awaitable: Awaitable[Any]) -> None:
+    """Await a hook in its task, marked as the hook's (:meth:`Lifecycle.inside_hook`) for what it calls."""
+    in_hook.set((run, hook))
+    await awaitable
+
+
+def _left(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - loop.time())

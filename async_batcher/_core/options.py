@@ -1,0 +1,235 @@
+"""The keyword arguments of :class:`~async_batcher.AsyncBatcher` and ``@batch``, defined once
+(:class:`BatcherOptions`), how they become :class:`~async_batcher._core.settings.Settings`, and the batcher's
+attributes that read and set them live (:class:`SettingsView`) (private).
+
+The grouped settings are ``limits=`` (:class:`~async_batcher.Limits`), ``policy=`` (a
+:class:`~async_batcher.policies.DispatchPolicy`) and ``streaming=`` (:class:`~async_batcher.Streaming`); the single
+keywords of earlier versions (``max_batch_size=``, ``max_queue_time=``, ...) are still accepted, each the field of a
+group (or a layer of the policy) it stands for. A keyword and its group together are refused.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, overload
+
+from async_batcher import _checks
+from async_batcher._core.policy import DispatchPolicy
+from async_batcher._core.settings import DISPATCH_KEYWORDS, Limits, Settings, Streaming, build_policy, find
+from async_batcher._core.waits import LatencyBudget
+from async_batcher.adaptive import AdaptiveWaitState
+
+if TYPE_CHECKING:
+    from async_batcher._core.lifecycle import Lifecycle
+
+__all__ = ["BatcherOptions", "SettingsView"]
+
+V = TypeVar("V")
+
+
+class BatcherOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`~async_batcher.AsyncBatcher` (and of ``@batch``), all optional."""
+
+    #: How much it takes at once: per batch, in flight, waiting (``None``: no limit). Default ``Limits()``.
+    limits: Limits
+    #: When a batch goes: a :class:`~async_batcher.policies.DispatchPolicy`. Default ``Deadline(0.01)``.
+    policy: DispatchPolicy
+    #: How a streaming ``process_batch`` waits for its consumers. Default ``Streaming()``.
+    streaming: Streaming
+    #: Where a plain ``def process_batch`` runs; the loop's default executor if ``None``.
+    executor: Executor | None
+    #: On a full queue, wait for room instead of raising :class:`~async_batcher.QueueFullException`.
+    wait_when_full: bool
+    #: Seconds every item may take at most (waiting for room included) when its call gives no ``timeout=``.
+    default_timeout: float | None
+    #: The most seconds an item is passed over for items of a better priority. Default 1.
+    max_priority_wait: float
+    #: A name for logs, statistics and metrics; the class name by default.
+    name: str | None
+    # -- The single keywords, each a field of a group above (or a layer of the policy).
+    max_batch_size: int | None
+    max_batch_weight: float | None
+    concurrency: int | None
+    max_queue_size: int | None
+    max_queue_time: float
+    max_latency: float | None
+    max_hold_time: float
+    preferred_batch_sizes: Iterable[int]
+    stream_buffer: int
+    stream_stall_timeout: float | None
+    # -- async-batcher 0.2.2's, deprecated.
+    batch_size: int | None
+    sleep_time: float | None
+    buffering_time: float | None
+
+
+OPTIONS = frozenset(BatcherOptions.__annotations__)
+_LIMITS = ("max_batch_size", "max_batch_weight", "concurrency", "max_queue_size")
+_STREAMING = {"stream_buffer": "buffer", "stream_stall_timeout": "stall_timeout"}
+
+
+def settings_from(options: dict[str, Any], where: str) -> tuple[Settings, str | None]:
+    """The settings ``options`` describe, validated, and the name given; ``where`` names the call in errors."""
+    unknown = [key for key in options if key not in OPTIONS]
+    if unknown:
+        raise _checks.unexpected_keywords(unknown, sorted(OPTIONS), where)
+    options = dict(options)
+    _deprecated(options)
+    settings = Settings()
+    for group, fields in (("limits", _LIMITS), ("streaming", tuple(_STREAMING)), ("policy", DISPATCH_KEYWORDS)):
+        both = [key for key in fields if key in options]
+        if group in options and both:
+            raise TypeError(f"{where}: pass {group}= or {', '.join(f'{key}=' for key in both)}, not both")
+    settings.executor = _checks.executor(options.get("executor"))
+    settings.wait_when_full = _checks.flag("wait_when_full", options.get("wait_when_full", False))
+    limits = options.get("limits")
+    if limits is None:
+        limits = Limits(**{key: options[key] for key in _LIMITS if key in options})
+    streaming = options.get("streaming")
+    if streaming is None:
+        streaming = Streaming(**{_STREAMING[key]: options[key] for key in _STREAMING if key in options})
+    policy = options.get("policy")
+    if policy is None:
+        settings.max_queue_time = _checks.seconds("max_queue_time", options.get("max_queue_time", 0.01))
+        policy = build_policy(
+            max_queue_time=settings.max_queue_time,
+            max_latency=options.get("max_latency"),
+            max_hold_time=options.get("max_hold_time", 0.0),
+            preferred_batch_sizes=options.get("preferred_batch_sizes", ()),
+        )
+    settings.set_limits(limits)
+    settings.set_streaming(streaming)
+    settings.set_policy(policy, from_keywords="policy" not in options)
+    settings.max_priority_wait = _checks.seconds("max_priority_wait", options.get("max_priority_wait", 1.0))
+    settings.set_timeout(options.get("default_timeout"))
+    return settings, options.get("name")
+
+
+def _deprecated(options: dict[str, Any]) -> None:
+    """async-batcher 0.2.2's keywords: ``batch_size`` is ``max_batch_size``; the others do nothing. Each warns."""
+    batch_size = options.pop("batch_size", None)
+    if batch_size is not None:
+        if options.get("max_batch_size") not in (None, -1):
+            raise TypeError("pass max_batch_size or its deprecated synonym batch_size, not both")
+        warnings.warn("batch_size is deprecated: use max_batch_size", DeprecationWarning, stacklevel=4)
+        options["max_batch_size"] = batch_size
+    for deprecated in ("sleep_time", "buffering_time"):
+        if options.pop(deprecated, None) is not None:
+            warnings.warn(
+                f"{deprecated!r} has no effect and is ignored: the batcher sleeps until there is work",
+                DeprecationWarning,
+                stacklevel=4,
+            )
+
+
+class _Setting(Generic[V]):
+    """An attribute of the batcher that reads and sets one setting live (from the next batch)."""
+
+    def __init__(self, get: Callable[[Settings], V], put: Callable[[Settings, V], None], doc: str) -> None:
+        self._get, self._put = get, put
+        self.__doc__ = doc
+
+    @overload
+    def __get__(self, owner: None, cls: type[Any]) -> _Setting[V]: ...
+
+    @overload
+    def __get__(self, owner: SettingsView, cls: type[Any]) -> V: ...
+
+    def __get__(self, owner: SettingsView | None, cls: type[Any]) -> V | _Setting[V]:
+        return self if owner is None else self._get(owner._settings)
+
+    def __set__(self, owner: SettingsView, value: V) -> None:
+        self._put(owner._settings, value)
+
+
+def _limit(name: str, doc: str) -> _Setting[Any]:
+    return _Setting(lambda s: getattr(s.limits, name), lambda s, v: s.set_limit(name, v), doc)
+
+
+def _stream(name: str, doc: str) -> _Setting[Any]:
+    field = _STREAMING[name]
+    return _Setting(
+        lambda s: getattr(s.streaming, field), lambda s, v: s.set_streaming(replace(s.streaming, **{field: v})), doc
+    )
+
+
+def _dispatch(name: str, doc: str) -> _Setting[Any]:
+    return _Setting(lambda s: s.dispatch_keyword(name), lambda s, v: s.set_dispatch_keyword(name, v), doc)
+
+
+def _plain(name: str, check: Callable[[Any], Any], doc: str) -> _Setting[Any]:
+    def put(s: Settings, value: Any) -> None:
+        setattr(s, name, check(value))
+        s.changed()
+
+    return _Setting(lambda s: getattr(s, name), put, doc)
+
+
+class SettingsView:
+    """The batcher's settings as attributes: read them, or set them on a live batcher (from its next batch). A bad
+    value raises ``ValueError`` or ``TypeError`` naming it, and the old value stays."""
+
+    _settings: Settings
+    _life: Lifecycle
+
+    limits: _Setting[Limits] = _Setting(
+        lambda s: s.limits, Settings.set_limits, "How much it takes at once (:class:`~async_batcher.Limits`)."
+    )
+    policy: _Setting[DispatchPolicy] = _Setting(
+        lambda s: s.policy, Settings.set_policy, "When a batch goes (:mod:`async_batcher.policies`)."
+    )
+    streaming: _Setting[Streaming] = _Setting(
+        lambda s: s.streaming, Settings.set_streaming, "How a stream waits for its consumers."
+    )
+    max_batch_size: _Setting[int | None] = _limit("max_batch_size", "The most items in one batch; ``None``: no limit.")
+    max_batch_weight: _Setting[float | None] = _limit(
+        "max_batch_weight", "The most total ``item_weight`` in one batch; ``None``: no limit."
+    )
+    concurrency: _Setting[int | None] = _limit("concurrency", "The most batches processed at once; ``None``: no limit.")
+    max_queue_size: _Setting[int | None] = _limit(
+        "max_queue_size", "The most items waiting (batches in flight not counted); ``None``: no limit."
+    )
+    max_queue_time: _Setting[float] = _dispatch(
+        "max_queue_time", "The most seconds the oldest waiting item waits for its batch to fill, once a slot is free."
+    )
+    max_latency: _Setting[float | None] = _dispatch(
+        "max_latency", "The latency budget of the adaptive wait (:class:`~async_batcher.policies.LatencyBudget`)."
+    )
+    max_hold_time: _Setting[float] = _dispatch(
+        "max_hold_time", "The most seconds a free slot waits for the callers its batch answered; ``0``: never."
+    )
+    preferred_batch_sizes: _Setting[tuple[int, ...]] = _dispatch(
+        "preferred_batch_sizes", "The batch sizes the model runs best at, smallest first; empty: any size."
+    )
+    stream_buffer: _Setting[int] = _stream("stream_buffer", "The most parts a stream buffers for its consumer.")
+    stream_stall_timeout: _Setting[float | None] = _stream(
+        "stream_stall_timeout", "Seconds a step waits for a consumer with a full buffer; ``None``: as long as it takes."
+    )
+    executor: _Setting[Executor | None] = _plain(
+        "executor", _checks.executor, "Where a plain ``def process_batch`` runs; the loop's default if ``None``."
+    )
+    wait_when_full: _Setting[bool] = _plain(
+        "wait_when_full", lambda v: _checks.flag("wait_when_full", v), "On a full queue, wait for room (else raise)."
+    )
+    max_priority_wait: _Setting[float] = _plain(
+        "max_priority_wait",
+        lambda v: _checks.seconds("max_priority_wait", v),
+        "The most seconds an item is passed over for items of a better priority.",
+    )
+    default_timeout: _Setting[float | None] = _Setting(
+        lambda s: s.default_timeout,
+        Settings.set_timeout,
+        "Seconds an item may take at most when its call gives no ``timeout=``; ``None``: no limit.",
+    )
+
+    @property
+    def adaptive_state(self) -> AdaptiveWaitState | None:
+        """What the latency budget believes now (cost model, arrival rate, target size), or ``None`` without one."""
+        budget: LatencyBudget | None = find(self._settings.policy, LatencyBudget)
+        if budget is None:
+            return None
+        slots = self._settings.limits.concurrency
+        return budget.adaptive.state(-1 if slots is None else slots)

@@ -1,0 +1,256 @@
+"""A batcher's settings: small value objects (:class:`Limits`, :class:`Streaming`), the dispatch policy, and the live
+:class:`Settings` that holds them, validated (public through :mod:`async_batcher.settings`).
+
+"No limit" is spelled ``None`` everywhere; the spellings of async-batcher 0.2.2 and 1.0's first drafts (``-1``, and
+``0`` for ``max_queue_size``) are still accepted and read back as ``None``. Beside each setting, :class:`Settings`
+keeps the limit the engine compares against, with "no limit" as a number the hot path compares without a branch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from async_batcher import _checks
+from async_batcher._core.hold import ClosedLoopHold
+from async_batcher._core.layers import Layer, PreferredSizes
+from async_batcher._core.policy import UNLIMITED, DispatchPolicy
+from async_batcher._core.waits import Deadline, LatencyBudget
+
+__all__ = ["Limits", "Streaming"]
+
+
+def _limit(name: str, value: object, *, zero: bool = False) -> int | None:
+    """A count >= 1, or ``None`` for no limit (``-1``, and ``0`` where ``zero``, are old spellings of it)."""
+    if value is None:
+        return None
+    number = _checks.count(name, value, zero_means_unlimited=zero)
+    return None if number <= 0 else number
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How much a batcher takes at once: per batch, in flight, and waiting. ``None``: no limit.
+
+    Args:
+        max_batch_size: The most items in one batch.
+        max_batch_weight: The most total :meth:`~async_batcher.AsyncBatcher.item_weight` in one batch.
+        concurrency: The most batches processed at once.
+        max_queue_size: The most items waiting for a batch (batches in flight not counted); past it a call raises
+            :class:`~async_batcher.QueueFullException` or waits (``wait_when_full``).
+    """
+
+    max_batch_size: int | None = None
+    max_batch_weight: float | None = None
+    concurrency: int | None = 1
+    max_queue_size: int | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "max_batch_size", _limit("max_batch_size", self.max_batch_size))
+        set_(self, "concurrency", _limit("concurrency", self.concurrency))
+        set_(self, "max_queue_size", _limit("max_queue_size", self.max_queue_size, zero=True))
+        weight = self.max_batch_weight
+        if weight is not None:
+            if not _checks.is_real(weight) or not _checks.is_finite(weight) or weight <= 0:
+                raise ValueError(f"max_batch_weight must be None or a finite number > 0, got {weight!r}")
+            set_(self, "max_batch_weight", float(weight))
+
+
+@dataclass(frozen=True, slots=True)
+class Streaming:
+    """How a streaming ``process_batch`` (an async generator) waits for its consumers.
+
+    Args:
+        buffer: The most parts a stream buffers for its consumer before its batch waits for it.
+        stall_timeout: The most seconds a step waits for a consumer whose buffer is full; that consumer is then
+            dropped from its batch, its stream ending with ``TimeoutError``. ``None``: wait as long as it takes.
+    """
+
+    buffer: int = 16
+    stall_timeout: float | None = 10.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "buffer", _checks.count("stream_buffer", self.buffer, unlimited=False))
+        if self.stall_timeout is not None:
+            object.__setattr__(self, "stall_timeout", _checks.seconds("stream_stall_timeout", self.stall_timeout))
+
+
+#: The dispatch keywords of the constructor: each builds (a layer of) the policy.
+DISPATCH_KEYWORDS = ("max_queue_time", "max_latency", "max_hold_time", "preferred_batch_sizes")
+
+
+def layers(policy: DispatchPolicy) -> list[DispatchPolicy]:
+    """The policy and those it wraps, outermost first."""
+    found = [policy]
+    while isinstance(found[-1], Layer):
+        found.append(found[-1].inner)
+    return found
+
+
+def find(policy: DispatchPolicy, kind: type[Any]) -> Any:
+    return next((layer for layer in layers(policy) if isinstance(layer, kind)), None)
+
+
+class Settings:
+    """The live settings of one batcher. A setter validates the new value (a bad one raises ``ValueError`` or
+    ``TypeError`` naming it, and the old value stays), then calls ``changed`` so that a running batcher applies it
+    from its next batch."""
+
+    def __init__(self) -> None:
+        self.limits = Limits()
+        self.streaming = Streaming()
+        self.policy: DispatchPolicy = Deadline()
+        self.from_keywords = True  # the policy was built from the dispatch keywords (not given as policy=)
+        self.max_queue_time = 0.01  # what max_queue_time says when the policy has no Deadline (a latency budget)
+        self.wait_when_full = False
+        self.default_timeout: float | None = None
+        self.max_priority_wait = 1.0
+        self.executor: concurrent.futures.Executor | None = None
+        self.changed: Callable[..., None] = lambda **what: None
+
+    # ------------------------------------------------------------------ what the engine compares against
+
+    @property
+    def batch_limit(self) -> int:
+        size = self.limits.max_batch_size
+        return UNLIMITED if size is None else size
+
+    @property
+    def slot_limit(self) -> int:
+        slots = self.limits.concurrency
+        return UNLIMITED if slots is None else slots
+
+    @property
+    def room_limit(self) -> int:
+        size = self.limits.max_queue_size
+        return UNLIMITED if size is None else size
+
+    @property
+    def weight_limit(self) -> float:
+        weight = self.limits.max_batch_weight
+        return math.inf if weight is None else weight
+
+    @property
+    def stall_limit(self) -> float:
+        stall = self.streaming.stall_timeout
+        return math.inf if stall is None else stall
+
+    # ------------------------------------------------------------------ setting them
+
+    def set_limits(self, limits: Limits) -> None:
+        if not isinstance(limits, Limits):
+            raise TypeError(f"limits must be an async_batcher.Limits, got {limits!r}")
+        _check_sizes(limits, self.policy, limits_changed=True)
+        weights = limits.max_batch_weight is not None and self.limits.max_batch_weight is None
+        room = (limits.max_queue_size or UNLIMITED) > (self.limits.max_queue_size or UNLIMITED)
+        self.limits = limits
+        self.changed(weights=weights, room=room)
+
+    def set_limit(self, name: str, value: Any) -> None:
+        self.set_limits(replace(self.limits, **{name: value}))
+
+    def set_streaming(self, streaming: Streaming) -> None:
+        if not isinstance(streaming, Streaming):
+            raise TypeError(f"streaming must be an async_batcher.Streaming, got {streaming!r}")
+        stall = streaming.stall_timeout != self.streaming.stall_timeout
+        self.streaming = streaming
+        self.changed(stall=stall)
+
+    def set_policy(self, policy: DispatchPolicy, *, from_keywords: bool = False) -> None:
+        if not isinstance(policy, DispatchPolicy):
+            raise TypeError(f"policy must be an async_batcher.policies.DispatchPolicy, got {policy!r}")
+        _check_sizes(self.limits, policy)
+        self.policy, self.from_keywords = policy, from_keywords
+        self.changed()
+
+    def set_timeout(self, value: object) -> None:
+        self.default_timeout = None if value is None else _checks.seconds("default_timeout", value)
+        self.changed()
+
+    # ------------------------------------------------------------------ the dispatch keywords
+
+    def dispatch_keyword(self, name: str) -> Any:
+        """What a dispatch keyword reads now: the parameter of the policy's layer that it builds."""
+        policy = self.policy
+        if name == "max_queue_time":
+            deadline = find(policy, Deadline)
+            return self.max_queue_time if deadline is None else deadline.max_queue_time
+        if name == "max_latency":
+            budget = find(policy, LatencyBudget)
+            return None if budget is None else budget.max_latency
+        if name == "max_hold_time":
+            hold = find(policy, ClosedLoopHold)
+            return 0.0 if hold is None else hold.max_hold_time
+        sizes = find(policy, PreferredSizes)
+        return () if sizes is None else sizes.sizes
+
+    def set_dispatch_keyword(self, name: str, value: Any) -> None:
+        """A dispatch keyword set on a live batcher: its layer's parameter, or, for a policy built from the keywords,
+        the policy built again with it (what the latency budget learned is kept)."""
+        values = {key: self.dispatch_keyword(key) for key in DISPATCH_KEYWORDS}
+        values[name] = value
+        if name == "max_queue_time":
+            self.max_queue_time = _checks.seconds("max_queue_time", value)
+        if not self.from_keywords:
+            layer = find(self.policy, {"max_queue_time": Deadline, "max_latency": LatencyBudget}.get(name, type(None)))
+            if layer is None or value is None:
+                raise TypeError(
+                    f"{name} cannot be set on a batcher whose policy was given as policy={self.policy!r}: set the "
+                    "parameters of its policy, or give it a new one"
+                )
+            setattr(layer, name, value)
+            self.changed()
+            return
+        self.set_policy(build_policy(**values, learned=find(self.policy, LatencyBudget)), from_keywords=True)
+
+
+def build_policy(
+    *,
+    max_queue_time: float,
+    max_latency: float | None,
+    max_hold_time: float,
+    preferred_batch_sizes: Iterable[int],
+    learned: LatencyBudget | None = None,
+) -> DispatchPolicy:
+    """The policy the dispatch keywords describe: a :class:`Deadline` (or a :class:`LatencyBudget` with
+    ``max_latency``), under :class:`PreferredSizes` with ``preferred_batch_sizes``, under a :class:`ClosedLoopHold`
+    with ``max_hold_time``. ``learned``: a latency budget whose measurements the new one keeps."""
+    wait: DispatchPolicy
+    if max_latency is None:
+        wait = Deadline(max_queue_time)
+    elif learned is not None:
+        learned.max_latency = max_latency
+        wait = learned
+    else:
+        wait = LatencyBudget(max_latency)
+    _checks.seconds("max_queue_time", max_queue_time)
+    policy: DispatchPolicy = wait
+    sizes = list(preferred_batch_sizes) if isinstance(preferred_batch_sizes, Iterable) else preferred_batch_sizes
+    if sizes or not isinstance(sizes, list):
+        policy = PreferredSizes(sizes, policy)  # (which refuses what is not an iterable of sizes)
+    hold = _checks.seconds("max_hold_time", max_hold_time)
+    if hold:
+        policy = ClosedLoopHold(hold, policy)
+    return policy
+
+
+def _check_sizes(limits: Limits, policy: DispatchPolicy, *, limits_changed: bool = False) -> None:
+    sizes = find(policy, PreferredSizes)
+    if sizes is None or limits.max_batch_size is None or sizes.sizes[-1] <= limits.max_batch_size:
+        return
+    if limits_changed:
+        raise ValueError(
+            f"max_batch_size={limits.max_batch_size!r} is smaller than the preferred batch size {sizes.sizes[-1]}: "
+            "lower preferred_batch_sizes first"
+        )
+    raise ValueError(
+            f"preferred_batch_sizes={list(sizes.sizes)!r} has a size above max_batch_size={limits.max_batch_size}"
+        )
+
+
+def executor(value: object) -> concurrent.futures.Executor | None:
+    return _checks.executor(value)
