@@ -106,6 +106,8 @@ class BatcherStats:
     #: Why the batches counted in ``batches`` went, a count per reason (:class:`~async_batcher.policies.Reason`:
     #: ``"full"``, ``"size"``, ``"deadline"``, ``"hold"``, ``"stop"``, ``"flush"``): why batches are small, answered.
     reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    #: Items of the callers waiting in line for room in a full queue now (``wait_when_full``).
+    awaiting_room: int = 0
 
 
 class _Recorder:
@@ -199,4 +201,5 @@ class _Recorder:
             held=self.counts["held"],
             probes=self.counts["probes"],
             reasons=MappingProxyType({str(reason): n for reason, n in self.reasons.items()}),
+            awaiting_room=awaiting_room,
         )

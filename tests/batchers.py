@@ -7,8 +7,8 @@ import threading
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
-from async_batcher import AsyncBatcher
-from async_batcher._run import violations
+from async_batcher import AsyncBatcher, testing
+from async_batcher._core.engine import Engine
 from tests.loops import until
 
 __all__ = [
@@ -117,16 +117,17 @@ async def later(n: int, call: Callable[[], Awaitable[Any]]) -> Any:
     return await call()
 
 
+def engine_of(b: AsyncBatcher[Any, Any]) -> Engine:
+    """The engine of ``b``'s current run (started)."""
+    engine = b._life.run.engine
+    assert engine is not None
+    return engine
+
+
 def idle_and_clean(b: AsyncBatcher[Any, Any]) -> None:
     """Nothing queued, nothing in flight: no timer, no pending turn, no deadline timer, the run's invariants hold,
     and the counters add up (every submitted item counted once as succeeded, failed, cancelled or timed out)."""
-    run = b._run
-    assert run is not None
-    assert not run.queue.waiting and not run.in_flight, (run.queue.waiting, run.in_flight)
-    assert run.timer is None, f"an idle batcher keeps a timer for {run.timer_at}"
-    assert run.pump_handle is None or run.pump_handle.cancelled(), f"an idle batcher keeps {run.pump_handle!r}"
-    assert run.deadlines.timer is None
-    assert violations(run) == []
+    assert testing.idle(b) == []
     s = b.stats
     assert s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out, s
 

@@ -519,7 +519,7 @@ async def test_lowering_max_queue_size_refuses_the_callers_in_line_that_can_neve
         assert str(refused.value) == (
             "Recording: a call of 8 items can never fit in max_queue_size=5, lowered while it waited for room"
         )
-        assert b._run.awaiting_room == 1 and not fourth.done()
+        assert b.stats.awaiting_room == 1 and not fourth.done()
         assert await fourth == 198 and await second == [x * 2 for x in range(10, 20)] and len(await first) == 10
     assert not set(range(20, 28)) & set(b.sent)
     s = b.stats
@@ -534,12 +534,12 @@ async def test_the_callers_behind_one_that_can_never_fit_get_the_room_there_is_a
         first, waiting = await fill(b, gate, 2)  # one in flight, held; two queued
         big = asyncio.ensure_future(b.process_many(range(10, 14)))  # does not fit yet: in line
         small = asyncio.ensure_future(b.process(20))  # behind it
-        await until(lambda: b._run.awaiting_room == 5)
+        await until(lambda: b.stats.awaiting_room == 5)
         b.max_queue_size = 3  # the call of 4 can never fit; the one behind it fits now: it queues at once
         with pytest.raises(QueueFullException):
             await big
         await until(lambda: b.stats.queued == 3)
-        assert b._run.awaiting_room == 0 and not gate.is_set()  # (no batch ended meanwhile)
+        assert b.stats.awaiting_room == 0 and not gate.is_set()  # (no batch ended meanwhile)
         gate.set()
         assert await small == 40 and await first == -2 and await asyncio.gather(*waiting) == [0, 2]
     await b.stop()

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from async_batcher import testing
 from tests.batchers import Recording, until
 from tests.loops import VirtualClockLoop
 
@@ -368,19 +369,22 @@ async def test_an_idle_batcher_keeps_no_timer_after_a_caller_leaves() -> None:
     # The dispatcher's timer was armed for the caller's deadline (max_queue_time=10); the caller leaves: nothing
     # waits, so nothing may wake the loop in ten seconds.
     b = Recording(max_queue_time=10)
+    b.start()
     call = asyncio.ensure_future(b.process(1))
-    await until(lambda: b._run.timer is not None)
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualClockLoop)
+    await until(lambda: loop.timers() == 1)  # its deadline's
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    assert b._run.timer is None and b.stats.queued == 0
+    assert testing.idle(b) == [] and b.stats.queued == 0
     await b.stop()
 
 
 async def test_a_hold_arms_no_timer_while_nothing_waits() -> None:
     b = Recording(max_queue_time=0, max_hold_time=5.0, delay=0.001)
     await asyncio.gather(*(b.process(i) for i in range(3)))  # three answered: a hold may wait for them for 5 s
-    assert b._run.timer is None  # but nothing waits: nothing to hold, no wake-up
+    assert testing.idle(b) == []  # but nothing waits: nothing to hold, no wake-up
 
 
 async def test_independent_arrivals_keep_the_hold_off_and_a_closed_loop_turns_it_on() -> None:

@@ -35,11 +35,11 @@ from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
 import pytest
-
-from async_batcher import END, AsyncBatcher, BatcherStoppedError, QueueFullException, _policy
 from async_batcher._lane import Lane
 from async_batcher._queue import KEEP_IDLE
 from async_batcher._run import State, violations
+
+from async_batcher import END, AsyncBatcher, BatcherStoppedError, QueueFullException, _policy
 from tests.batchers import Recording, until
 from tests.loops import VirtualClockLoop
 

@@ -19,9 +19,9 @@ from collections.abc import Hashable
 from typing import Any
 
 import pytest
+from async_batcher._run import State
 
 from async_batcher import BatcherStoppedError, _policy
-from async_batcher._run import State
 from tests.batchers import Recording, stop_as
 from tests.loops import VirtualClockLoop
 from tests.test_hold_attacks import Keyed, clean, held, idle_without_timer

@@ -17,6 +17,7 @@ import pytest
 from async_batcher import AsyncBatcher, BatcherStoppedError, ReentrantCallError
 from tests.batchers import Recording
 from tests.loops import VirtualClockLoop
+from tests.test_short_paths import calls
 
 pytestmark = pytest.mark.virtual_time
 
@@ -97,10 +98,13 @@ async def test_the_short_path_opens_once_on_start_is_over() -> None:
 
     b = Slow(max_queue_time=0)
     b.start()
-    assert b._run.fast_loop is None  # a call from on_start() must reach the long path, which refuses it
-    async with asyncio.timeout(WAIT):
+    with calls() as counted:  # a call from on_start() must reach the long path, which refuses it
         assert await b.process(1) == 2
-        assert b._run.fast_loop is asyncio.get_running_loop()
+    assert counted["Admission.submit"] >= 1
+    async with asyncio.timeout(WAIT):
+        with calls() as counted:
+            assert await b.process(1) == 2
+        assert (counted["Engine.put"], counted["Admission.submit"]) == (1, 0)
         await b.stop()
 
 

@@ -47,10 +47,10 @@ from collections.abc import Hashable
 from typing import Any
 
 import pytest
-
-from async_batcher import BatcherStoppedError
 from async_batcher._queue import DEFAULT_KEY, KEEP_IDLE, Queue
 from async_batcher._run import violations
+
+from async_batcher import BatcherStoppedError
 from tests.batchers import AllKeyed, Recording, idle_and_clean, later, stop_as, turns, until, warm
 
 pytestmark = pytest.mark.virtual_time

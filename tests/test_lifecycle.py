@@ -388,7 +388,6 @@ def test_stats_before_any_batch() -> None:
         ({"max_batch_size": 0}, "0"),
         ({"max_batch_size": -2}, "-2"),
         ({"max_batch_size": 2.5}, "2.5"),
-        ({"max_batch_size": None}, "None"),
         ({"max_batch_size": True}, "True"),
         ({"concurrency": 0}, "0"),
         ({"concurrency": -5}, "-5"),
@@ -434,9 +433,35 @@ def test_edge_settings_are_accepted(kwargs: dict[str, Any]) -> None:
     Recording(**kwargs)
 
 
-def test_the_defaults_are_those_of_0_2_2() -> None:
+def test_the_defaults_are_those_of_0_2_2_with_none_for_no_limit() -> None:
     b = Recording()
-    assert (b.max_batch_size, b.max_queue_time, b.concurrency, b.max_queue_size, b.executor) == (-1, 0.01, 1, -1, None)
+    assert (b.max_batch_size, b.max_queue_time, b.concurrency, b.max_queue_size, b.executor) == (
+        None,
+        0.01,
+        1,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "read"),
+    [
+        ({"max_batch_size": -1}, {"max_batch_size": None}),
+        ({"concurrency": -1}, {"concurrency": None}),
+        ({"max_queue_size": -1}, {"max_queue_size": None}),
+        ({"max_queue_size": 0}, {"max_queue_size": None}),
+        ({"max_batch_size": None, "concurrency": None, "max_queue_size": None}, {"max_batch_size": None}),
+    ],
+)
+def test_no_limit_is_none_and_the_old_spellings_are_still_accepted(
+    kwargs: dict[str, Any], read: dict[str, Any]
+) -> None:
+    b = Recording(**kwargs)
+    assert {name: getattr(b, name) for name in read} == read
+    assert {name: getattr(b.limits, name) for name in read} == read
+    b.max_batch_size = -1  # live too
+    assert b.max_batch_size is None
 
 
 def test_batch_size_is_a_deprecated_synonym_of_max_batch_size_but_not_both() -> None:

@@ -46,7 +46,7 @@ from async_batcher import (
     QueueFullException,
     ReentrantCallError,
 )
-from async_batcher._run import violations
+from async_batcher.testing import violations
 from tests.loops import LOOP_FACTORIES, VirtualClockLoop
 
 EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "1000"))
@@ -321,7 +321,7 @@ class Call:
 
 
 def check_step(b: AsyncBatcher[Any, Any], world: World) -> None:
-    found = violations(b._run)
+    found = violations(b)
     s = b.stats
     if s.submitted < s.succeeded + s.failed + s.cancelled + s.timed_out:
         found.append(f"more outcomes than items: {s}")
@@ -861,11 +861,11 @@ async def stream_drive(cfg: dict[str, Any], ops: list[Any], kinds: list[tuple[st
             value = STREAM_LIVE[a][n]
             setattr(b, a, value)
             world.limits.setdefault(a, []).append(value)
-        world.problems += violations(b._run)
+        world.problems += violations(b)
     # The consumers, and the stops (a drain waits for the streams), each end within SETTLE.
     await settle_streams(b, world, [c.task for c in consumers if c.task is not None] + background, SETTLE * scale)
     await asyncio.gather(*background, return_exceptions=True)
-    world.problems += violations(b._run)
+    world.problems += violations(b)
     await b.stop(timeout=1.0 * scale)
     for kept, _ in world.kept:
         await kept.aclose()

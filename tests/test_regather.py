@@ -15,7 +15,8 @@ import asyncio
 
 import pytest
 
-from async_batcher import BatcherStoppedError
+from async_batcher import BatcherStoppedError, testing
+from async_batcher.policies import Deadline
 from tests.batchers import Recording, turns, warm
 
 pytestmark = pytest.mark.virtual_time
@@ -41,8 +42,7 @@ async def test_a_cohort_that_comes_back_over_a_few_turns_stays_whole(regather: b
     # the first one back goes with those of its turn (two here), and the others follow; from then on, with the
     # regather, every batch holds all eight (the last, those that had a round left). Without it (the rule before),
     # the cohort stays split: more model calls for the same items.
-    b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
-    b._regather = regather
+    b = Recording(delay=1.0, policy=Deadline(0, regather=regather))
     lags = [0, 1, 2, 3] * 2
     results = await _cohort(b, lags, rounds=6)
     assert results == [[2 * (i + 100 * r) for r in range(6)] for i in range(8)]
@@ -52,8 +52,7 @@ async def test_a_cohort_that_comes_back_over_a_few_turns_stays_whole(regather: b
     else:
         assert sizes[:3] == [8, 2, 8] and len(sizes) > 8 and min(sizes[3:]) < 8
     assert all(t == int(t) for t in b.started_at)  # turns take no time: every batch starts on a whole second
-    run = b._run
-    assert run.timer is None and run.pump_handle is None  # an idle batcher keeps nothing scheduled
+    assert testing.idle(b) == []  # an idle batcher keeps nothing scheduled
     await b.stop()
 
 
@@ -144,15 +143,13 @@ async def test_a_stop_during_the_regathers_turns_resolves_every_caller_once(forc
         assert b.batches[2:] == [[3]]
     stats = b.stats
     assert stats.in_flight == 0 and stats.queued == 0
-    assert b._run.timer is None
-    assert b._run.pump_handle is None or b._run.pump_handle.cancelled()
+    assert testing.idle(b) == []
 
 
 @pytest.mark.parametrize(("turns", "batches"), [(4, [[0, 1], [100, 101]]), (0, [[0, 1], [100], [101]])])
 async def test_no_turns_no_regather(turns: int, batches: list[list[int]]) -> None:
-    # _turns = 0 (the benchmarks' plain greedy reference): the first caller back goes alone.
-    b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
-    b._turns = turns
+    # turns=0 (plain greedy): the first caller back goes alone.
+    b = Recording(delay=1.0, policy=Deadline(0, turns=turns))
     async with asyncio.timeout(10):
         await warm(b, range(2))
     await _cohort(b, [0, 1], rounds=2)

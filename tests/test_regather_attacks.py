@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
 import pytest
+from async_batcher._queue import DEFAULT_KEY, KEEP_IDLE
 
 from async_batcher import END, AsyncBatcher, BatcherStoppedError
-from async_batcher._queue import DEFAULT_KEY, KEEP_IDLE
 from tests.batchers import AllKeyed, Recording, idle_and_clean, later, stop_as, turns, until, warm
 
 pytestmark = pytest.mark.virtual_time

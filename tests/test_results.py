@@ -15,9 +15,9 @@ from async_batcher import (
     BatchSizeMismatchError,
     OutcomeUnknownError,
     ProcessBatchCancelledError,
-    _forming,
 )
-from async_batcher._queue import Queue
+from async_batcher._core import forming as _forming
+from async_batcher._core.queue import Queue
 from tests.batchers import Recording, SyncRecording, until
 
 
@@ -279,9 +279,9 @@ async def test_a_batch_whose_task_is_cancelled_from_outside_answers_its_callers_
     b = Writer(max_queue_time=0, delay=10.0)
     calls = [asyncio.ensure_future(b.process(i)) for i in range(2)]
     await asyncio.sleep(1)
-    (batch,) = b._run.batches  # as the event loop's shutdown would: its task cancelled, no stop
+    (task,) = asyncio.all_tasks() - {*calls, asyncio.current_task()}  # the batch's
     with caplog.at_level(logging.WARNING, logger="async_batcher"):
-        batch.handle.cancel()
+        task.cancel()  # as the event loop's shutdown would: its task cancelled, no stop
         results = await asyncio.gather(*calls, return_exceptions=True)
     expected = "may have been written" if hook else "Writer: batch cancelled"
     assert [str(r) for r in results] == [expected] * 2

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from async_batcher._queue import KEEP_IDLE
+from async_batcher._core.queue import KEEP_IDLE
 from tests.batchers import Recording, until
 
 pytestmark = pytest.mark.virtual_time

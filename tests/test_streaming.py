@@ -535,7 +535,7 @@ async def test_a_stream_that_leaves_while_queued_gives_its_room_back() -> None:
         waiting = asyncio.ensure_future(collect(b.stream(1)))  # waits for room
         await until(lambda: b.stats.submitted == 3)
         queued.cancel()
-        await until(lambda: b.stats.queued == 1 and b.stats.submitted == 3 and not b._run.putters)
+        await until(lambda: b.stats.queued == 1 and b.stats.submitted == 3 and not b.stats.awaiting_room)
         assert b.stats.queued == 1  # the one that waited took its room at once
         assert await waiting == ["1.0"] and await running == ["3.0", "3.1", "3.2"]
         with pytest.raises(asyncio.CancelledError):
@@ -634,7 +634,7 @@ async def test_a_generator_that_raises_is_logged_as_such_and_one_that_raises_can
     assert isinstance(cancelled[0], ProcessBatchCancelledError), cancelled  # not mistaken for a cancelled caller
     assert caplog.messages == [
         "Raising: process_batch raised KeyError on a batch of 2 items",
-        "Raising: process_batch raised CancelledError on a batch of 1 items",
+        "Raising: process_batch raised CancelledError on a batch of 1 item",
     ]
     assert b.stats.failed == 3 and settled(b)
 
@@ -654,9 +654,9 @@ async def test_a_stream_batch_whose_task_is_cancelled_from_outside_fails_its_ope
     streams = [asyncio.ensure_future(collect(b.stream(n))) for n in (1, 2)]
     async with asyncio.timeout(WAIT):
         await asyncio.sleep(1.5)
-        (batch,) = b._run.batches  # as the event loop's shutdown would: its task cancelled, no stop
+        (task,) = asyncio.all_tasks() - {*streams, asyncio.current_task()}  # the batch's
         with caplog.at_level(logging.WARNING, logger="async_batcher"):
-            batch.handle.cancel()
+            task.cancel()  # as the event loop's shutdown would: its task cancelled, no stop
             for stream in streams:
                 with pytest.raises(OutcomeUnknownError):
                     await stream
@@ -787,7 +787,7 @@ async def test_a_stream_waiting_for_room_times_out_and_one_timing_out_in_the_que
         await asyncio.sleep(0.3)
         with pytest.raises(TimeoutError):
             await queued
-        assert loop.time() == 0.6 and b.stats.queued == 1 and b._run.awaiting_room == 0  # the room went on
+        assert loop.time() == 0.6 and b.stats.queued == 1 and b.stats.awaiting_room == 0  # the room went on
         assert await running == ["3.0", "3.1", "3.2"] and await waiting == ["1.0"]
     assert all(2 not in step and 4 not in step for step in b.steps)
     assert b.stats.timed_out == 2 and settled(b)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from async_batcher import AsyncBatcher
-from async_batcher._deadlines import Deadlines
+from async_batcher._core.deadlines import Deadlines
 from tests.batchers import Recording
 from tests.loops import VirtualClockLoop
 

@@ -1,7 +1,7 @@
 """Contract point 1, a batch's end: while items wait, the next batch forms four turns of the event loop later, so
 that the callers the loop already holds join it (a request read from its socket whose handler has yet to run; here,
 tasks that the batch's end made ready). Turns, not time: the clock does not move for them. A full batch, a stop and
-a caller waiting for room go at once; ``_turns = 0`` (not a setting: the benchmarks' plain greedy reference) forms
+a caller waiting for room go at once; ``turns=0`` (plain greedy) forms
 the batch at once.
 
 The callers "the loop holds" are tasks waiting on an event that ``process_batch`` sets as it returns: they are ready
@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from async_batcher import BatcherStoppedError
+from async_batcher import BatcherStoppedError, testing
+from async_batcher.policies import Deadline
 from tests.batchers import Recording
 
 pytestmark = pytest.mark.virtual_time
@@ -57,15 +58,14 @@ async def test_callers_the_loop_holds_at_a_batchs_end_join_the_next_batch(
     turns: int, batches: list[list[int]], started_at: list[float]
 ) -> None:
     loop = asyncio.get_running_loop()
-    b = EndsWithCallers(range(10, 14), max_queue_time=0, max_hold_time=0)
-    b._turns = turns
+    b = EndsWithCallers(range(10, 14), policy=Deadline(0, turns=turns))
     async with asyncio.timeout(10):
         assert await asyncio.gather(b.process(0), _later(b, 0.5, range(1, 2))) == [0, [2]]
         assert await asyncio.gather(*b.waiters) == [20, 22, 24, 26]
     assert b.batches == batches
     assert b.started_at == started_at
     assert loop.time() == started_at[-1] + 1.0
-    assert b._run.timer is None and b._run.pump_handle is None  # nothing left scheduled
+    assert testing.idle(b) == []  # nothing left scheduled
     await b.stop()
 
 
@@ -124,7 +124,7 @@ async def test_a_stop_during_the_turns_resolves_every_caller_once(force: bool) -
         assert b.batches == [[0], [1, 2, 3]]
     stats = b.stats
     assert stats.in_flight == 0 and stats.queued == 0
-    assert b._run.pump_handle is None or b._run.pump_handle.cancelled()
+    assert testing.idle(b) == []
 
 
 async def test_a_batch_that_ends_while_the_batcher_stops_sends_the_rest_at_once() -> None:

@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any
 
 import pytest
+from async_batcher._run import State
 
 from async_batcher import (
     END,
@@ -49,7 +50,6 @@ from async_batcher import (
     _dispatch,
     _policy,
 )
-from async_batcher._run import State
 from tests.batchers import Recording, SyncRecording, idle_and_clean, until
 from tests.loops import VirtualClockLoop
 

@@ -86,6 +86,7 @@ class Engine:
         "timer",
         "timer_at",
         "timer_when",
+        "watchers",
         "weight_limit",
     )
 
@@ -132,6 +133,8 @@ class Engine:
         self.timer_at = 0.0
         self.timer_when = 0.0  # the deadline of the last timer that fired
         self.flushing = False  # a flush: what waits now goes whatever the policy says
+        # Told of every batch as it goes and as it ends (async_batcher.testing): (sent, ended) pairs.
+        self.watchers: list[tuple[Callable[[Batch], None], Callable[[Batch], None]]] = []
         self.on_drained: Callable[[], None] = _ignore  # the stop's: called once, as the drain ends
         self.batch_limit = self.slot_limit = self.room.limit = UNLIMITED
         self.weight_limit = math.inf
@@ -169,7 +172,7 @@ class Engine:
         policy: DispatchPolicy,
         weighted: bool,
     ) -> None:
-        """The settings as they are now: they apply from the next batch."""
+        """The settings as they are now: they apply from the next batch (:meth:`repump` to look again now)."""
         self.batch_limit, self.slot_limit, self.weight_limit = batch_limit, slot_limit, weight_limit
         self.room.limit, self.room.size, self.priority_wait = room_limit, queue_size, priority_wait
         if policy is not self.policy:
@@ -179,7 +182,6 @@ class Engine:
             self.queue.keep_weights()
         if self.room.putters:
             self.room.wake()
-        self.repump()
 
     # ------------------------------------------------------------------ coming in
 
@@ -374,7 +376,16 @@ class Engine:
         lane.served = queue.dispatches
         reason = self._reason(lane, now)
         limit = min(self.policy.size(lane), self.batch_limit)
-        taken = forming.take(queue, lane, limit, self.weight_limit, now=now, max_priority_wait=self.priority_wait)
+        watchers = self.watchers
+        taken = forming.take(
+            queue,
+            lane,
+            limit,
+            self.weight_limit,
+            now=now,
+            max_priority_wait=self.priority_wait,
+            arrivals=bool(watchers),
+        )
         if taken is None:
             return
         batch = Batch(self, taken, now, lane, reason)
@@ -383,6 +394,8 @@ class Engine:
         self.batches[batch] = None
         self.in_flight += 1
         lane.in_flight += 1
+        for sent, _ in watchers:
+            sent(batch)
         self.runner.launch(batch)
 
     def batch_ended(self, batch: Batch, callers: int) -> None:
@@ -396,6 +409,8 @@ class Engine:
         now = self.loop.time()
         lane.watch = self.policy.ended(lane, batch, callers, now)
         lane.ended, lane.arrived_at_end = now, lane.arrived
+        for _, ended in self.watchers:
+            ended(batch)
         waiting = self.queue.waiting
         turns = self.policy.turns
         if turns and 0 < waiting < self.policy.largest() and self.state is State.RUNNING and not self.room.putters:
@@ -519,6 +534,8 @@ class Engine:
             fail_sinks(batch.sinks, self.runner.stopped_error(batch, exc), rec)
             if isinstance(batch.handle, asyncio.Task):
                 batch.handle.cancel()
+            for _, ended in self.watchers:
+                ended(batch)
         self.batches.clear()
         self.in_flight = 0
         self._cancel_timer()

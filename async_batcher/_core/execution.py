@@ -80,6 +80,7 @@ class Batch:
     __slots__ = (
         "abandoned",
         "answered",
+        "arrivals",
         "arrived_before",
         "context",
         "contexts",
@@ -112,6 +113,7 @@ class Batch:
         self.size = len(taken.items)
         self.started = started  # on the loop's clock, when the batch was formed
         self.oldest = taken.oldest
+        self.arrivals = taken.arrivals  # each item's arrival, when the engine's watchers asked for them
         self.reason = reason  # why it went
         self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
         self.arrived_before = lane.arrived  # the lane's arrivals before it went (the policy counts those after)

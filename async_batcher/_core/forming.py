@@ -23,6 +23,7 @@ _item_of = attrgetter("item")
 _sink_of = attrgetter("sink")
 _context_of = attrgetter("context")
 _lane_of = attrgetter("lane")
+_arrival_of = attrgetter("arrival")
 _popleft = deque.popleft
 
 
@@ -34,7 +35,7 @@ class Taken:
     its batch runs would be one more object for every garbage collection to look at, per item.
     """
 
-    __slots__ = ("contexts", "futures_only", "items", "newest", "oldest", "sinks", "weight", "weights")
+    __slots__ = ("arrivals", "contexts", "futures_only", "items", "newest", "oldest", "sinks", "weight", "weights")
 
     def __init__(
         self,
@@ -56,6 +57,7 @@ class Taken:
         self.weight = weight
         self.weights = weights  # each item's, when weights are kept (None: each weighs 1)
         self.futures_only = futures_only  # every sink is a single caller's future (no bulk call)
+        self.arrivals: list[float] | None = None  # each item's arrival, when asked for (take(arrivals=True))
 
 
 def take(
@@ -67,18 +69,20 @@ def take(
     now: float,
     max_priority_wait: float,
     overflow: bool = True,
+    arrivals: bool = False,
 ) -> Taken | None:
     """Take the lane's next batch: at most ``limit`` items and ``weight_limit`` weight.
 
     The best priority goes first, unless the head of another level has waited ``max_priority_wait``; first
     come, first served within a level. ``overflow``: a first item heavier than ``weight_limit`` is taken all
-    the same (a batch of one; what fills a running batch passes ``False``). ``None`` if nothing is taken.
+    the same (a batch of one; what fills a running batch passes ``False``). ``arrivals``: keep each item's arrival
+    (``Taken.arrivals``). ``None`` if nothing is taken.
     """
     taken = None
     if not queue.weighted and len(lane.order) == 1:
-        taken = _take_plain(lane, limit)
+        taken = _take_plain(lane, limit, arrivals)
     if taken is None:
-        taken = _take_each(queue, lane, limit, weight_limit, now - max_priority_wait, overflow=overflow)
+        taken = _take_each(queue, lane, limit, weight_limit, now - max_priority_wait, overflow, arrivals)
         if taken is None:
             return None
     n = len(taken.items)
@@ -93,7 +97,7 @@ def take(
     return taken
 
 
-def _take_plain(lane: Lane, limit: int) -> Taken | None:
+def _take_plain(lane: Lane, limit: int, arrivals: bool) -> Taken | None:
     """The common case in C-level passes: one level of single items whose callers all still wait."""
     fifo = lane.order[0]
     if not fifo:
@@ -109,7 +113,7 @@ def _take_plain(lane: Lane, limit: int) -> Taken | None:
         return None
     consume(map(setattr, entries, repeat("lane"), repeat(None)))  # entry.lane = None (it has left), in C
     n = len(entries)
-    return Taken(
+    taken = Taken(
         list(map(_item_of, entries)),
         sinks,
         list(map(_context_of, entries)),
@@ -118,12 +122,16 @@ def _take_plain(lane: Lane, limit: int) -> Taken | None:
         weight=n,
         futures_only=True,
     )
+    if arrivals:
+        taken.arrivals = list(map(_arrival_of, entries))
+    return taken
 
 
 def _take_each(
-    queue: Queue, lane: Lane, limit: int, weight_limit: float, starved_before: float, *, overflow: bool
+    queue: Queue, lane: Lane, limit: int, weight_limit: float, starved_before: float, overflow: bool, arrivals: bool
 ) -> Taken | None:
     """Entry by entry: priorities, weights, bulk calls, departed callers."""
+    times: list[float] | None = [] if arrivals else None
     items: list[Any] = []
     sinks: list[Any] = []
     contexts: list[Any] = []
@@ -155,6 +163,8 @@ def _take_each(
             contexts.append(entry.context)
             oldest = min(oldest, entry.arrival)
             newest = max(newest, entry.arrival)
+            if times is not None:
+                times.append(entry.arrival)
             continue
         start = entry.pos
         count = min(limit - len(items), len(entry.items) - start)
@@ -177,20 +187,17 @@ def _take_each(
             weights.extend([1.0] * count)
         oldest = min(oldest, entry.arrival)
         newest = max(newest, entry.arrival)
+        if times is not None:
+            times.extend([entry.arrival] * count)
         if entry.pos == len(entry.items):
             fifo.popleft()
     if not items:
         return None
-    return Taken(
-        items,
-        sinks,
-        contexts,
-        oldest=oldest,
-        newest=newest,
-        weight=weight,
-        futures_only=futures_only,
-        weights=weights,
+    taken = Taken(
+        items, sinks, contexts, oldest=oldest, newest=newest, weight=weight, futures_only=futures_only, weights=weights
     )
+    taken.arrivals = times
+    return taken
 
 
 def _next_level(queue: Queue, lane: Lane, starved_before: float) -> tuple[deque[Any], Any] | None:

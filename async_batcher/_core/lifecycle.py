@@ -167,8 +167,10 @@ class Lifecycle:
         if run.state not in (State.RUNNING, State.STOPPING):
             return
         self._configure(run)
-        if stall and run.engine is not None:
+        assert run.engine is not None
+        if stall:
             run.engine.stall_changed()
+        run.engine.repump()
 
     def _configure(self, run: Run) -> None:
         engine = run.engine

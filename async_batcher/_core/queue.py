@@ -73,8 +73,9 @@ class Lane:
 
     Counts: ``count``, its items still queued; ``weight``, their total weight while weights are kept
     (:attr:`Queue.weighted`); ``left``, how many have left it so far (sent or withdrawn), so that ``arrived`` counts
-    every item that ever arrived in it. The engine's: ``served``, the dispatch count of its last batch (never served:
-    just before the count when it came): the due lane served longest ago goes first; ``in_flight``, its batches in flight;
+    every item that ever arrived in it. The engine's: ``served``, the dispatch count of its last batch (never
+    served: just before the count when it came): the due lane served longest ago goes first; ``in_flight``, its
+    batches in flight;
     ``ended`` and ``arrived_at_end``, when its last batch ended and its arrivals then; ``trigger``, the count at
     which an arrival makes it due at once (the policy's, as the dispatcher last asked it); ``watch``, whether the
     policy asked to see its next arrival. ``memo`` is the dispatch policy's own record of the lane, opaque here.

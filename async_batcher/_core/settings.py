@@ -248,8 +248,8 @@ def _check_sizes(limits: Limits, policy: DispatchPolicy, *, limits_changed: bool
             "lower preferred_batch_sizes first"
         )
     raise ValueError(
-            f"preferred_batch_sizes={list(sizes.sizes)!r} has a size above max_batch_size={limits.max_batch_size}"
-        )
+        f"preferred_batch_sizes={list(sizes.sizes)!r} has a size above max_batch_size={limits.max_batch_size}"
+    )
 
 
 def executor(value: object) -> concurrent.futures.Executor | None:

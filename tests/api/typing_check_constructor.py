@@ -6,7 +6,8 @@ carries a ``type: ignore`` for that error, and ``--strict`` reports an ignore th
 
 from __future__ import annotations
 
-from async_batcher import AsyncBatcher
+from async_batcher import AsyncBatcher, Limits, Streaming
+from async_batcher.policies import ClosedLoopHold, Deadline, LatencyBudget
 
 
 class Doubler(AsyncBatcher[int, int]):
@@ -20,4 +21,13 @@ Doubler(batch_size=64)  # 0.2.2's synonym: typed too (it warns at run time)
 Doubler(max_batch_szie=64)  # type: ignore[call-arg]
 Doubler(max_queeu_time=0.01)  # type: ignore[call-arg]
 Doubler(max_queue_time="soon")  # type: ignore[arg-type]
-Doubler(concurrency=None)  # type: ignore[arg-type]
+Doubler(concurrency=None, max_batch_size=None)  # None: no limit
+Doubler(concurrency="2")  # type: ignore[arg-type]
+Doubler(limits=Limits(max_batch_size=64, concurrency=2), policy=Deadline(0.002), streaming=Streaming(buffer=4))
+Doubler(policy=ClosedLoopHold(0.002, LatencyBudget(0.05)))
+Doubler(limits={"max_batch_size": 64})  # type: ignore[arg-type]
+Doubler(policy=0.002)  # type: ignore[arg-type]
+b = Doubler()
+b.max_batch_size = None
+b.limits = Limits(max_queue_size=100)
+b.max_queue_time = "soon"  # type: ignore[assignment]

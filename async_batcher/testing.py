@@ -1,0 +1,269 @@
+"""Tools for testing code that uses a batcher: an event loop on virtual time, a flush, a log of every batch, and the
+batcher's own checks.
+
+Batching is about time (how long an item waits, which items share a batch), and tests that sleep on the wall clock
+are slow and flaky. On :class:`VirtualClockLoop` the clock jumps straight to the next timer whenever nothing else
+can run: ``await asyncio.sleep(10)`` takes no time, and a batch's ``max_queue_time`` passes exactly.
+
+.. code-block:: python
+
+    from async_batcher.testing import VirtualClockLoop, flush, record_batches, run
+
+    async def main() -> None:
+        async with Doubler(max_queue_time=5.0) as b:
+            with record_batches(b) as log:
+                calls = [asyncio.ensure_future(b.process(i)) for i in range(3)]
+                await flush(b)  # sent now, whatever max_queue_time says
+            assert [r.items for r in log] == [[0, 1, 2]] and log[0].reason == "flush"
+
+    run(main())  # or, with pytest-asyncio, the loop of the event_loop_policy fixture (see the testing guide)
+
+What it reads of a batcher is the package's own; none of it is needed in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from async_batcher._core.engine import Engine
+from async_batcher._core.engine import violations as _violations
+from async_batcher._core.execution import Batch
+from async_batcher._core.policy import Reason
+from async_batcher._core.queue import DEFAULT_KEY
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
+    from async_batcher.batcher import AsyncBatcher
+
+__all__ = [
+    "BatchRecord",
+    "VirtualClockLoop",
+    "VirtualClockPolicy",
+    "flush",
+    "idle",
+    "record_batches",
+    "run",
+    "violations",
+]
+
+T = TypeVar("T")
+
+
+class _JumpSelector(selectors.DefaultSelector):
+    """Polls for real; when nothing is ready and a timer is pending, advances the virtual clock to it."""
+
+    def __init__(self, loop: VirtualClockLoop) -> None:
+        super().__init__()
+        self._loop = loop
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        events = super().select(0)
+        if events or timeout == 0:
+            return events
+        if timeout is None or self._loop.busy_threads:
+            # Nothing scheduled, or a thread is working: wait for real (the thread wakes the loop).
+            return super().select(timeout if timeout is None else None)
+        self._loop.advance(timeout)
+        return []
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time: ``time()`` starts at 0 and moves only when the loop would otherwise sleep, to
+    the next timer. While an executor thread works (``run_in_executor``), the clock stands still and the loop waits
+    for the thread for real; sockets and pipes work as on any selector loop."""
+
+    def __init__(self) -> None:
+        self._now = 0.0
+        self.jumps = 0  # how many times the clock jumped to a timer: each is a wake-up of an idle loop
+        self.busy_threads = 0
+        super().__init__(selector=_JumpSelector(self))
+
+    def time(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` forward (the loop does it whenever it would sleep)."""
+        self._now += seconds
+        self.jumps += 1
+
+    def timers(self) -> int:
+        """The timers scheduled and not cancelled: an idle batcher keeps none."""
+        scheduled: list[asyncio.TimerHandle] = vars(self)["_scheduled"]  # (asyncio.BaseEventLoop's heap of timers)
+        return sum(not handle.cancelled() for handle in scheduled)
+
+    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:  # type: ignore[override]
+        # While a thread works, time must not jump ahead of it.
+        self.busy_threads += 1
+        fut = super().run_in_executor(executor, func, *args)
+        fut.add_done_callback(self._thread_done)
+        return fut
+
+    def _thread_done(self, _: asyncio.Future[Any]) -> None:
+        self.busy_threads -= 1
+
+    async def shutdown_default_executor(self, *args: Any, **kwargs: Any) -> None:
+        # Joining the executor's threads happens in a thread, under a timeout (Python 3.12+): the clock must not
+        # jump to that timeout while they finish.
+        self.busy_threads += 1
+        try:
+            await super().shutdown_default_executor(*args, **kwargs)
+        finally:
+            self.busy_threads -= 1
+
+
+class VirtualClockPolicy(asyncio.DefaultEventLoopPolicy):
+    """An event loop policy whose new loops are :class:`VirtualClockLoop`: for pytest-asyncio's ``event_loop_policy``
+    fixture, and for any runner that takes a policy."""
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return VirtualClockLoop()
+
+
+def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
+    """``asyncio.run(main)`` on a new :class:`VirtualClockLoop`."""
+    with asyncio.Runner(debug=debug, loop_factory=VirtualClockLoop) as runner:
+        return runner.run(main)
+
+
+# ---------------------------------------------------------------------- a batcher's batches
+
+
+def _engine(batcher: AsyncBatcher[Any, Any]) -> Engine | None:
+    return batcher._life.run.engine
+
+
+async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
+    """Send what waits in ``batcher`` now, whatever its settings say (as slots come free: ``concurrency`` holds),
+    and return once those batches have ended. Items that arrive meanwhile wait as usual."""
+    engine = _engine(batcher)
+    if engine is None:
+        return
+    mine = engine.queue.waiting
+    ended: asyncio.Future[None] = engine.loop.create_future()
+    pending: set[Batch] = set()
+
+    def sent(batch: Batch) -> None:
+        nonlocal mine
+        if mine > 0:
+            mine -= len(batch.items)
+            pending.add(batch)
+
+    def over(batch: Batch) -> None:
+        pending.discard(batch)
+        if mine <= 0 and not pending and not ended.done():
+            ended.set_result(None)
+
+    engine.watchers.append((sent, over))
+    try:
+        while mine > 0 and engine.queue.waiting:
+            engine.flush()
+            await asyncio.sleep(0)
+            if mine > 0 and engine.queue.waiting and engine.in_flight >= engine.slot_limit:
+                await _until_a_slot(engine)
+        mine = 0
+        if pending:
+            await ended
+    finally:
+        engine.watchers.remove((sent, over))
+
+
+async def _until_a_slot(engine: Engine) -> None:
+    freed: asyncio.Future[None] = engine.loop.create_future()
+
+    def over(batch: Batch) -> None:
+        if not freed.done():
+            freed.set_result(None)
+
+    watcher = (lambda batch: None, over)
+    engine.watchers.append(watcher)
+    try:
+        await freed
+    finally:
+        engine.watchers.remove(watcher)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """One batch as it went: its items (as handed to ``process_batch``), its key (``None`` without keys), why it
+    went, when (on the loop's clock), how long each item had waited for it, and whether its callers all got an
+    answer from it (``ended`` is ``None`` while it runs)."""
+
+    items: list[Any]
+    key: Hashable | None
+    reason: Reason
+    started: float
+    waited: tuple[float, ...]
+    ended: float | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+
+@contextmanager
+def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord]]:
+    """Record every batch ``batcher`` sends while inside (started before it is entered): a list of
+    :class:`BatchRecord`, in the order the batches went, each completed with its end."""
+    engine = _engine(batcher)
+    if engine is None:
+        raise RuntimeError(f"{batcher.name} is not started: start() it (in its loop) before recording its batches")
+    log: list[BatchRecord] = []
+    index: dict[Batch, int] = {}
+
+    def sent(batch: Batch) -> None:
+
+        key = batch.lane.key
+        waited = tuple(batch.started - arrival for arrival in (batch.arrivals or ()))
+        index[batch] = len(log)
+        log.append(
+            BatchRecord(list(batch.items), None if key is DEFAULT_KEY else key, batch.reason, batch.started, waited)
+        )
+
+    def over(batch: Batch) -> None:
+        i = index.pop(batch, None)
+        if i is not None:
+            record = log[i]
+            log[i] = BatchRecord(
+                record.items, record.key, record.reason, record.started, record.waited, engine.loop.time()
+            )
+
+    watcher = (sent, over)
+    engine.watchers.append(watcher)
+    try:
+        yield log
+    finally:
+        engine.watchers.remove(watcher)
+
+
+# ---------------------------------------------------------------------- the batcher's own checks
+
+
+def violations(batcher: AsyncBatcher[Any, Any]) -> list[str]:
+    """The batcher's internal invariants that do not hold now, described (none, always: a test that finds one has
+    found a bug of this package)."""
+    engine = _engine(batcher)
+    return [] if engine is None else _violations(engine)
+
+
+def idle(batcher: AsyncBatcher[Any, Any]) -> list[str]:
+    """Why ``batcher`` is not idle: items queued or in flight, a timer, a pending wake-up, a timeout timer; and
+    :func:`violations`. Empty when nothing waits and nothing is scheduled: an idle batcher costs nothing."""
+    engine = _engine(batcher)
+    if engine is None:
+        return []
+    found = []
+    if engine.queue.waiting or engine.in_flight:
+        found.append(f"{engine.queue.waiting} items queued, {engine.in_flight} batches in flight")
+    if engine.timer is not None:
+        found.append(f"a timer for {engine.timer_at}")
+    if engine.pump_handle is not None and not engine.pump_handle.cancelled():
+        found.append(f"a pending wake-up {engine.pump_handle!r}")
+    if engine.deadlines.timer is not None:
+        found.append("a timeout timer")
+    return found + _violations(engine)
