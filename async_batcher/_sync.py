@@ -15,8 +15,8 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from async_batcher import _checks
-from async_batcher._core.engine import State
-from async_batcher._core.execution import thread_batch
+from async_batcher._core.batch import thread_batch
+from async_batcher._core.state import State
 from async_batcher._threads import refuse_on_loop_thread, submit_to, wait_for
 from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
 

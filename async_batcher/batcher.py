@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
 from async_batcher import _checks, _sync
 from async_batcher._core.admission import Admission
-from async_batcher._core.engine import State
 from async_batcher._core.hooks import check_hooks, overridden
 from async_batcher._core.lifecycle import Lifecycle
 from async_batcher._core.options import BatcherOptions, SettingsView, settings_from
 from async_batcher._core.queue import DEFAULT_KEY
+from async_batcher._core.state import State
 from async_batcher._threads import Gate
 from async_batcher.stats import BatcherStats, _Recorder
 
@@ -224,9 +224,9 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             or (entry := engine.put(item)) is None  # a full queue: refuse or wait, on the long path
         ):
             return cast(R, await self._admission.submit(item, timeout=timeout, priority=priority))
-        fut = entry.sink
+        fut: asyncio.Future[R] = entry.sink
         try:
-            return cast(R, await fut)
+            return await fut
         except asyncio.CancelledError:
             if fut.cancelled():  # the caller's own cancellation, not an error of process_batch
                 self._recorder.cancelled += 1

@@ -30,9 +30,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from async_batcher._core.batch import Batch
 from async_batcher._core.engine import Engine
 from async_batcher._core.engine import violations as _violations
-from async_batcher._core.execution import Batch
 from async_batcher._core.policy import Reason
 from async_batcher._core.queue import DEFAULT_KEY
 

@@ -14,9 +14,11 @@ from contextvars import copy_context
 from typing import TYPE_CHECKING, Any
 
 from async_batcher import _checks
-from async_batcher._core.engine import Engine, State
-from async_batcher._core.queue import DEFAULT_KEY, Entry, WeightedEntry
+from async_batcher._core.engine import Engine
+from async_batcher._core.lane import Entry, WeightedEntry
+from async_batcher._core.queue import DEFAULT_KEY
 from async_batcher._core.sinks import END, Bulk
+from async_batcher._core.state import State
 from async_batcher._core.streaming import StreamSink
 from async_batcher.exceptions import BatcherStoppedError, QueueFullException
 

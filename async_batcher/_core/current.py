@@ -17,12 +17,12 @@ import contextvars
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from async_batcher._core.execution import current_batch as _batch_var
+from async_batcher._core.batch import current_batch as _batch_var
 from async_batcher._core.policy import Reason
 from async_batcher._core.queue import DEFAULT_KEY
 
 if TYPE_CHECKING:
-    from async_batcher._core.execution import Batch
+    from async_batcher._core.batch import Batch
 
 __all__ = ["CurrentBatch", "current_batch"]
 

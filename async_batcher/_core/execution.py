@@ -24,136 +24,32 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from async_batcher._checks import plural
-from async_batcher._core.policy import Reason
-from async_batcher._core.sinks import as_results, deliver, fail_sinks, without_departed
-from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ProcessBatchCancelledError
+from async_batcher._core.batch import Batch, Hooks, current_batch, thread_batch
+from async_batcher._core.ending import Ending
+from async_batcher._core.sinks import without_departed
+from async_batcher.exceptions import BatcherStoppedError, ProcessBatchCancelledError
 
 if TYPE_CHECKING:
-    import concurrent.futures
-
-    from async_batcher._core.forming import Taken
-    from async_batcher._core.queue import Lane
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []
 
 logger = logging.getLogger("async_batcher")
 
-# The batch whose process_batch is running, in its task (and the tasks it starts) or its thread: a call from there
-# that would wait for a slot its own batch holds is refused instead of waiting forever.
-current_batch: contextvars.ContextVar[Batch | None] = contextvars.ContextVar("async_batcher_batch", default=None)
-thread_batch = threading.local()
-
 # What the executor returns for a batch that a forced stop abandoned before it started.
 _ABANDONED: Final = object()
-
-
-class Hooks(Protocol):
-    """What the core calls of a batcher: its ``process_batch`` and ``abandoned_error``, its name and executor."""
-
-    name: str
-
-    @property
-    def continuous_batching(self) -> bool: ...
-
-    def process_batch(self, batch: list[Any]) -> Any: ...
-
-    def abandoned_error(self, batch: list[Any], error: BaseException) -> BaseException: ...
-
-    @property
-    def executor(self) -> concurrent.futures.Executor | None: ...
-
-
-class Batch:
-    """A batch on its way: its items, one sink per caller, and what its statistics, its policy and its end need.
-
-    ``contexts`` goes with ``sinks``: each caller's context, a snapshot taken when it submitted. ``context`` is the
-    batch's own, a fresh copy of its run's: its task or its thread runs in it.
-    """
-
-    __slots__ = (
-        "abandoned",
-        "answered",
-        "arrivals",
-        "arrived_before",
-        "context",
-        "contexts",
-        "entered",
-        "futures_only",
-        "handle",
-        "items",
-        "lane",
-        "oldest",
-        "owner",
-        "reason",
-        "released",
-        "sinks",
-        "size",
-        "started",
-        "tag",
-        "weights",
-    )
-
-    def __init__(self, owner: object, taken: Taken, started: float, lane: Lane, reason: Reason) -> None:
-        self.owner = owner  # the engine that sent it: a call from inside it to that engine is its own
-        self.lane = lane  # the lane it was taken from (a streaming batch takes more from it as it runs)
-        self.items = taken.items
-        self.sinks = taken.sinks
-        self.contexts = taken.contexts
-        self.context: contextvars.Context = contextvars.Context()  # its own: set by the runner as it goes
-        self.futures_only = taken.futures_only  # every sink is a single caller's future (no bulk call)
-        # As handed to process_batch, which may keep or mutate the list (a streaming batch: the most items it held
-        # at once, as items join and leave it).
-        self.size = len(taken.items)
-        self.started = started  # on the loop's clock, when the batch was formed
-        self.oldest = taken.oldest
-        self.arrivals = taken.arrivals  # each item's arrival, when the engine's watchers asked for them
-        self.reason = reason  # why it went
-        self.handle: asyncio.Future[Any] | Any = None  # its task, or its executor's future
-        self.arrived_before = lane.arrived  # the lane's arrivals before it went (the policy counts those after)
-        self.answered = 0  # the calls it resolved when it ended (a caller who had left is not one; 0 for streams)
-        self.tag: Any = None  # the policy's (a hold's probe)
-        self.weights = taken.weights  # each item's weight, when weights are kept (a streaming batch's budget)
-        # A forced stop (or an internal error) answered its callers and freed its slot: it has no one to answer
-        # now, and if it has not started in its thread, it will not.
-        self.abandoned = False
-        self.released = False  # it has freed its slot
-        # process_batch was called (or is about to be, in its thread): what it did for the items is unknown until
-        # it returns. In a thread it is set before abandoned is read, and a stop sets abandoned before it reads
-        # this: whichever comes first, a batch that runs is never reported as not run.
-        self.entered = False
-
-    @property
-    def waited(self) -> float:
-        """How long its oldest item waited for it."""
-        return self.started - self.oldest
-
-    @property
-    def key(self) -> Hashable:
-        return self.lane.key
-
-    def is_live(self) -> bool:
-        """Still in flight: its slot is taken."""
-        return not self.abandoned and not self.released
-
-    def let_go(self) -> None:
-        """The batch has ended: drop its task and its context, which hold it (the context's ``current_batch``), so
-        that it, its items and its callers are freed at once, not when the cyclic garbage collector runs."""
-        self.handle = None
-        self.context = contextvars.Context()
 
 
 def _ignore(batch: Batch, callers: int) -> None:
     pass
 
 
-class Runner:
+class Runner(Ending):
     """One run's way of running batches (see the module's docstring)."""
 
     def __init__(
@@ -330,126 +226,6 @@ class Runner:
         else:
             self.end(batch, results=future.result(), ran=True)
 
-    # ------------------------------------------------------------------ the end of a batch
-
-    def end(
-        self,
-        batch: Batch,
-        *,
-        results: Any = None,
-        error: BaseException | None = None,
-        ran: bool,
-        cut_off: bool = False,
-    ) -> None:
-        """A batch has ended with ``results`` or ``error``: answer or fail its callers, then free its slot.
-
-        ``ran``: the batch reached ``process_batch`` (the call counts in the statistics, however it ended).
-        ``cut_off``: ``error`` is not ``process_batch``'s but the batcher's, as its task was cancelled from outside.
-        A ``KeyboardInterrupt`` or ``SystemExit`` is raised on once the callers have their answer.
-        """
-        # The batch's task and its context hold the batch (current_batch): let go of them, or they would keep each
-        # other, and the batch's items and callers, alive until the cyclic garbage collector runs.
-        batch.let_go()
-        try:
-            if ran:
-                self.record(batch)
-            if batch.abandoned:
-                _discard(results)
-                return
-            if ran:
-                self.recorder.processed += batch.size
-            if error is not None:
-                batch.answered = self.fail(batch, error, cut_off=cut_off)
-            else:
-                batch.answered = self.answer(batch, results)
-        finally:
-            self.release(batch)
-
-    def answer(self, batch: Batch, results: Any) -> int:
-        """Hand each caller its result; if the results do not fit the batch, each caller gets why. Return how many
-        calls that resolved."""
-        try:
-            checked = as_results(results, batch.size)
-        except Exception as exc:  # the wrong number of results, or not a sequence
-            logger.warning("%s: %s", self.name, exc)
-            _discard(results)
-            return fail_sinks(batch.sinks, exc, self.recorder)
-        return deliver(batch.sinks, checked, self.recorder, futures_only=batch.futures_only)
-
-    def fail(self, batch: Batch, error: BaseException, *, cut_off: bool) -> int:
-        """Give every caller of the batch still waiting the error (a ``KeyboardInterrupt`` or ``SystemExit`` is
-        raised on after); return how many calls that resolved.
-
-        A ``CancelledError`` becomes :class:`ProcessBatchCancelledError`, so that a caller is never mistaken for
-        cancelled; a ``BaseException`` that is not an ``Exception`` reaches the callers wrapped. ``cut_off``: the
-        error is the batcher's, not ``process_batch``'s: the batch's task was cancelled from outside (the event loop
-        shutting down), and the log says so.
-        """
-        name, items = self.name, plural(batch.size, "item")
-        reported: BaseException = error
-        if cut_off:
-            logger.warning(
-                "%s: a batch of %s was cut off, its task cancelled (the event loop shutting down); its callers get %s",
-                name,
-                items,
-                type(error).__name__,
-            )
-            return fail_sinks(batch.sinks, error, self.recorder)
-        if isinstance(error, asyncio.CancelledError):
-            reported = ProcessBatchCancelledError(f"{name}: process_batch raised CancelledError on a batch of {items}")
-        elif isinstance(error, KeyboardInterrupt | SystemExit):
-            reported = BatcherStoppedError(f"{name}: batch interrupted by {type(error).__name__}")
-        elif not isinstance(error, Exception):  # GeneratorExit, or a BaseException of the user's
-            reported = AsyncBatchException(
-                f"{name}: process_batch raised {type(error).__name__}, which is not an Exception, on a batch of {items}"
-            )
-            reported.__cause__ = error
-        if not batch.entered:  # on_start() failed, or the executor refused the batch: not process_batch's doing
-            logger.warning("%s: a batch of %s failed before process_batch: %s", name, items, type(error).__name__)
-        elif reported is error:
-            logger.warning("%s: process_batch raised %s on a batch of %s", name, type(error).__name__, items)
-        else:
-            logger.warning("%s", reported)  # its message names the batcher
-        resolved = fail_sinks(batch.sinks, reported, self.recorder)
-        if isinstance(error, KeyboardInterrupt | SystemExit):
-            raise error
-        return resolved
-
-    def stopped_error(self, batch: Batch, error: BaseException) -> BaseException:
-        """What the callers of a batch cut off by a stop get: ``error`` if ``process_batch`` never started on it,
-        else what :meth:`AsyncBatcher.abandoned_error` says (its outcome may be unknown). A hook that fails is
-        reported through the loop's exception handler, and ``error`` is used."""
-        if not batch.entered:
-            return error
-        try:
-            chosen = self.hooks.abandoned_error(batch.items, error)
-            if not isinstance(chosen, BaseException):
-                raise TypeError(f"abandoned_error() must return an exception instance, got {chosen!r}")
-        except Exception as exc:
-            self.loop.call_exception_handler(
-                {
-                    "message": f"{self.name}: {type(self.hooks).__name__}.abandoned_error() failed; its callers get "
-                    f"{error!r}",
-                    "exception": exc,
-                }
-            )
-            return error
-        if chosen is not error and chosen.__cause__ is None:
-            chosen.__cause__ = error
-        return chosen
-
-    def release(self, batch: Batch) -> None:
-        """Free the batch's slot (unless a stop already did): the engine looks again, so that a free slot never
-        idles while a batch is due."""
-        if batch.abandoned or batch.released:
-            return
-        batch.released = True
-        self.on_end(batch, batch.answered)
-
-    def record(self, batch: Batch) -> None:
-        """The statistics of a call of ``process_batch`` that has ended."""
-        self.recorder.record_batch(batch.size, batch.waited, self.loop.time() - batch.started, batch.reason)
-
 
 def _succeeded(task: asyncio.Task[None]) -> bool:
     return task.done() and not task.cancelled() and task.exception() is None
@@ -461,12 +237,6 @@ def _call_soon_on(loop: asyncio.AbstractEventLoop, callback: Any, future: Any) -
         loop.call_soon_threadsafe(callback, future)
     except RuntimeError:  # the loop is closed: the callers went with it
         pass
-
-
-def _discard(results: Any) -> None:
-    """Results no one will read: a coroutine among them must not warn that it was never awaited."""
-    if inspect.iscoroutine(results):
-        results.close()
 
 
 def _by_keyword(process_batch: Any) -> bool:

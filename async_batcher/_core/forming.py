@@ -14,7 +14,8 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
-from async_batcher._core.queue import Lane, Queue
+from async_batcher._core.lane import Lane
+from async_batcher._core.queue import Queue
 from async_batcher._core.sinks import Bulk, consume, future_done
 
 __all__: list[str] = []

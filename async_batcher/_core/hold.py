@@ -24,7 +24,7 @@ from async_batcher._core.layers import Layer
 from async_batcher._core.policy import BatchFacts, DispatchPolicy, Reason, rate_since_end
 
 if TYPE_CHECKING:
-    from async_batcher._core.queue import Lane
+    from async_batcher._core.lane import Lane
 
 __all__ = ["ClosedLoopHold"]
 

@@ -12,7 +12,7 @@ from async_batcher._core.policy import UNLIMITED, BatchFacts, DispatchPolicy, Re
 from async_batcher._core.waits import Deadline
 
 if TYPE_CHECKING:
-    from async_batcher._core.queue import Lane
+    from async_batcher._core.lane import Lane
 
 __all__ = ["Layer", "PreferredSizes"]
 

@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
-    from async_batcher._core.queue import Lane
+    from async_batcher._core.lane import Lane
 
 __all__ = ["UNLIMITED", "BatchFacts", "DispatchPolicy", "Reason", "Signals"]
 

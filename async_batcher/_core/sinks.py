@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from async_batcher.exceptions import BatchSizeMismatchError
 
 if TYPE_CHECKING:
-    from async_batcher._core.queue import Lane, WeightedEntry
+    from async_batcher._core.lane import Lane, WeightedEntry
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []

@@ -34,7 +34,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from async_batcher._core.execution import Batch, Runner, current_batch
+from async_batcher._core.batch import Batch, current_batch
+from async_batcher._core.execution import Runner
 from async_batcher._core.sinks import END, as_results
 from async_batcher.exceptions import BatcherStoppedError
 

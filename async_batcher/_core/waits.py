@@ -24,7 +24,7 @@ from async_batcher._core.policy import UNLIMITED, BatchFacts, DispatchPolicy, cy
 from async_batcher.adaptive import AdaptiveWait
 
 if TYPE_CHECKING:
-    from async_batcher._core.queue import Lane
+    from async_batcher._core.lane import Lane
 
 __all__ = ["Deadline", "LatencyBudget"]
 

@@ -1,0 +1,161 @@
+"""How a batch ends: its callers get their results (:meth:`Ending.answer`) or the error (:meth:`Ending.fail`), then
+it frees its slot (:meth:`Ending.release`), telling the engine through the callback it gave (private). The half of
+the :class:`~async_batcher._core.execution.Runner` that every path of a batch ends in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from async_batcher._checks import plural
+from async_batcher._core.batch import Batch, Hooks
+from async_batcher._core.sinks import as_results, deliver, fail_sinks
+from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ProcessBatchCancelledError
+
+if TYPE_CHECKING:
+    from async_batcher.stats import _Recorder
+
+__all__: list[str] = []
+
+logger = logging.getLogger("async_batcher")
+
+
+class Ending:
+    """The end of a batch, on every path (see the module's docstring)."""
+
+    # The runner's, read here.
+    hooks: Hooks
+    name: str
+    loop: asyncio.AbstractEventLoop
+    recorder: _Recorder
+    on_end: Callable[[Batch, int], None]
+
+    # ------------------------------------------------------------------ the end of a batch
+
+    def end(
+        self,
+        batch: Batch,
+        *,
+        results: Any = None,
+        error: BaseException | None = None,
+        ran: bool,
+        cut_off: bool = False,
+    ) -> None:
+        """A batch has ended with ``results`` or ``error``: answer or fail its callers, then free its slot.
+
+        ``ran``: the batch reached ``process_batch`` (the call counts in the statistics, however it ended).
+        ``cut_off``: ``error`` is not ``process_batch``'s but the batcher's, as its task was cancelled from outside.
+        A ``KeyboardInterrupt`` or ``SystemExit`` is raised on once the callers have their answer.
+        """
+        # The batch's task and its context hold the batch (current_batch): let go of them, or they would keep each
+        # other, and the batch's items and callers, alive until the cyclic garbage collector runs.
+        batch.let_go()
+        try:
+            if ran:
+                self.record(batch)
+            if batch.abandoned:
+                discard(results)
+                return
+            if ran:
+                self.recorder.processed += batch.size
+            if error is not None:
+                batch.answered = self.fail(batch, error, cut_off=cut_off)
+            else:
+                batch.answered = self.answer(batch, results)
+        finally:
+            self.release(batch)
+
+    def answer(self, batch: Batch, results: Any) -> int:
+        """Hand each caller its result; if the results do not fit the batch, each caller gets why. Return how many
+        calls that resolved."""
+        try:
+            checked = as_results(results, batch.size)
+        except Exception as exc:  # the wrong number of results, or not a sequence
+            logger.warning("%s: %s", self.name, exc)
+            discard(results)
+            return fail_sinks(batch.sinks, exc, self.recorder)
+        return deliver(batch.sinks, checked, self.recorder, futures_only=batch.futures_only)
+
+    def fail(self, batch: Batch, error: BaseException, *, cut_off: bool) -> int:
+        """Give every caller of the batch still waiting the error (a ``KeyboardInterrupt`` or ``SystemExit`` is
+        raised on after); return how many calls that resolved.
+
+        A ``CancelledError`` becomes :class:`ProcessBatchCancelledError`, so that a caller is never mistaken for
+        cancelled; a ``BaseException`` that is not an ``Exception`` reaches the callers wrapped. ``cut_off``: the
+        error is the batcher's, not ``process_batch``'s: the batch's task was cancelled from outside (the event loop
+        shutting down), and the log says so.
+        """
+        name, items = self.name, plural(batch.size, "item")
+        reported: BaseException = error
+        if cut_off:
+            logger.warning(
+                "%s: a batch of %s was cut off, its task cancelled (the event loop shutting down); its callers get %s",
+                name,
+                items,
+                type(error).__name__,
+            )
+            return fail_sinks(batch.sinks, error, self.recorder)
+        if isinstance(error, asyncio.CancelledError):
+            reported = ProcessBatchCancelledError(f"{name}: process_batch raised CancelledError on a batch of {items}")
+        elif isinstance(error, KeyboardInterrupt | SystemExit):
+            reported = BatcherStoppedError(f"{name}: batch interrupted by {type(error).__name__}")
+        elif not isinstance(error, Exception):  # GeneratorExit, or a BaseException of the user's
+            reported = AsyncBatchException(
+                f"{name}: process_batch raised {type(error).__name__}, which is not an Exception, on a batch of {items}"
+            )
+            reported.__cause__ = error
+        if not batch.entered:  # on_start() failed, or the executor refused the batch: not process_batch's doing
+            logger.warning("%s: a batch of %s failed before process_batch: %s", name, items, type(error).__name__)
+        elif reported is error:
+            logger.warning("%s: process_batch raised %s on a batch of %s", name, type(error).__name__, items)
+        else:
+            logger.warning("%s", reported)  # its message names the batcher
+        resolved = fail_sinks(batch.sinks, reported, self.recorder)
+        if isinstance(error, KeyboardInterrupt | SystemExit):
+            raise error
+        return resolved
+
+    def stopped_error(self, batch: Batch, error: BaseException) -> BaseException:
+        """What the callers of a batch cut off by a stop get: ``error`` if ``process_batch`` never started on it,
+        else what :meth:`AsyncBatcher.abandoned_error` says (its outcome may be unknown). A hook that fails is
+        reported through the loop's exception handler, and ``error`` is used."""
+        if not batch.entered:
+            return error
+        try:
+            chosen = self.hooks.abandoned_error(batch.items, error)
+            if not isinstance(chosen, BaseException):
+                raise TypeError(f"abandoned_error() must return an exception instance, got {chosen!r}")
+        except Exception as exc:
+            self.loop.call_exception_handler(
+                {
+                    "message": f"{self.name}: {type(self.hooks).__name__}.abandoned_error() failed; its callers get "
+                    f"{error!r}",
+                    "exception": exc,
+                }
+            )
+            return error
+        if chosen is not error and chosen.__cause__ is None:
+            chosen.__cause__ = error
+        return chosen
+
+    def release(self, batch: Batch) -> None:
+        """Free the batch's slot (unless a stop already did): the engine looks again, so that a free slot never
+        idles while a batch is due."""
+        if batch.abandoned or batch.released:
+            return
+        batch.released = True
+        self.on_end(batch, batch.answered)
+
+    def record(self, batch: Batch) -> None:
+        """The statistics of a call of ``process_batch`` that has ended."""
+        self.recorder.record_batch(batch.size, batch.waited, self.loop.time() - batch.started, batch.reason)
+
+
+def discard(results: Any) -> None:
+    """Results no one will read: a coroutine among them must not warn that it was never awaited."""
+    if inspect.iscoroutine(results):
+        results.close()

@@ -1,0 +1,130 @@
+"""A queued item (:class:`Entry`) and the lane of one batch key (:class:`Lane`): the bottom of the core's state
+(private). The :class:`~async_batcher._core.queue.Queue` counts over lanes.
+
+A single item waits as an :class:`Entry`: its item, its *sink* (the caller's future, or the
+:class:`~async_batcher._core.sinks.Bulk` of a ``process_many`` call), its arrival on the loop's clock, its lane while
+it is queued (``None`` once it has left: sent in a batch, or withdrawn because its caller left or a stop failed it),
+and a snapshot of its caller's :mod:`contextvars` context, which ``process_batch`` reads through
+:func:`async_batcher.current_batch`. An entry leaves the queue exactly once. An item with a weight of its own, or one
+item of a ``process_many`` call with keys or weights, is a :class:`WeightedEntry`, which also keeps its weight and its
+place in its call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from async_batcher._core.queue import Queue
+
+__all__: list[str] = []
+
+
+class Entry:
+    """One item waiting for a batch (see the module's docstring). Its weight is 1."""
+
+    __slots__ = ("arrival", "context", "item", "lane", "sink")
+    weight = 1.0  # (a WeightedEntry keeps its own)
+    index = 0  # its place in its process_many call (a WeightedEntry's); a single call's item is alone
+
+    def __init__(self, item: Any, sink: Any, arrival: float, lane: Lane, context: Any) -> None:
+        self.item = item
+        self.sink = sink
+        self.arrival = arrival
+        self.lane: Lane | None = lane  # None once it has left the queue
+        self.context = context
+
+
+class WeightedEntry(Entry):
+    """An entry with a weight of its own, or one item of a ``process_many`` call (``index``: its place in it)."""
+
+    __slots__ = ("index", "weight")
+
+    def __init__(
+        self, item: Any, sink: Any, arrival: float, lane: Lane, context: Any, *, weight: float, index: int = 0
+    ) -> None:
+        super().__init__(item, sink, arrival, lane, context)
+        self.weight = weight
+        self.index = index
+
+
+class Lane:
+    """The items of one batch key waiting for a batch, a FIFO deque per priority level, and what the engine and the
+    dispatch policy know of the lane.
+
+    Counts: ``count``, its items still queued; ``weight``, their total weight while weights are kept
+    (:attr:`Queue.weighted`); ``left``, how many have left it so far (sent or withdrawn), so that ``arrived`` counts
+    every item that ever arrived in it. The engine's: ``served``, the dispatch count of its last batch (never
+    served: just before the count when it came): the due lane served longest ago goes first; ``in_flight``, its
+    batches in flight;
+    ``ended`` and ``arrived_at_end``, when its last batch ended and its arrivals then; ``trigger``, the count at
+    which an arrival makes it due at once (the policy's, as the dispatcher last asked it); ``watch``, whether the
+    policy asked to see its next arrival. ``memo`` is the dispatch policy's own record of the lane, opaque here.
+    """
+
+    __slots__ = (
+        "arrived_at_end",
+        "clean",
+        "count",
+        "ended",
+        "in_flight",
+        "key",
+        "left",
+        "levels",
+        "memo",
+        "order",
+        "queue",
+        "served",
+        "trigger",
+        "watch",
+        "weight",
+    )
+
+    def __init__(self, key: Hashable, queue: Queue, served: float) -> None:
+        self.key = key
+        self.queue = queue
+        # True while every entry of its levels is a single item still queued, its own caller's (no bulk call,
+        # nothing withdrawn in place): a batch can then be formed without looking at each entry.
+        self.clean = True
+        self.levels: dict[float, deque[Any]] = {}
+        self.order: list[deque[Any]] = []  # the levels, best (lowest) priority first
+        self.count = 0
+        self.weight = 0.0
+        self.left = 0
+        self.served = served
+        self.in_flight = 0
+        self.ended = -math.inf
+        self.arrived_at_end = 0
+        self.trigger = 1
+        self.watch = False
+        self.memo: Any = None
+
+    def level(self, priority: float) -> deque[Any]:
+        fifo = self.levels.get(priority)
+        if fifo is None:
+            fifo = self.levels[priority] = deque()
+            self.order = [self.levels[p] for p in sorted(self.levels)]
+        return fifo
+
+    def entries(self) -> Iterator[Any]:
+        return (entry for fifo in self.order for entry in fifo)
+
+    @property
+    def arrived(self) -> int:
+        """How many items have arrived in the lane so far."""
+        return self.count + self.left
+
+    def oldest(self) -> float:
+        """Arrival time of its oldest waiting item (``inf`` if its callers all left)."""
+        return self.queue.oldest(self)
+
+    def newest(self) -> float:
+        """Arrival time of its newest queued entry (``-inf`` if none)."""
+        newest = -math.inf
+        for fifo in self.order:
+            if fifo:
+                newest = max(newest, fifo[-1].arrival)
+        return newest
