@@ -75,9 +75,15 @@ __all__ = [
 
 R = TypeVar("R")
 
+#: The event on a caller's span when the call submits its items.
 EVENT_QUEUED: Final = "async_batcher.queued"
+#: The event on a caller's span when a batch with its items starts: the batch's trace and span ids, and how many of
+#: its items the batch holds.
 EVENT_SENT: Final = "async_batcher.sent"
+#: The event on a caller's span when the call returns or raises: ``async_batcher.outcome`` (``ok`` or ``error``,
+#: with ``exception.type``).
 EVENT_ANSWERED: Final = "async_batcher.answered"
+#: The event on a caller's span when the caller was cancelled, or left its stream.
 EVENT_CANCELLED: Final = "async_batcher.cancelled"
 
 _BATCHER: Final = "async_batcher.batcher"
