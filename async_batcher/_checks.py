@@ -7,9 +7,11 @@ Each check returns the value it accepts, converted (numpy's integers and floats 
 from __future__ import annotations
 
 import concurrent.futures
+import difflib
 import math
 import numbers
 import operator
+from collections.abc import Collection, Iterable
 from typing import TypeGuard
 
 __all__: list[str] = []
@@ -90,3 +92,26 @@ def name(value: object, default: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"name must be a str or None, got {value!r}")
     return value
+
+
+def unexpected_keywords(given: Iterable[str], valid: Collection[str], where: str) -> TypeError:
+    """The error for the keyword arguments of ``given`` that are not in ``valid``, as Python words it, naming
+    ``where`` they were given (``"@batch()"``) and, for each, the closest valid one; with none close, the valid ones.
+
+    Raises:
+        ValueError: ``given`` holds no unexpected keyword (a bug of the caller).
+    """
+    unexpected = [name for name in given if name not in valid]
+    if not unexpected:
+        raise ValueError(f"no unexpected keyword in {list(given)!r}")
+    meant = {name: difflib.get_close_matches(name, valid, n=1) for name in unexpected}
+    if len(unexpected) == 1:
+        (name,) = unexpected
+        hint = f"did you mean {meant[name][0]!r}?" if meant[name] else f"valid: {', '.join(sorted(valid))}"
+        return TypeError(f"{where} got an unexpected keyword argument {name!r}; {hint}")
+    names = ", ".join(
+        f"{name!r} (did you mean {meant[name][0]!r}?)" if meant[name] else repr(name) for name in unexpected
+    )
+    if not all(meant.values()):
+        names += f"; valid: {', '.join(sorted(valid))}"
+    return TypeError(f"{where} got unexpected keyword arguments {names}")
