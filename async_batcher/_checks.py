@@ -101,17 +101,17 @@ def unexpected_keywords(given: Iterable[str], valid: Collection[str], where: str
     Raises:
         ValueError: ``given`` holds no unexpected keyword (a bug of the caller).
     """
-    unexpected = [name for name in given if name not in valid]
+    given = list(given)
+    unexpected = [keyword for keyword in given if keyword not in valid]
     if not unexpected:
-        raise ValueError(f"no unexpected keyword in {list(given)!r}")
-    meant = {name: difflib.get_close_matches(name, valid, n=1) for name in unexpected}
+        raise ValueError(f"no unexpected keyword in {given!r}")
+    meant = {keyword: difflib.get_close_matches(keyword, valid, n=1) for keyword in unexpected}
+    listed = ", ".join(sorted(valid))
     if len(unexpected) == 1:
-        (name,) = unexpected
-        hint = f"did you mean {meant[name][0]!r}?" if meant[name] else f"valid: {', '.join(sorted(valid))}"
-        return TypeError(f"{where} got an unexpected keyword argument {name!r}; {hint}")
-    names = ", ".join(
-        f"{name!r} (did you mean {meant[name][0]!r}?)" if meant[name] else repr(name) for name in unexpected
-    )
+        (keyword,) = unexpected
+        hint = f"did you mean {meant[keyword][0]!r}?" if meant[keyword] else f"valid: {listed}"
+        return TypeError(f"{where} got an unexpected keyword argument {keyword!r}; {hint}")
+    keywords = ", ".join(f"{k!r} (did you mean {meant[k][0]!r}?)" if meant[k] else repr(k) for k in unexpected)
     if not all(meant.values()):
-        names += f"; valid: {', '.join(sorted(valid))}"
-    return TypeError(f"{where} got unexpected keyword arguments {names}")
+        keywords += f"; valid: {listed}"
+    return TypeError(f"{where} got unexpected keyword arguments {keywords}")
