@@ -115,3 +115,9 @@ def unexpected_keywords(given: Iterable[str], valid: Collection[str], where: str
     if not all(meant.values()):
         keywords += f"; valid: {listed}"
     return TypeError(f"{where} got unexpected keyword arguments {keywords}")
+
+
+def plural(n: float, noun: str, nouns: str | None = None) -> str:
+    """``n`` and ``noun``, in the plural unless ``n`` is 1: ``plural(1, "item")`` is ``"1 item"``, ``plural(3,
+    "batch", "batches")`` ``"3 batches"`` (``nouns``: the plural, when it is not ``noun + "s"``)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"

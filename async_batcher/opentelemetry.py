@@ -62,6 +62,7 @@ from async_batcher.decorator import BatchedFunction, BatchedMethod
 if TYPE_CHECKING:
     from async_batcher._run import Batch
     from async_batcher._streaming import StreamSink
+from async_batcher._checks import plural
 
 __all__ = [
     "EVENT_ANSWERED",
@@ -261,7 +262,9 @@ class _BatchSpan:
             self._error(f"process_batch returned {type(results).__name__}")
             return
         if isinstance(results, Sized) and len(results) != size:
-            self._error(f"process_batch returned {len(results)} results for a batch of {size} items")
+            self._error(
+                f"process_batch returned {plural(len(results), 'result')} for a batch of {plural(size, 'item')}"
+            )
             return
         if isinstance(results, list | tuple) and any(issubclass(kind, Exception) for kind in set(map(type, results))):
             failed = sum(1 for result in results if isinstance(result, Exception))

@@ -333,7 +333,7 @@ async def test_a_function_written_for_one_item_gets_an_error_that_names_it_and_s
         await double(7)
     assert str(caught.value) == (
         "@batch function 'test_a_function_written_for_one_item_gets_an_error_that_names_it_and_says_what_batch_"
-        "expects.<locals>.double' returned 2 results for a batch of 1 items: a @batch function is called with the "
+        "expects.<locals>.double' returned 2 results for a batch of 1 item: a @batch function is called with the "
         "list of the items in the batch and must return a list with one result per item, in order ('test_a_function_"
         "written_for_one_item_gets_an_error_that_names_it_and_says_what_batch_expects.<locals>.double' takes x: int, "
         "one item: make it take list[int])"
@@ -365,7 +365,7 @@ async def test_results_that_do_not_fit_name_the_decorated_function(kind: str) ->
         else:
             await f("abc")
     name = func.__qualname__
-    assert str(caught.value).startswith(f"@batch function {name!r} returned dict for a batch of 1 items: a @batch ")
+    assert str(caught.value).startswith(f"@batch function {name!r} returned dict for a batch of 1 item: a @batch ")
     assert str(caught.value).endswith("must return a list with one result per item, in order")
     await f.stop()
 
