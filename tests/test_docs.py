@@ -175,6 +175,18 @@ def test_the_site_builds_strictly(site: Path) -> None:
         assert not anchor or f'id="{anchor}"' in page.read_text(), f"README links to {link}: no such anchor"
 
 
+def test_the_site_publishes_no_source_file(site: Path) -> None:
+    # What docs/ holds besides pages is copied into the site as is: only its stylesheets are meant to be (the
+    # snippets' sources and their ruff.toml are included into pages, or configure the linter).
+    docs = ROOT / "docs"
+    copied = sorted(
+        str(path.relative_to(docs))
+        for path in docs.rglob("*")
+        if path.is_file() and path.suffix != ".md" and (site / path.relative_to(docs)).exists()
+    )
+    assert copied == ["stylesheets/extra.css"]
+
+
 def public_modules(module: griffe.Module) -> list[griffe.Module]:
     """``module`` and its submodules, but the private ones (a part of whose path starts with ``_``)."""
     if any(part.startswith("_") for part in module.path.split(".")):
