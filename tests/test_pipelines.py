@@ -158,6 +158,19 @@ def test_the_release_notes_are_the_versions_changelog_section() -> None:
     )
 
 
+def test_the_changelog_headings_are_keep_a_changelogs() -> None:
+    # "## [Unreleased]" until the release renames it "## [1.0.0] - 2026-..": the form tools/release_notes.py finds,
+    # each version linked at the bottom.
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    headings = re.findall(r"^## (.*)$", changelog, re.MULTILINE)
+    assert headings[0] == "[Unreleased]", headings[0]
+    for heading in headings[1:]:
+        assert re.fullmatch(r"\[\d+\.\d+\.\d+\](?: - \d{4}-\d{2}-\d{2})?", heading), heading
+    for name in re.findall(r"^## \[([^\]]+)\]", changelog, re.MULTILINE):
+        assert re.search(rf"^\[{re.escape(name)}\]: https://", changelog, re.MULTILINE), f"[{name}] is not linked"
+    assert release_notes.notes(changelog, "Unreleased").startswith("A rebuild of the batcher")
+
+
 def test_the_pre_commit_hooks_are_valid_and_run_the_projects_linters() -> None:
     config = ROOT / ".pre-commit-config.yaml"
     done = subprocess.run(
