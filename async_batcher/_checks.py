@@ -59,11 +59,6 @@ def count(name: str, value: object, *, zero_means_unlimited: bool = False, unlim
     return number
 
 
-def plural(n: int, noun: str) -> str:
-    """``"1 item"``, ``"2 items"``: a count and its noun, in the right number."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
 def timeout(value: object) -> float | None:
     """A ``timeout=``: ``None``, or a finite number of seconds >= 0."""
     return None if value is None else seconds("timeout", value)
@@ -100,10 +95,29 @@ def name(value: object, default: str) -> str:
 
 
 def unexpected_keywords(given: Iterable[str], valid: Collection[str], where: str) -> TypeError:
-    """The error for keyword arguments ``where`` does not take: each named, with the closest valid one."""
-    parts = []
-    for name in given:
-        close = difflib.get_close_matches(name, valid, n=1)
-        parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    noun = "argument" if len(parts) == 1 else "arguments"
-    return TypeError(f"{where} got an unexpected keyword {noun} {', '.join(parts)}")
+    """The error for the keyword arguments of ``given`` that are not in ``valid``, as Python words it, naming
+    ``where`` they were given (``"@batch()"``) and, for each, the closest valid one; with none close, the valid ones.
+
+    Raises:
+        ValueError: ``given`` holds no unexpected keyword (a bug of the caller).
+    """
+    given = list(given)
+    unexpected = [keyword for keyword in given if keyword not in valid]
+    if not unexpected:
+        raise ValueError(f"no unexpected keyword in {given!r}")
+    meant = {keyword: difflib.get_close_matches(keyword, valid, n=1) for keyword in unexpected}
+    listed = ", ".join(sorted(valid))
+    if len(unexpected) == 1:
+        (keyword,) = unexpected
+        hint = f"did you mean {meant[keyword][0]!r}?" if meant[keyword] else f"valid: {listed}"
+        return TypeError(f"{where} got an unexpected keyword argument {keyword!r}; {hint}")
+    keywords = ", ".join(f"{k!r} (did you mean {meant[k][0]!r}?)" if meant[k] else repr(k) for k in unexpected)
+    if not all(meant.values()):
+        keywords += f"; valid: {listed}"
+    return TypeError(f"{where} got unexpected keyword arguments {keywords}")
+
+
+def plural(n: float, noun: str, nouns: str | None = None) -> str:
+    """``n`` and ``noun``, in the plural unless ``n`` is 1: ``plural(1, "item")`` is ``"1 item"``, ``plural(3,
+    "batch", "batches")`` ``"3 batches"`` (``nouns``: the plural, when it is not ``noun + "s"``)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"

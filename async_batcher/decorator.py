@@ -13,16 +13,21 @@ decorator only adapts it, so everything the batcher promises holds for the funct
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Iterable, Sequence
-from concurrent.futures import Executor
-from typing import Any, Generic, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from async_batcher import _misuse
+from async_batcher._checks import unexpected_keywords
+from async_batcher._core.options import OPTIONS, BatcherOptions
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.stats import BatcherStats
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 __all__ = ["BatchDecorator", "BatchedFunction", "BatchedMethod", "batch"]
 
@@ -136,6 +141,16 @@ def _batcher_class(
 
         namespace["item_weight"] = item_weight
     return type(base.__name__, (base,), namespace)
+
+
+@functools.cache
+def _options() -> frozenset[str]:
+    """The options ``@batch(...)`` takes: the keywords of ``AsyncBatcher()`` (:class:`BatcherOptions`, the one
+    definition both share), and its own ``key``, ``weight`` and ``continuous``."""
+    return OPTIONS | _OWN_OPTIONS
+
+
+_OWN_OPTIONS = frozenset({"key", "weight", "continuous"})
 
 
 def _check_flag(what: str, value: object) -> bool:
@@ -352,23 +367,10 @@ class BatchDecorator:
     def __call__(
         self,
         *,
-        max_batch_size: int = ...,
-        max_queue_time: float = ...,
-        concurrency: int = ...,
-        max_queue_size: int = ...,
-        executor: Executor | None = ...,
-        wait_when_full: bool = ...,
-        max_batch_weight: float | None = ...,
-        max_priority_wait: float = ...,
-        max_latency: float | None = ...,
-        preferred_batch_sizes: Iterable[int] = ...,
-        default_timeout: float | None = ...,
-        stream_buffer: int = ...,
-        stream_stall_timeout: float | None = ...,
-        name: str | None = ...,
         key: Callable[[Any], Hashable] | None = ...,
         weight: Callable[[Any], float] | None = ...,
         continuous: bool = ...,
+        **options: Unpack[BatcherOptions],
     ) -> BatchDecorator: ...
 
     def __call__(self, *args: Any, **options: Any) -> Any:
@@ -378,17 +380,17 @@ class BatchDecorator:
             func: An ``async def`` or plain ``def`` taking a list of items and returning one result per item
                 (a plain ``def`` runs in ``executor``), or an async generator function yielding one part per item
                 at each step (called with ``f.stream(item)``); or a method taking ``self`` and the list.
-            **options: The keyword arguments of :class:`~async_batcher.AsyncBatcher` (``max_batch_size``,
-                ``max_queue_time``, ``concurrency``, ``max_queue_size``, ``executor``, ``wait_when_full``,
-                ``max_batch_weight``, ``max_priority_wait``, ``max_latency``, ``preferred_batch_sizes``,
-                ``default_timeout``, ``stream_buffer``, ``stream_stall_timeout``, ``name``: the function's
-                qualified name by default),
+            **options: The keyword arguments of :class:`~async_batcher.AsyncBatcher`
+                (:class:`~async_batcher.BatcherOptions`: ``limits``, ``policy``, ``max_batch_size``,
+                ``max_queue_time``, ...; ``name``: the function's qualified name by default),
                 ``key`` / ``weight``: callables of one item that become the batcher's ``batch_key`` (items with
                 different keys never share a batch) and ``item_weight`` hooks, and ``continuous``: for an async
                 generator function, let waiting items join a running batch between its steps.
         """
         if len(args) > 1:
             raise TypeError(f"batch() takes the function to decorate and keyword settings; got {args!r}")
+        if not options.keys() <= _options():
+            raise unexpected_keywords(options, _options(), "@batch()")
         merged = {**self._options, **options}
         if not args:
             return BatchDecorator(merged)

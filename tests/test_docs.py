@@ -5,12 +5,15 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import griffe
 import pytest
+from packaging.requirements import Requirement
 
 from async_batcher import AsyncBatcher
 from tests.docs_blocks import SESSION, blocks, is_session_page, run, session_sentence_before_first_block
@@ -132,10 +135,13 @@ def test_readme_links_are_absolute_so_they_work_on_pypi() -> None:
     assert not relative, relative
 
 
-def test_the_site_builds_strictly(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site, built strictly (once for the tests of this module that read it)."""
+    folder = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -143,7 +149,11 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    reference = (tmp_path / "site" / "reference" / "core" / "index.html").read_text()
+    return folder
+
+
+def test_the_site_builds_strictly(site: Path) -> None:
+    reference = (site / "reference" / "core" / "index.html").read_text()
     assert "process_batch" in reference and "max_queue_time" in reference  # generated from the docstrings
     # The reference as tools/griffe_reference.py and the options of mkdocs.yml make it: signatures formatted one
     # parameter a line (ruff), no private base class, the contract a link, docstrings' examples highlighted.
@@ -151,7 +161,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert "async_batcher._settings" not in reference
     assert 'href="../../guarantees/#guarantees">the guarantees page</a>' in reference
     assert "1. <strong>Dispatch.</strong>" not in reference and "<strong>Dispatch.</strong>" not in reference
-    integrations = (tmp_path / "site" / "reference" / "integrations" / "index.html").read_text()
+    integrations = (site / "reference" / "integrations" / "index.html").read_text()
     assert '<span class="n">predictor</span> <span class="o">=</span>' in integrations
     assert "::</p>" not in integrations and "code-block" not in integrations
     # The README (PyPI's page too) links into the published site: each link is a page of this build, and each
@@ -160,9 +170,53 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert len(links) >= 10, links
     for link in links:
         path, _, anchor = link.removeprefix(SITE).partition("#")
-        page = tmp_path / "site" / path / "index.html"
+        page = site / path / "index.html"
         assert page.is_file(), f"README links to {link}: no such page in the site"
         assert not anchor or f'id="{anchor}"' in page.read_text(), f"README links to {link}: no such anchor"
+
+
+def test_the_site_publishes_no_source_file(site: Path) -> None:
+    # What docs/ holds besides pages is copied into the site as is: only its stylesheets are meant to be (the
+    # snippets' sources and their ruff.toml are included into pages, or configure the linter).
+    docs = ROOT / "docs"
+    copied = sorted(
+        str(path.relative_to(docs))
+        for path in docs.rglob("*")
+        if path.is_file() and path.suffix != ".md" and (site / path.relative_to(docs)).exists()
+    )
+    assert copied == ["stylesheets/extra.css"]
+
+
+def public_modules(module: griffe.Module) -> list[griffe.Module]:
+    """``module`` and its submodules, but the private ones (a part of whose path starts with ``_``)."""
+    if any(part.startswith("_") for part in module.path.split(".")):
+        return []
+    return [module, *(m for sub in module.modules.values() for m in public_modules(sub))]
+
+
+def test_the_reference_documents_every_public_name(site: Path) -> None:
+    # Every name in a public module's __all__ has its entry in the API reference (docs/reference/*.md through
+    # mkdocstrings): an object of the built pages whose heading id is a path to it (a re-export counts).
+    package = griffe.load("async_batcher", search_paths=[str(ROOT)], resolve_aliases=True, resolve_external=False)
+    ids = {
+        i for page in (site / "reference").glob("*/index.html") for i in re.findall(r'id="([\w.]+)"', page.read_text())
+    }
+    documented = set()
+    for path in ids:
+        try:
+            documented.add(package[path.removeprefix("async_batcher.")].canonical_path)
+        except (KeyError, ValueError, griffe.AliasResolutionError):
+            pass  # (a heading's own id, not an object's)
+    missing = []
+    for module in public_modules(package):
+        for name in module.exports or ():
+            target = module[str(name)]
+            if target.canonical_path not in documented:
+                missing.append(f"{module.path}.{name}")
+    assert len(documented) > 50
+    # A constant documented by the #: comments above it has them on its page (tools/griffe_reference.py).
+    assert "stream is complete" in (site / "reference" / "core" / "index.html").read_text()
+    assert not missing, f"not in the API reference (docs/reference/*.md): {missing}"
 
 
 def test_the_site_is_where_the_readme_and_the_package_say() -> None:
@@ -172,3 +226,56 @@ def test_the_site_is_where_the_readme_and_the_package_say() -> None:
     assert urls["Documentation"] == SITE
     # No README link to a page's markdown source: on GitHub it shows snippets and the reference unrendered.
     assert "/blob/main/docs/" not in README.read_text()
+
+
+# What a user is told to install: pip install commands in the pages, the examples' requirements files.
+INSTALL_SOURCES = [
+    README,
+    *sorted((ROOT / "docs").rglob("*.md")),
+    *sorted(p for p in (ROOT / "examples").rglob("*") if p.is_file() and p.suffix in {".md", ".py", ".txt", ""}),
+]
+REPOSITORY = "git+https://github.com/hussein-awala/async-batcher"
+
+
+def install_requirements(path: Path) -> list[str]:
+    """The async-batcher requirements ``path`` tells its reader to install: each ``pip install`` argument naming the
+    package (up to the end of the line or of its inline code), and, in a requirements file, each line naming it."""
+    text = path.read_text()
+    found = []
+    for command in re.findall(r"pip install ([^`\n]+)", text):
+        try:
+            arguments = shlex.split(command, comments=True)
+        except ValueError:  # (an unbalanced quote: prose after the command) the words up to it
+            arguments = command.split()
+        found += [a for a in arguments if re.match(r"async-batcher(\[|$|[ <>=!~@])", a)]
+    if path.name.startswith("requirements") and path.suffix == ".txt":
+        found += [line.strip() for line in text.splitlines() if re.match(r"async-batcher(\[|$|[ <>=!~@])", line)]
+    return found
+
+
+def test_the_install_lines_are_found() -> None:
+    # (the finder, on the forms the pages use)
+    page = "`pip install 'async-batcher[aws]>=1.0'` (aioboto3), or `pip install async-batcher`.\npip install .\n"
+    assert re.findall(r"pip install ([^`\n]+)", page) == ["'async-batcher[aws]>=1.0'", "async-batcher", "."]
+    assert install_requirements(README), "the README's install lines were not found"
+
+
+@pytest.mark.parametrize("path", INSTALL_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_install_line_installs_this_version(path: Path) -> None:
+    # In a fresh environment an unbounded requirement installs 0.2.2 from PyPI, which has another API (and lacks
+    # the extras the guides name): every line carries the floor, or installs from the repository.
+    for line in install_requirements(path):
+        requirement = Requirement(line)
+        if requirement.url is not None:
+            assert requirement.url.startswith(REPOSITORY), f"{path}: {line!r} installs from elsewhere"
+            continue
+        specifier = requirement.specifier
+        assert not specifier.contains("0.2.2", prereleases=True) and specifier.contains("1.0.0"), (
+            f"{path}: {line!r} may install async-batcher 0.2.2: write 'async-batcher[...]>=1.0'"
+        )
+
+
+def test_the_readme_stays_true_once_published() -> None:
+    # The README is the package's page on PyPI: nothing in it may say that the package is not there.
+    text = " ".join(README.read_text().split())
+    assert not re.search(r"not (yet )?on PyPI|not on PyPI yet|until (1\.0|it) is (published|on PyPI)", text), text

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import re
 import threading
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -231,7 +233,7 @@ async def test_a_forgotten_await_is_named_and_the_coroutine_closed() -> None:
         await b.process(1)
     assert str(info.value) == (
         "process_batch returned coroutine (an async process_batch must await what it returns); expected a sequence "
-        "of 1 results in the order of the batch (a list, a tuple, a numpy array, a generator), or None"
+        "of 1 result in the order of the batch (a list, a tuple, a numpy array, a generator), or None"
     )
     await b.stop()  # (a coroutine left unclosed would warn, and warnings fail the suite)
 
@@ -596,3 +598,36 @@ async def test_a_consumer_that_stops_reading_on_a_real_loop_is_dropped_and_the_o
         async for p in stuck:
             got.append(p)
     assert got == [1, 2]  # its buffered parts, then the error
+
+
+async def test_a_count_of_one_is_singular_in_the_messages(caplog: pytest.LogCaptureFixture) -> None:
+    class Raising(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            raise KeyError("down")
+
+    b = Raising(name="raising", max_queue_time=0)
+    with caplog.at_level(logging.WARNING, logger="async_batcher"), pytest.raises(KeyError):
+        await b.process(1)
+    await b.stop()
+    assert [r.getMessage() for r in caplog.records] == ["raising: process_batch raised KeyError on a batch of 1 item"]
+    assert str(BatchSizeMismatchError(1, 2)) == "process_batch returned 2 results for a batch of 1 item"
+    assert str(BatchSizeMismatchError(2, 1)) == "process_batch returned 1 result for a batch of 2 items"
+    assert (
+        str(BatchSizeMismatchError(1, 2, at_least=True))
+        == "process_batch returned more than 1 result for a batch of 1 item"
+    )
+
+
+def test_no_message_of_the_package_writes_a_count_before_a_fixed_plural() -> None:
+    # "a batch of %d items" reads "a batch of 1 items" for the commonest batch there is: each count goes through
+    # _checks.plural (a number before a plural noun in a message string is one that does not).
+    root = Path(__file__).resolve().parent.parent / "async_batcher"
+    nouns = "items|results|rows|batches|elements|outputs|keys|calls|records|messages|callers"
+    count = re.compile(rf"""(\{{[^{{}}"']+\}}|%d|%s) ({nouns})\b""")
+    found = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if count.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert not found, "\n".join(found)

@@ -20,6 +20,7 @@ from contextvars import copy_context
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from async_batcher._checks import plural
 from async_batcher._core.batch import Batch, current_batch
 from async_batcher._core.deadlines import Deadlines
 from async_batcher._core.deadlines import violations as deadline_violations
@@ -350,7 +351,7 @@ def violations(engine: Engine) -> list[str]:
     the tests)."""
     found = queue_violations(engine.queue) + deadline_violations(engine.deadlines)
     if engine.in_flight != len(engine.batches):
-        found.append(f"in_flight {engine.in_flight}, but {len(engine.batches)} batches in flight")
+        found.append(f"in_flight {engine.in_flight}, but {plural(len(engine.batches), 'batch', 'batches')} in flight")
     room = engine.room
     if not 0 <= room.reserved <= room.awaiting:
         found.append(f"reserved {room.reserved} outside 0..awaiting={room.awaiting}")

@@ -23,6 +23,7 @@ from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING
 
+from async_batcher._checks import plural
 from async_batcher._core.batch import current_batch
 from async_batcher._core.engine import Engine
 from async_batcher._core.execution import Runner
@@ -131,7 +132,10 @@ class Lifecycle(Stopping):
             lost = self._account_abandoned(old)
             level = logging.WARNING if lost or "on_stop" in self.overridden else logging.DEBUG
             logger.log(
-                level, "%s: its event loop was closed without stop(); starting afresh (%d items lost)", self.name, lost
+                level,
+                "%s: its event loop was closed without stop(); starting afresh (%s lost)",
+                self.name,
+                plural(lost, "item"),
             )
         run = Run(loop)
         if context is not None:

@@ -12,6 +12,7 @@ from collections.abc import Awaitable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from async_batcher._checks import plural
 from async_batcher._core.state import State
 from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
 
@@ -86,12 +87,12 @@ class Stopping:
                 await asyncio.wait_for(asyncio.shield(drained), _left(loop, drain_deadline))
             except TimeoutError:
                 logger.warning(
-                    "%s: stop(timeout=%s) cut the drain off after %.3g s: %d batches in flight, %d items queued",
+                    "%s: stop(timeout=%s) cut the drain off after %.3g s: %s in flight, %s queued",
                     self.name,
                     timeout,
                     loop.time() - began,
-                    engine.in_flight,
-                    engine.queue.waiting,
+                    plural(engine.in_flight, "batch", "batches"),
+                    plural(engine.queue.waiting, "item"),
                 )
                 engine.abort(BatcherStoppedError(f"{self.name} was stopped: stop(timeout={timeout}) expired"))
         closing = run.closing
