@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from async_batcher._checks import plural
 from async_batcher._core.batch import Batch
 from async_batcher._core.engine import Engine
 from async_batcher._core.engine import violations as _violations
@@ -259,7 +260,8 @@ def idle(batcher: AsyncBatcher[Any, Any]) -> list[str]:
         return []
     found = []
     if engine.queue.waiting or engine.in_flight:
-        found.append(f"{engine.queue.waiting} items queued, {engine.in_flight} batches in flight")
+        queued, flying = plural(engine.queue.waiting, "item"), plural(engine.in_flight, "batch", "batches")
+        found.append(f"{queued} queued, {flying} in flight")
     if engine.timer is not None:
         found.append(f"a timer for {engine.timer_at}")
     if engine.pump_handle is not None and not engine.pump_handle.cancelled():

@@ -336,3 +336,67 @@ async def test_the_key_served_longest_ago_goes_first_whatever_order_the_keys_cam
     # At 3 both are full: key 2, served at 1, goes before key 1, served at 2 (and came first).
     assert b.batches[:4] == [[900, 901], [200, 201], [100, 101], [202, 203]]
     await b.stop()
+
+
+class UserKeyed(Recording):
+    """Batches by the item's first element (one key per user, as the keys guide suggests)."""
+
+    def batch_key(self, item: Any) -> Hashable:
+        return item[0]
+
+
+async def test_a_stream_of_new_keys_does_not_starve_a_key_served_before() -> None:
+    # One slot, each batch 10 ms; one new key every 10 ms for a second. Key "A", served once, must go at its next
+    # turn: a lane never served counts from when it came, not from the beginning of time.
+    b = UserKeyed(max_queue_time=0, concurrency=1, delay=0.01)
+    assert await b.process(("A", 0)) == ("A", 0, "A", 0)
+    loop = asyncio.get_running_loop()
+    stop = loop.time() + 1.0
+
+    calls: list[asyncio.Future[Any]] = []
+
+    async def newcomers() -> None:
+        n = 0
+        while loop.time() < stop:
+            calls.append(asyncio.ensure_future(b.process((f"user{n}", n))))
+            n += 1
+            await asyncio.sleep(0.01)
+
+    flood = asyncio.ensure_future(newcomers())
+    await asyncio.sleep(0.105)  # (ten newcomers in, a batch running)
+    sent = loop.time()
+    assert await b.process(("A", 1)) == ("A", 1, "A", 1)
+    assert loop.time() - sent <= 0.02 + 1e-9  # the batch running, then A's: no newcomer goes first
+    await flood
+    await asyncio.gather(*calls)
+    await b.stop()
+
+
+async def test_another_lanes_hold_timer_does_not_delay_a_lane_that_is_due() -> None:
+    # Lane "a" answered a cohort of four; its first caller back is held for the others (a timer up to max_hold_time).
+    # Lane "b"'s item, due at once (max_queue_time=0) into the free slot, must not wait for "a"'s timer.
+    b = UserKeyed(max_queue_time=0, max_hold_time=1.0, concurrency=1, delay=0.1)
+    assert await asyncio.gather(*(b.process(("a", i)) for i in range(4))) == [("a", i, "a", i) for i in range(4)]
+    back = asyncio.ensure_future(b.process(("a", 9)))  # held for its cohort
+    for _ in range(5):
+        await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    assert await b.process(("b", 1)) == ("b", 1, "b", 1)
+    assert loop.time() - sent == pytest.approx(0.1)  # its own batch's time, not the hold's
+    assert await back == ("a", 9, "a", 9)
+    await b.stop()
+
+
+async def test_process_many_into_a_due_lane_is_not_delayed_by_another_lanes_timer() -> None:
+    b = UserKeyed(max_queue_time=0, max_hold_time=1.0, concurrency=1, delay=0.1)
+    await asyncio.gather(*(b.process(("a", i)) for i in range(4)))
+    back = asyncio.ensure_future(b.process(("a", 9)))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    assert await b.process_many([("b", 1), ("b", 2)]) == [("b", 1, "b", 1), ("b", 2, "b", 2)]
+    assert loop.time() - sent == pytest.approx(0.1)
+    await back
+    await b.stop()

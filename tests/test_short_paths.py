@@ -117,7 +117,9 @@ async def test_arrivals_wake_the_dispatcher_only_when_a_batch_may_be_due(cls: ty
         for i in range(10, 15):
             waiting.append(asyncio.ensure_future(b.process(i)))
             await asyncio.sleep(0)
-    assert counted["AsyncBatcher.process"] >= 5 and counted["Dispatch._scheduled_pump"] == 0  # nothing may go: no wake-up
+    assert (
+        counted["AsyncBatcher.process"] >= 5 and counted["Dispatch._scheduled_pump"] == 0
+    )  # nothing may go: no wake-up
     gate.set()
     assert await asyncio.gather(*waiting) == [i * 2 for i in range(15)]
     await b.stop()
@@ -152,7 +154,9 @@ async def test_a_pump_that_takes_the_last_free_slot_arms_no_timer() -> None:
         waiting = [asyncio.ensure_future(b.process(x)) for x in (0, 1, 100, 2, 3)]
         assert await asyncio.gather(*waiting) == [0, 2, 200, 4, 6]
     assert b.batches == [[0, 1], [2, 3], [100]] and b.started_at == [0.0, 0.1, 1.0]
-    assert counted["Dispatch._arm_timer"] == 1 and counted["Dispatch._on_timer"] == 1  # armed at 0.2, as the slot came free
+    assert (
+        counted["Dispatch._arm_timer"] == 1 and counted["Dispatch._on_timer"] == 1
+    )  # armed at 0.2, as the slot came free
     await b.stop()
 
 

@@ -158,7 +158,7 @@ async def test_the_batch_task_cancelled_as_by_the_loop_shutting_down(blocker: Bl
                 await blocker.hold_commit(table)
                 calls = start_batch(batcher, ROWS)
                 await blocker.wait_commit()
-            (task,) = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "run_batch"]  # type: ignore[union-attr]
+            (task,) = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "Runner.run_batch"]  # type: ignore[union-attr]
             task.cancel()
             # The callers are answered once process_batch has unwound, its connection cleaned up: after the
             # statement or COMMIT under way ends (SQLite's runs on in aiosqlite's thread).
