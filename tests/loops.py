@@ -1,8 +1,8 @@
 """The event loops the tests run on: asyncio's, uvloop, and a loop on virtual time.
 
-:class:`~async_batcher.testing.VirtualClockLoop` (the package's testing kit)'s clock jumps straight to the next timer whenever nothing else can run, so behaviour that
-depends on time is tested exactly and instantly, with no wall time involved. While an executor thread works, the
-clock stands still and the loop waits for the thread for real.
+:class:`~async_batcher.testing.VirtualClockLoop` (the package's testing kit) jumps its clock straight to the next
+timer whenever nothing else can run, so behaviour that depends on time is tested exactly and instantly, with no wall
+time involved. While an executor thread works, the clock stands still and the loop waits for the thread for real.
 """
 
 from __future__ import annotations
