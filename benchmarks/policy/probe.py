@@ -152,7 +152,6 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(args.repo))
     sys.path.append(str(args.repo / "benchmarks" / "peers" / "apps"))
     import app_ours  # type: ignore[import-not-found]
-    import uvicorn
     from app_shape import create_app  # type: ignore[import-not-found]
 
     instrument(app_ours)
@@ -174,16 +173,9 @@ def main(argv: list[str] | None = None) -> None:
 
         return await asyncio.to_thread(time_model, repeats)
 
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=args.port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-        proxy_headers=False,
-    )
+    from benchmarks.peers.serve import serve
+
+    serve(app, args.port)  # as the head-to-head serves every variant
 
 
 if __name__ == "__main__":
