@@ -14,8 +14,9 @@ import json
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-__all__ = ["MODULES", "main"]
+__all__ = ["MODULES", "main", "serve"]
 
 # The variant's name -> its module in apps/.
 MODULES = {
@@ -50,7 +51,6 @@ def main(argv: list[str] | None = None) -> None:
     if not isinstance(settings, dict):
         parser.error(f"--settings must be a JSON object, got {args.settings!r}")
     sys.path.append(str(Path(__file__).resolve().with_name("apps")))
-    import uvicorn
     from app_shape import create_app  # type: ignore[import-not-found,unused-ignore]
 
     module = importlib.import_module(MODULES[args.variant])
@@ -60,11 +60,17 @@ def main(argv: list[str] | None = None) -> None:
         "versions": _versions(args.variant),
         "python": sys.version.split()[0],
     }
-    app = create_app(functools.partial(module.make_predictor, settings=settings), info)
+    serve(create_app(functools.partial(module.make_predictor, settings=settings), info), args.port)
+
+
+def serve(app: Any, port: int) -> None:
+    """Serve ``app`` as every variant's server runs: uvicorn on 127.0.0.1, one worker, uvloop and httptools."""
+    import uvicorn
+
     uvicorn.run(
         app,
         host="127.0.0.1",
-        port=args.port,
+        port=port,
         loop="uvloop",
         http="httptools",
         log_level="warning",

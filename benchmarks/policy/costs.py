@@ -1,0 +1,32 @@
+"""The simulator's cost constants: ``costs.json`` beside this module, written by ``python -m
+benchmarks.policy.measure`` (what each constant is and how it was measured: :mod:`benchmarks.policy.measure`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .sim.server import Costs
+
+__all__ = ["COSTS", "load", "provenance"]
+
+COSTS = Path(__file__).with_name("costs.json")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"cannot read the cost constants {path}: {exc} (python -m benchmarks.policy.measure)") from exc
+    return data
+
+
+def load(path: Path = COSTS) -> Costs:
+    return Costs.from_dict(_read(path))
+
+
+def provenance(path: Path = COSTS) -> dict[str, Any]:
+    """How the constants were measured (``measured``) and from what (``derived_from``)."""
+    data = _read(path)
+    return {"measured": data.get("measured", {}), "derived_from": data.get("derived_from", {})}

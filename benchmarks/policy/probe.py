@@ -1,0 +1,182 @@
+"""The head-to-head's server for this package, instrumented: ``python -I probe.py --repo ROOT --port PORT``.
+
+The app of ``make bench-peers`` (``benchmarks/peers/apps``: ``app_shape`` with ``app_ours`` at the README's
+settings, uvicorn with uvloop and httptools, one worker), with clocks around the parts the simulator charges:
+
+* the event loop's thread CPU (``time.thread_time``) inside uvicorn's ``data_received`` (**read**), from there to
+  the handler's ``await`` of the batcher (**pre**), and from the result to the response's last ``send`` (**post**);
+  these are per request only while one request is in flight at a time (one connection);
+* the loop's CPU while a request waits for its batch (one connection: the batcher's own work and the hand-over of
+  the batch to the model's thread and back: **submit**), and the wall time of that wait;
+* the wall time of each ``process_batch`` in the model's thread, with its size (the model's **a + b·n**);
+* the wall time from ``data_received`` to the response, and the loop thread's CPU in all;
+* ``GET /probe/model``: the model alone, before any load: ``process_batch`` (the batcher's, as its executor runs
+  it) timed at batch sizes 1 to 256, interleaved, in a thread of its own while the loop idles.
+
+``GET /probe`` answers the sums since the last ``GET /probe`` (and starts them afresh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+cpu = time.thread_time_ns
+wall = time.perf_counter_ns
+
+
+class Probe:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests = 0
+        self.read = self.pre = self.post = self.wait_cpu = self.wait_wall = self.server_wall = 0
+        self.batches: list[tuple[int, int]] = []
+        self.waits: list[int] = []  # each request's wait for its batch (wall ns)
+        self.servers: list[int] = []  # each request's time in the server (wall ns)
+        self.loop_cpu0 = cpu()
+        self.wall0 = wall()
+        self.read_exit = self.read_entry_wall = self.result_cpu = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            batches, self.batches = self.batches, []
+        out = {
+            "requests": self.requests,
+            "read_cpu_ns": self.read,
+            "pre_cpu_ns": self.pre,
+            "post_cpu_ns": self.post,
+            "wait_cpu_ns": self.wait_cpu,
+            "wait_wall_ns": self.wait_wall,
+            "server_wall_ns": self.server_wall,
+            "loop_cpu_ns": cpu() - self.loop_cpu0,
+            "wall_ns": wall() - self.wall0,
+            "batches": batches,
+            "waits": self.waits,
+            "servers": self.servers,
+        }
+        self.reset()
+        return out
+
+
+PROBE = Probe()
+UNTIMED: dict[str, Any] = {}
+BATCHER: dict[str, Any] = {}
+MODEL_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def time_model(repeats: int) -> list[tuple[int, int]]:
+    """``process_batch`` at each of :data:`MODEL_SIZES`, ``repeats`` rounds of them all: (size, wall ns) each."""
+    batcher = BATCHER["batcher"]
+    process_batch = UNTIMED["process_batch"]
+    rows = [[0.1 * (i % 10)] * 10 for i in range(max(MODEL_SIZES))]
+    out = []
+    for _ in range(repeats):
+        for n in MODEL_SIZES:
+            start = wall()
+            process_batch(batcher, rows[:n])
+            out.append((n, wall() - start))
+    return out
+
+
+def instrument(ours_module: Any) -> None:
+    from uvicorn.protocols.http import httptools_impl
+
+    from async_batcher.ml.keras import KerasAsyncBatcher
+
+    data_received = httptools_impl.HttpToolsProtocol.data_received
+
+    def timed_data_received(self: Any, data: bytes) -> None:
+        entry, entry_wall = cpu(), wall()
+        data_received(self, data)
+        PROBE.read_exit = done = cpu()
+        PROBE.read += done - entry
+        PROBE.read_entry_wall = entry_wall
+
+    httptools_impl.HttpToolsProtocol.data_received = timed_data_received  # type: ignore[method-assign]
+
+    send = httptools_impl.RequestResponseCycle.send
+
+    async def timed_send(self: Any, message: Any) -> None:
+        await send(self, message)
+        last = message["type"] == "http.response.body" and not message.get("more_body", False)
+        if last and self.scope["path"] == "/predict":
+            PROBE.post += cpu() - PROBE.result_cpu
+            took = wall() - PROBE.read_entry_wall
+            PROBE.server_wall += took
+            PROBE.servers.append(took)
+            PROBE.requests += 1
+
+    httptools_impl.RequestResponseCycle.send = timed_send  # type: ignore[method-assign]
+
+    predict = ours_module.Ours.predict
+
+    async def timed_predict(self: Any, features: list[float]) -> float:
+        entry, entry_wall = cpu(), wall()
+        PROBE.pre += entry - PROBE.read_exit
+        result: float = await predict(self, features)
+        PROBE.result_cpu = back = cpu()
+        PROBE.wait_cpu += back - entry
+        waited = wall() - entry_wall
+        PROBE.wait_wall += waited
+        PROBE.waits.append(waited)
+        return result
+
+    ours_module.Ours.predict = timed_predict
+
+    process_batch = KerasAsyncBatcher.process_batch
+    UNTIMED["process_batch"] = process_batch
+
+    def timed_process_batch(self: Any, batch: list[Any]) -> Any:
+        start = wall()
+        out = process_batch(self, batch)
+        took = wall() - start
+        with PROBE.lock:
+            PROBE.batches.append((len(batch), took))
+        return out
+
+    KerasAsyncBatcher.process_batch = timed_process_batch  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(args.repo))
+    sys.path.append(str(args.repo / "benchmarks" / "peers" / "apps"))
+    import app_ours  # type: ignore[import-not-found]
+    from app_shape import create_app  # type: ignore[import-not-found]
+
+    instrument(app_ours)
+
+    def make_predictor(model: Any) -> Any:
+        predictor = app_ours.make_predictor(model, settings={})
+        BATCHER["batcher"] = predictor.batcher
+        return predictor
+
+    app = create_app(make_predictor, {"variant": "ours", "probe": True})
+
+    @app.get("/probe")
+    async def probe() -> dict[str, Any]:
+        return PROBE.snapshot()
+
+    @app.get("/probe/model")
+    async def model(repeats: int = 100) -> list[tuple[int, int]]:
+        import asyncio
+
+        return await asyncio.to_thread(time_model, repeats)
+
+    from benchmarks.peers.serve import serve
+
+    serve(app, args.port)  # as the head-to-head serves every variant
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The simulator's event loop on virtual time, and its executor: no thread, no socket, no wall clock.
+
+:class:`SimLoop` is asyncio's own ``BaseEventLoop`` (the same ``_run_once``: timers due, then the callbacks that were
+ready at the start of the iteration) with a clock that only moves in two ways:
+
+* **It jumps** to the next timer when nothing is ready (an idle loop waits for nothing; there is no I/O to poll).
+* **It is spent**: :meth:`SimLoop.spend` moves it forward *synchronously* inside a callback, for the CPU time the
+  server's own code takes (parsing a request, running a handler). Nothing else runs meanwhile: timers that come due
+  fire late, after the callback, and arrivals that came meanwhile are read together in the next iteration, as a
+  busy server reads the requests that queued on its sockets while it worked.
+
+:class:`SimExecutor` stands for the model's thread: ``submit(fn, *args)`` runs ``fn`` at once (its result is known),
+but the future it returns resolves only when the virtual time the work costs has passed (what
+:class:`~.server.Model` charged while ``fn`` ran), one job at a time per worker; its done-callbacks then reach the
+loop through ``call_soon_threadsafe``, as a real thread's do. A batcher with a plain ``def process_batch`` thus runs
+the code path it runs in a server, deterministically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import heapq
+from collections import deque
+from collections.abc import Callable
+from heapq import heappop
+from typing import Any
+
+__all__ = ["CLOCKS", "SimExecutor", "SimLoop"]
+
+
+CLOCKS = ("uvloop", "asyncio")
+
+
+class SimLoop(asyncio.BaseEventLoop):
+    """An event loop on virtual time (module docstring). ``busy`` sums the CPU time :meth:`spend` took.
+
+    ``clock="uvloop"`` gives the batchers uvloop's clock, as the HTTP benchmark's server runs (libuv's): ``time()``
+    in whole milliseconds, and a timer's delay rounded to the nearest millisecond (``round``: 0.5 ms and less run
+    at the next iteration, 0.6 to 1.5 ms after 1 ms, counted from the millisecond ``time()`` shows). ``"asyncio"``:
+    the exact clock of asyncio's own loops. The simulation's own events (arrivals, the model's end) are exact either
+    way (:meth:`at`); :attr:`now` is the exact time.
+    """
+
+    def __init__(self, clock: str = "uvloop") -> None:
+        if clock not in CLOCKS:
+            raise ValueError(f"clock {clock!r} is not one of {CLOCKS}")
+        super().__init__()
+        self._now = 0.0
+        self._ms = clock == "uvloop"
+        self.busy = 0.0
+        self.default_executor = SimExecutor(self, workers=1)
+
+    @property
+    def now(self) -> float:
+        return self._now
+
+    def time(self) -> float:
+        return int(self._now * 1000 + 1e-6) / 1000 if self._ms else self._now  # (+1e-6: 0.003 is 0.00299...)
+
+    def call_at(self, when: float, callback: Callable[..., Any], *args: Any, context: Any = None) -> Any:
+        if not self._ms:
+            return super().call_at(when, callback, *args, context=context)
+        ms = round((when - self.time()) * 1000)
+        if ms <= 0:
+            return self.call_soon(callback, *args, context=context)
+        return super().call_at(self._now + ms / 1000, callback, *args, context=context)
+
+    def at(self, when: float, callback: Callable[..., Any], *args: Any) -> asyncio.TimerHandle:
+        """Schedule one of the simulation's own events at the exact time ``when`` (never rounded)."""
+        return asyncio.BaseEventLoop.call_at(self, when, callback, *args)
+
+    def spend(self, seconds: float) -> None:
+        """The running callback takes ``seconds`` of the loop's CPU: the clock moves, nothing else runs."""
+        if seconds > 0:
+            self._now += seconds
+            self.busy += seconds
+
+    def _process_events(self, event_list: list[Any]) -> None:
+        pass
+
+    def _run_once(self) -> None:
+        """One iteration, as ``BaseEventLoop._run_once`` runs it (the timers due join the callbacks ready, then those
+        run, not the ones they schedule), without the I/O poll: the clock jumps to the next timer when nothing is
+        ready. (Lean on purpose: the simulation's speed is this loop's.)"""
+        scheduled: list[Any] = self._scheduled  # type: ignore[attr-defined]
+        ready: deque[Any] = self._ready  # type: ignore[attr-defined]
+        if len(scheduled) > 100 and self._timer_cancelled_count * 2 > len(scheduled):  # type: ignore[attr-defined]
+            # Many cancelled timers (the base loop's rule): drop them all at once.
+            kept = []
+            for handle in scheduled:
+                if handle._cancelled:
+                    handle._scheduled = False
+                else:
+                    kept.append(handle)
+            heapq.heapify(kept)
+            self._scheduled = scheduled = kept
+            self._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0]._cancelled:
+                self._timer_cancelled_count -= 1
+                heappop(scheduled)._scheduled = False
+        if not ready and not self._stopping:  # type: ignore[attr-defined]
+            if not scheduled:
+                raise RuntimeError("simulation deadlock: nothing is ready and no timer is pending")
+            when = scheduled[0]._when
+            if when > self._now:
+                self._now = when
+        end = self._now + 1e-9
+        while scheduled and scheduled[0]._when < end:
+            handle = heappop(scheduled)
+            handle._scheduled = False
+            ready.append(handle)
+        popleft = ready.popleft
+        for _ in range(len(ready)):
+            handle = popleft()
+            if not handle._cancelled:
+                handle._run()
+
+    def _write_to_self(self) -> None:
+        pass  # call_soon_threadsafe's wake-up: there is no other thread, and the loop never sleeps for real
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        if executor is None:
+            executor = self.default_executor
+        if not isinstance(executor, SimExecutor):
+            raise RuntimeError(f"the simulation runs no threads: {executor!r} is not a SimExecutor")
+        return asyncio.wrap_future(executor.submit(func, *args), loop=self)
+
+    def set_default_executor(self, executor: Any) -> None:
+        raise RuntimeError("the simulation runs no threads")
+
+    async def shutdown_default_executor(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class SimExecutor(concurrent.futures.Executor):
+    """``workers`` model threads on the loop's virtual clock (module docstring). ``cost()`` is asked, right after
+    each job ran, for the virtual seconds it takes; ``on_submit`` is called on every submission (the loop's own CPU
+    for handing a job over, say)."""
+
+    def __init__(self, loop: SimLoop, workers: int = 1) -> None:
+        self._loop = loop
+        self._idle = workers
+        self._queue: deque[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...]]] = deque()
+        self.cost: Callable[[], float] = lambda: 0.0
+        self.on_submit: Callable[[], None] = lambda: None
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        call = (lambda: fn(*args, **kwargs)) if kwargs else fn
+        self._queue.append((fut, call, () if kwargs else args))
+        self.on_submit()
+        self._start()
+        return fut
+
+    def _start(self) -> None:
+        loop = self._loop
+        while self._idle and self._queue:
+            fut, fn, args = self._queue.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            self._idle -= 1
+            try:
+                result, error = fn(*args), None
+            except BaseException as exc:  # the job's outcome, delivered when its time is up
+                result, error = None, exc
+            loop.at(loop.now + self.cost(), self._finish, fut, result, error)
+
+    def _finish(self, fut: concurrent.futures.Future[Any], result: Any, error: BaseException | None) -> None:
+        self._idle += 1
+        if error is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(error)
+        self._start()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            while self._queue:
+                self._queue.popleft()[0].cancel()

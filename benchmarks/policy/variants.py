@@ -1,0 +1,97 @@
+"""The variants the simulator compares: a name, the batcher (ours or a peer), and its constructor's keyword arguments.
+
+A variant's ``kwargs`` is the text of a Python call's keyword arguments, evaluated anew for every batcher the
+simulator builds (in the worker that runs it, :mod:`benchmarks.policy.worker`), after its ``setup`` statements, with
+``async_batcher``'s public names in scope for ours: ``max_queue_time=0, max_hold_time=0.002``, or an object,
+``policy=Greedy(turns=2)`` with ``setup="from async_batcher.policies import Greedy"``. On the command line:
+``--variant NAME:KWARGS`` (ours; ``--setup`` for the imports), or a name of :data:`REGISTRY`. To add a variant for
+every run, add it to :data:`REGISTRY` and to :data:`EXTRA` (or pass ``--variant NAME``).
+
+The grid (:func:`grid`) is every combination of :data:`QUEUE_TIMES` and :data:`HOLD_TIMES` at the README's other
+settings; its ``max_queue_time=0``, no-hold point is named ``greedy``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "CONSTRUCTOR",
+    "EXTRA",
+    "HOLD_TIMES",
+    "PEERS",
+    "QUEUE_TIMES",
+    "RECOMMENDED",
+    "REGISTRY",
+    "Variant",
+    "grid",
+    "parse",
+]
+
+ROLES = ("constructor", "recommended", "grid", "peer", "extra")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    kind: str  # "ours", "async-batcher-0.2.2" or "batched" (sim/batchers.py)
+    kwargs: str  # keyword arguments, as in a call
+    role: str = "extra"
+    setup: str = ""  # statements run before kwargs is evaluated (imports)
+
+    def job(self) -> dict[str, str]:
+        return {"kind": self.kind, "kwargs": self.kwargs, "setup": self.setup}
+
+
+# What a user gets from ``AsyncBatcher(...)`` with no argument (max_batch_size=-1, max_queue_time=0.01, ...).
+CONSTRUCTOR = Variant("constructor-defaults", "ours", "", "constructor")
+# The README's "Settings for a model server" (and the FastAPI guide's), as the head-to-head's app uses them.
+RECOMMENDED = Variant("recommended", "ours", "max_batch_size=256, max_queue_time=0, max_queue_size=4096", "recommended")
+PEERS = (
+    # Each as its README shows, at the head-to-head's settings (benchmarks/peers/apps).
+    Variant("async-batcher-0.2.2", "async-batcher-0.2.2", "max_batch_size=256, max_queue_time=0.001", "peer"),
+    Variant("batched", "batched", "batch_size=256, timeout_ms=1.0", "peer"),
+)
+QUEUE_TIMES = (0.0, 0.0005, 0.001, 0.002, 0.005)
+HOLD_TIMES = (0.0, 0.001, 0.002, 0.005)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:g}ms"
+
+
+def grid(queue_times: tuple[float, ...] = QUEUE_TIMES, hold_times: tuple[float, ...] = HOLD_TIMES) -> list[Variant]:
+    """Fixed settings: every ``max_queue_time`` with every ``max_hold_time``, the README's other settings kept."""
+    out = []
+    for wait in queue_times:
+        for hold in hold_times:
+            name = "greedy" if wait == 0 and hold == 0 else f"wait{_ms(wait)}" + (f"+hold{_ms(hold)}" if hold else "")
+            kwargs = f"max_batch_size=256, max_queue_time={wait!r}, max_hold_time={hold!r}, max_queue_size=4096"
+            out.append(Variant(name, "ours", kwargs, "grid"))
+    return out
+
+
+# Named variants besides the grid, for --variant NAME; EXTRA are run by default too.
+REGISTRY: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        CONSTRUCTOR,
+        RECOMMENDED,
+        *PEERS,
+        Variant("adaptive", "ours", "max_batch_size=256, max_latency=0.025, max_queue_size=4096"),
+    )
+}
+EXTRA: tuple[str, ...] = ()
+
+
+def parse(spec: str, setup: str = "") -> Variant:
+    """``NAME`` (of :data:`REGISTRY`) or ``NAME:KWARGS`` (ours, with those keyword arguments)."""
+    name, sep, kwargs = spec.partition(":")
+    name = name.strip()
+    if not name:
+        raise ValueError(f"variant {spec!r}: no name before ':'")
+    if not sep:
+        if name not in REGISTRY:
+            raise ValueError(f"variant {spec!r}: not one of {sorted(REGISTRY)}; give NAME:KWARGS for a new one")
+        return REGISTRY[name]
+    return Variant(name, "ours", kwargs.strip(), "extra", setup)
