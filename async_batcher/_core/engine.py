@@ -164,8 +164,10 @@ class Engine(Dispatch):
         priority_wait: float,
         policy: DispatchPolicy,
         weighted: bool,
+        stall_limit: float,
     ) -> None:
         """The settings as they are now: they apply from the next batch (:meth:`repump` to look again now)."""
+        self.runner.stall_limit = stall_limit
         self.batch_limit, self.slot_limit, self.weight_limit = batch_limit, slot_limit, weight_limit
         self.room.limit, self.room.size, self.priority_wait = room_limit, queue_size, priority_wait
         if policy is not self.policy:
@@ -298,9 +300,10 @@ class Engine(Dispatch):
 
     # ------------------------------------------------------------------ stopping, failing everything
 
-    def begin_stop(self, exc: BaseException) -> None:
+    def begin_stop(self, exc: BaseException, on_drained: Callable[[], None]) -> None:
         """Refuse new items and the callers in line for room (with ``exc``); send what waits without waiting for
-        deadlines."""
+        deadlines; call ``on_drained`` once nothing is queued or in flight."""
+        self.on_drained = on_drained
         self.state = State.STOPPING
         self.room.fail(exc)
         self.repump()

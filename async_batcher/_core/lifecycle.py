@@ -182,8 +182,8 @@ class Lifecycle(Stopping):
         engine = run.engine
         assert engine is not None
         settings = self.settings
-        engine.runner.stall_limit = settings.stall_limit
         engine.configure(
+            stall_limit=settings.stall_limit,
             batch_limit=settings.batch_limit,
             slot_limit=settings.slot_limit,
             room_limit=settings.room_limit,

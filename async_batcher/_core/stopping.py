@@ -126,8 +126,7 @@ class Stopping:
         deadlines."""
         run.fast = None
         run.drained = engine.loop.create_future()
-        engine.on_drained = partial(self._drained, run, engine)
-        engine.begin_stop(BatcherStoppedError(f"{self.name} is stopping"))
+        engine.begin_stop(BatcherStoppedError(f"{self.name} is stopping"), partial(self._drained, run, engine))
 
     def _drained(self, run: Run, engine: Engine) -> None:
         """The drain is over (once): run ``on_stop()``."""
