@@ -9,7 +9,7 @@
 Nothing is recorded on the hot path: every scrape takes one :class:`~async_batcher.BatcherStats` snapshot per
 batcher and turns it into metric families, all labelled ``batcher="<name>"``:
 
-- ``async_batcher_batches_total``: batches sent to ``process_batch``;
+- ``async_batcher_batches_total{reason}``: batches sent to ``process_batch``, by why each went;
 - ``async_batcher_items_total{outcome=...}``: items ``submitted``, ``processed``, ``failed``, ``cancelled``,
   ``timed_out``, ``rejected``;
 - ``async_batcher_batch_size_mean``: items per batch, over the batcher's life;
@@ -146,7 +146,9 @@ class BatcherCollector(Collector):
 
     def _families(self, snapshots: list[BatcherStats]) -> Iterator[Metric]:
         ns = self.namespace
-        batches = CounterMetricFamily(f"{ns}_batches", "Batches sent to process_batch.", labels=["batcher"])
+        batches = CounterMetricFamily(
+            f"{ns}_batches", "Batches sent to process_batch, by why each went (reason).", labels=["batcher", "reason"]
+        )
         items = CounterMetricFamily(
             f"{ns}_items", "Items by outcome (submitted is every accepted item).", labels=["batcher", "outcome"]
         )
@@ -164,7 +166,8 @@ class BatcherCollector(Collector):
         held = CounterMetricFamily(f"{ns}_held_batches", HELD_HELP, labels=["batcher"])
         probes = CounterMetricFamily(f"{ns}_hold_probes", PROBES_HELP, labels=["batcher"])
         for s in snapshots:
-            batches.add_metric([s.name], s.batches)
+            for reason, count in s.reasons.items():
+                batches.add_metric([s.name, reason], count)
             for outcome in OUTCOMES:
                 items.add_metric([s.name, outcome], getattr(s, outcome))
             size.add_metric([s.name], s.mean_batch_size)

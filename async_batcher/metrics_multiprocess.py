@@ -157,7 +157,12 @@ class _Metrics:
     """The counters and gauges every exporter of a process writes to (prometheus_client's objects, once each)."""
 
     def __init__(self, namespace: str) -> None:
-        self.batches = Counter(f"{namespace}_batches", "Batches sent to process_batch.", ["batcher"], registry=None)
+        self.batches = Counter(
+            f"{namespace}_batches",
+            "Batches sent to process_batch, by why each went (reason).",
+            ["batcher", "reason"],
+            registry=None,
+        )
         self.items = Counter(
             f"{namespace}_items",
             "Items by outcome (submitted is every accepted item).",
@@ -276,12 +281,12 @@ class MultiprocessExporter:
         for batcher, copied in zip(self.batchers, self._copied, strict=True):
             stats = batcher.stats
             name = stats.name
-            for counter, count, key in (
-                (m.batches, stats.batches, "batches"),
-                (m.held, stats.held, "held"),
-                (m.probes, stats.probes, "probes"),
-            ):
+            for counter, count, key in ((m.held, stats.held, "held"), (m.probes, stats.probes, "probes")):
                 counter.labels(name).inc(count - copied.get(key, 0))
+                copied[key] = count
+            for reason, count in stats.reasons.items():
+                key = f"reason:{reason}"
+                m.batches.labels(name, reason).inc(count - copied.get(key, 0))
                 copied[key] = count
             for outcome in OUTCOMES:
                 now = getattr(stats, outcome)

@@ -33,6 +33,12 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, frozenset(labels.items()))]
 
 
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` that carry ``labels``, whatever their others (a counter's reasons)."""
+    wanted = set(labels.items())
+    return sum(v for (n, got), v in samples.items() if n == name and wanted <= got)
+
+
 @pytest.mark.virtual_time
 async def test_a_scrape_reports_what_the_statistics_say() -> None:
     b = Recording(
@@ -45,7 +51,7 @@ async def test_a_scrape_reports_what_the_statistics_say() -> None:
     register_batcher(b, registry)
     empty = scrape(registry)
     assert math.isnan(value(empty, "async_batcher_queue_wait_seconds", batcher="embedder", quantile="0.5"))
-    assert value(empty, "async_batcher_batches_total", batcher="embedder") == 0
+    assert total(empty, "async_batcher_batches_total", batcher="embedder") == 0
 
     await asyncio.gather(*(b.process(i) for i in range(5)))  # one full batch, at once
     with pytest.raises(ValueError, match="bad"):
@@ -58,7 +64,11 @@ async def test_a_scrape_reports_what_the_statistics_say() -> None:
 
     stats = b.stats
     samples = scrape(registry)
-    assert value(samples, "async_batcher_batches_total", batcher="embedder") == stats.batches == 2
+    assert total(samples, "async_batcher_batches_total", batcher="embedder") == stats.batches == 2
+    # Why each went: one full batch at once, the other when its max_queue_time was up.
+    assert value(samples, "async_batcher_batches_total", batcher="embedder", reason="full") == 1
+    assert value(samples, "async_batcher_batches_total", batcher="embedder", reason="deadline") == 1
+    assert dict(stats.reasons) == {"full": 1, "deadline": 1}
     expected = {"submitted": 7, "processed": 6, "failed": 1, "cancelled": 0, "timed_out": 1, "rejected": 1}
     for outcome, count in expected.items():
         assert getattr(stats, outcome) == count
@@ -127,7 +137,7 @@ def test_batchers_of_one_registry_share_a_collector_and_are_held_weakly() -> Non
     assert register_batcher(fn, registry) is collector  # a @batch function stands for its batcher
     register_batcher(a, registry)  # idempotent
     assert collector.batchers == [a, b, fn.batcher]
-    names = {dict(labels)["batcher"] for (name, labels) in scrape(registry) if name == "async_batcher_batches_total"}
+    names = {dict(labels)["batcher"] for (name, labels) in scrape(registry) if name == "async_batcher_items_total"}
     assert names == {"a", "b", "fn"}
 
     with pytest.raises(ValueError, match="name="):
@@ -136,9 +146,7 @@ def test_batchers_of_one_registry_share_a_collector_and_are_held_weakly() -> Non
     del b
     gc.collect()
     assert collector.batchers == [a]
-    assert {key for key in scrape(registry) if key[0] == "async_batcher_batches_total"} == {
-        ("async_batcher_batches_total", frozenset({("batcher", "a")}))
-    }
+    assert {dict(key[1])["batcher"] for key in scrape(registry) if key[0] == "async_batcher_items_total"} == {"a"}
     unregister_batcher(a, CollectorRegistry())  # not exported there: nothing happens
 
 
@@ -157,9 +165,7 @@ def test_a_renamed_batcher_does_not_make_the_scrape_invalid(caplog: pytest.LogCa
     registry.register(BatcherCollector(a, b))
     b.name = "a"
     samples = scrape(registry)
-    assert [key for key in samples if key[0] == "async_batcher_batches_total"] == [
-        ("async_batcher_batches_total", frozenset({("batcher", "a")}))
-    ]
+    assert {dict(key[1])["batcher"] for key in samples if key[0] == "async_batcher_items_total"} == {"a"}
     assert "two exported batchers are named 'a'" in caplog.text
 
 
@@ -193,5 +199,5 @@ async def test_the_openmetrics_exposition_and_the_asgi_app_serve_it_too() -> Non
     assert sent[0]["status"] == 200
     body = sent[1]["body"]
     assert isinstance(body, bytes)
-    assert b'async_batcher_batches_total{batcher="served"} 1.0' in body
+    assert b'async_batcher_batches_total{batcher="served",reason="deadline"} 1.0' in body
     await b.stop()

@@ -117,7 +117,10 @@ def test_two_workers_histograms_add_up_in_one_scrape(server: tuple[subprocess.Po
     assert all(count > 0 for count in own.values())
     assert sum(own.values()) == batches
     # The counters follow within a copy interval; the gauges are the sum over the live workers.
-    until(lambda: value(scrape(url), "async_batcher_batches_total") == batches, "the batch counter")
+    until(
+        lambda: sum(v for (n, _), v in scrape(url).items() if n == "async_batcher_batches_total") == batches,
+        "the batch counter (over its reasons)",
+    )
     samples = scrape(url)
     assert value(samples, "async_batcher_items_total", outcome="processed") == REQUESTS
     assert value(samples, "async_batcher_items_total", outcome="submitted") == REQUESTS
