@@ -87,7 +87,7 @@ class Engine(Dispatch):
         self,
         loop: asyncio.AbstractEventLoop,
         recorder: _Recorder,
-        runner: Runner,
+        runner: Callable[..., Runner],
         policy: DispatchPolicy,
         *,
         name: str,
@@ -114,9 +114,8 @@ class Engine(Dispatch):
         self.queue = Queue(recorder, weighted=weighted)
         self.room = Room(self.queue, name)
         self.deadlines = Deadlines(loop)  # the callers' timeouts: one timer for all of them
-        self.runner = runner
-        runner.on_end = self.batch_ended
-        runner.join = self.join
+        # How this run's batches run: made here, told of their end and, for continuous batching, how items join.
+        self.runner = runner(on_end=self.batch_ended, join=self.join)
         self.policy = policy
         self.batches: dict[Batch, None] = {}
         self.in_flight = 0
@@ -129,7 +128,7 @@ class Engine(Dispatch):
         # Told of every batch as it goes and as it ends (async_batcher.testing): (sent, ended) pairs.
         self.watchers: list[tuple[Callable[[Batch], None], Callable[[Batch], None]]] = []
         self.on_drained: Callable[[], None] = _ignore  # the stop's: called once, as the drain ends
-        self.batch_limit = self.slot_limit = self.room.limit = UNLIMITED
+        self.batch_limit = self.slot_limit = UNLIMITED
         self.weight_limit = math.inf
         self.priority_wait = 1.0
         policy.bind(self)
@@ -169,7 +168,8 @@ class Engine(Dispatch):
         """The settings as they are now: they apply from the next batch (:meth:`repump` to look again now)."""
         self.runner.stall_limit = stall_limit
         self.batch_limit, self.slot_limit, self.weight_limit = batch_limit, slot_limit, weight_limit
-        self.room.limit, self.room.size, self.priority_wait = room_limit, queue_size, priority_wait
+        self.room.set_limit(room_limit, queue_size)
+        self.priority_wait = priority_wait
         if policy is not self.policy:
             self.policy = policy
             policy.bind(self)

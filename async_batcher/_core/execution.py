@@ -45,10 +45,6 @@ logger = logging.getLogger("async_batcher")
 _ABANDONED: Final = object()
 
 
-def _ignore(batch: Batch, callers: int) -> None:
-    pass
-
-
 class Runner(Ending):
     """One run's way of running batches (see the module's docstring)."""
 
@@ -58,6 +54,9 @@ class Runner(Ending):
         loop: asyncio.AbstractEventLoop,
         recorder: _Recorder,
         context: contextvars.Context,
+        *,
+        on_end: Callable[[Batch, int], None],
+        join: Callable[[Batch], int],
     ) -> None:
         self.hooks = hooks
         self.name = hooks.name
@@ -73,10 +72,14 @@ class Runner(Ending):
         # which see on_start() done, still reach process_batch after it (in the order they were formed).
         self.start_line: asyncio.Future[None] | None = None
         # The engine's: a batch has freed its slot, having answered this many callers.
-        self.on_end: Callable[[Batch, int], None] = _ignore
+        self.on_end = on_end
         # The engine's, for continuous batching: items of the batch's lane join it (how many).
-        self.join: Callable[[Batch], int] = lambda batch: 0
+        self.join = join
         self.stall_limit = float("inf")  # stream_stall_timeout, or inf (a stream's wait for a slow consumer)
+
+    def start_after(self, startup: asyncio.Task[None]) -> None:
+        """``on_start()`` runs as ``startup``: the batches formed before it ends wait for it, in order."""
+        self.startup = startup
 
     def call(self, items: list[Any]) -> Any:
         """``process_batch(batch=items)`` where its parameter is named ``batch`` (as 0.2.2 called it), else by

@@ -143,24 +143,23 @@ class Lifecycle(Stopping):
             context.run(current_batch.set, None)
             context.run(in_hook.set, None)
             run.context = context
+        # on_start() first: refused (not an async def), the run stays as it was, and no engine takes the policy.
+        started = self._hook_call("on_start") if "on_start" in self.overridden else None
         settings = self.settings
         cls = StreamRunner if inspect.isasyncgenfunction(self.hooks.process_batch) else Runner
-        runner = cls(self.hooks, loop, self.recorder, run.context)
         engine = Engine(
             loop,
             self.recorder,
-            runner,
+            partial(cls, self.hooks, loop, self.recorder, run.context),
             settings.policy,
             name=self.name,
             # The hooks cost a call per item: they are only called when overridden (or weights are limited).
             keyed="batch_key" in self.overridden,
             weighted="item_weight" in self.overridden or settings.limits.max_batch_weight is not None,
         )
-        if "on_start" in self.overridden:
-            started = self._hook_call("on_start")  # (before the run is the batcher's: refused, it stays as it was)
-            run.startup = runner.startup = loop.create_task(
-                run_hook(run, "on_start", started), context=run.context.copy()
-            )
+        if started is not None:
+            run.startup = loop.create_task(run_hook(run, "on_start", started), context=run.context.copy())
+            engine.runner.start_after(run.startup)
             run.startup.add_done_callback(partial(self._startup_done, run))
         run.engine = engine
         self._configure(run)

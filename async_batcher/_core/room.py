@@ -10,6 +10,7 @@ had been room all along. The engine owns one :class:`Room` per run, beside its q
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -36,11 +37,15 @@ class Room:
     def __init__(self, queue: Queue, name: str) -> None:
         self.queue = queue
         self.name = name
-        self.limit = 0  # max_queue_size as the queue compares it (UNLIMITED: none); set by the engine
+        self.limit = sys.maxsize  # max_queue_size as the queue compares it (sys.maxsize: none)
         self.size: int | None = None  # max_queue_size as the user gave it (for messages)
         self.putters: deque[tuple[asyncio.Future[None], int]] = deque()  # (waiter, items)
         self.awaiting = 0  # items of the callers in line for room, woken or not
         self.reserved = 0  # room promised to woken callers that have not queued their items yet
+
+    def set_limit(self, limit: int, size: int | None) -> None:
+        """``max_queue_size`` as it is now: ``limit`` to compare against, ``size`` as given (``None``: no limit)."""
+        self.limit, self.size = limit, size
 
     def no_room(self, n: int) -> bool:
         """Whether ``n`` items must wait for room: the queue is full, or others wait already (they go first)."""
