@@ -49,7 +49,8 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
        while they come back together, as a closed loop's clients do; never while a caller waits for room or the
        batcher stops; details in the guarantees). ``max_queue_time=0`` sends whatever is waiting the moment a
        slot is free (items that arrive in the same loop iteration share the batch). Items go out in arrival
-       order. An idle batcher schedules no wake-ups.
+       order. When slots are scarce, the due key served longest ago goes first (a key never served counts from
+       when it came). An idle batcher schedules no wake-ups.
     2. **Results.** ``process_batch`` returns one result per item, in order (any ordered iterable), or ``None``
        (``None`` for each). An ``Exception`` element is raised to its caller only; results of the wrong length
        or kind give every caller of the batch a :class:`BatchSizeMismatchError` or a ``TypeError``; an exception
@@ -58,7 +59,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
        every item a part, :data:`END` or an ``Exception``, under these rules per stream.
     3. **Sync process_batch.** A plain ``def process_batch`` runs in ``executor`` (the loop's default executor
        if ``None``), never on the event loop.
-    4. **Concurrency.** At most ``concurrency`` batches are in flight (``-1``: no limit). A call that would wait
+    4. **Concurrency.** At most ``concurrency`` batches are in flight (``None``: no limit). A call that would wait
        for itself raises :class:`ReentrantCallError` at once: from inside ``process_batch``, an item that would
        wait for its own batch's slot (or for room in the queue); from inside :meth:`on_start`, any item or a
        stop; from inside :meth:`on_stop`, a stop.

@@ -7,16 +7,25 @@ can run: ``await asyncio.sleep(10)`` takes no time, and a batch's ``max_queue_ti
 
 .. code-block:: python
 
-    from async_batcher.testing import VirtualClockLoop, flush, record_batches, run
+    import asyncio
+
+    from async_batcher import AsyncBatcher
+    from async_batcher.testing import flush, record_batches, run
+
+    class Doubler(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            return [x * 2 for x in batch]
 
     async def main() -> None:
         async with Doubler(max_queue_time=5.0) as b:
             with record_batches(b) as log:
                 calls = [asyncio.ensure_future(b.process(i)) for i in range(3)]
+                await asyncio.sleep(0)  # the calls submit their items
                 await flush(b)  # sent now, whatever max_queue_time says
             assert [r.items for r in log] == [[0, 1, 2]] and log[0].reason == "flush"
+            assert await asyncio.gather(*calls) == [0, 2, 4]
 
-    run(main())  # or, with pytest-asyncio, the loop of the event_loop_policy fixture (see the testing guide)
+    run(main())  # or, with pytest-asyncio, its loop factories hook (see the testing guide)
 
 What it reads of a batcher is the package's own; none of it is needed in production.
 """
@@ -119,8 +128,9 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
 
 class VirtualClockPolicy(asyncio.DefaultEventLoopPolicy):
-    """An event loop policy whose new loops are :class:`VirtualClockLoop`: for pytest-asyncio's ``event_loop_policy``
-    fixture, and for any runner that takes a policy."""
+    """An event loop policy whose new loops are :class:`VirtualClockLoop`: for the ``event_loop_policy`` fixture of
+    pytest-asyncio 0.23 to 1.3 (later versions take :class:`VirtualClockLoop` itself from their
+    ``pytest_asyncio_loop_factories`` hook), and for any runner that takes a policy."""
 
     def new_event_loop(self) -> asyncio.AbstractEventLoop:
         return VirtualClockLoop()
@@ -192,8 +202,9 @@ async def _until_a_slot(engine: Engine) -> None:
 @dataclass(frozen=True, slots=True)
 class BatchRecord:
     """One batch as it went: its items (as handed to ``process_batch``), its key (``None`` without keys), why it
-    went, when (on the loop's clock), how long each item had waited for it, and whether its callers all got an
-    answer from it (``ended`` is ``None`` while it runs)."""
+    went, when (``started``, on the loop's clock), how long each item had waited for it (``waited``, in the order of
+    ``items``), and when it ended (``ended``: its slot freed, whether it answered its callers or a forced stop cut it
+    off; ``None`` while it runs)."""
 
     items: list[Any]
     key: Hashable | None
@@ -204,6 +215,7 @@ class BatchRecord:
 
     @property
     def size(self) -> int:
+        """Its number of items."""
         return len(self.items)
 
 

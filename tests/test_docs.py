@@ -15,7 +15,7 @@ import griffe
 import pytest
 from packaging.requirements import Requirement
 
-from async_batcher import AsyncBatcher
+from async_batcher import AsyncBatcher, BatcherOptions
 from tests.docs_blocks import SESSION, blocks, is_session_page, run, session_sentence_before_first_block
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,8 +157,17 @@ def test_the_site_builds_strictly(site: Path) -> None:
     assert "process_batch" in reference and "max_queue_time" in reference  # generated from the docstrings
     # The reference as tools/griffe_reference.py and the options of mkdocs.yml make it: signatures formatted one
     # parameter a line (ruff), no private base class, the contract a link, docstrings' examples highlighted.
-    assert '<span class="nf">AsyncBatcher</span><span class="p">(</span>\n    <span class="o">*</span>' in reference
-    assert "async_batcher._settings" not in reference
+    limits = '<span class="nf">Limits</span><span class="p">(</span>\n    <span class="n">max_batch_size</span>'
+    assert limits in reference
+    assert "SettingsView" not in reference  # (AsyncBatcher's private base: its settings as attributes)
+    # AsyncBatcher(**options: Unpack[BatcherOptions]): the signature links to BatcherOptions, whose every key (each a
+    # keyword of AsyncBatcher and of @batch) has an entry of its own, with its words.
+    signature = reference.split('<span class="nf">AsyncBatcher</span>', 1)[1].split("</code>", 1)[0]
+    assert '<span class="o">**</span><span class="n">options</span>' in signature
+    assert 'href="#async_batcher.BatcherOptions">BatcherOptions</a>' in signature
+    for option in BatcherOptions.__annotations__:
+        entry = reference.partition(f'<h4 id="async_batcher.BatcherOptions.{option}"')[2].split("<h4 ", 1)[0]
+        assert re.search(r'<div class="doc doc-contents ">\s*<p>\S', entry), f"{option}=: no entry in the reference"
     assert 'href="../../guarantees/#guarantees">the guarantees page</a>' in reference
     assert "1. <strong>Dispatch.</strong>" not in reference and "<strong>Dispatch.</strong>" not in reference
     integrations = (site / "reference" / "integrations" / "index.html").read_text()

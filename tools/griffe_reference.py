@@ -6,7 +6,7 @@ The docstrings are written for ``help()`` and editors; on the site:
   code) becomes a fenced Python block, so that it is highlighted like the guides' code;
 - a class's bases leave out the package's private classes (``async_batcher._settings.Settings``): a user can
   neither import nor subclass them;
-- ``AsyncBatcher``'s numbered contract, twelve rules before its parameters in ``help()``, is one line linking to
+- ``AsyncBatcher``'s numbered contract, the rules before its parameters in ``help()``, is one line linking to
   the guarantees page, which states each rule with an example (tests/test_docs.py checks that the two agree);
 - an attribute documented by ``#:`` comments right above it (Sphinx's convention, which the package's modules
   use for their constants: ``END``, ``PadValue``) gets them as its docstring.
@@ -27,7 +27,8 @@ _LITERAL = re.compile(
     re.MULTILINE,
 )
 _CONTRACT = re.compile(r"The contract:\n\n1\. .*?(?=\n\n[A-Z]\w*:\n|\Z)", re.DOTALL)
-CONTRACT_LINK = "Its contract, twelve rules each tested, is on [the guarantees page][guarantees]."
+CONTRACT_LINK = "Its contract, {n} rules each tested, is on [the guarantees page][guarantees]."
+_RULE = re.compile(r"^\d+\. ", re.MULTILINE)
 
 
 def fence_literal_blocks(text: str) -> str:
@@ -70,7 +71,7 @@ class ReferencePages(griffe.Extension):
         if obj.docstring is not None:
             text = fence_literal_blocks(obj.docstring.value)
             if obj.path == "async_batcher.batcher.AsyncBatcher":
-                text = _CONTRACT.sub(CONTRACT_LINK, text)
+                text = _CONTRACT.sub(lambda m: CONTRACT_LINK.format(n=len(_RULE.findall(m.group()))), text)
             obj.docstring.value = text
         if isinstance(obj, griffe.Class):
             obj.bases = [base for base in obj.bases if not is_private(str(getattr(base, "canonical_path", base)))]

@@ -49,20 +49,39 @@ class BatcherOptions(TypedDict, total=False):
     max_priority_wait: float
     #: A name for logs, statistics and metrics; the class name by default.
     name: str | None
-    # -- The single keywords, each a field of a group above (or a layer of the policy).
+    # -- The single keywords of earlier versions, each a field of a group above (or a layer of the policy): give
+    # -- the field or its group, not both.
+    #: ``Limits.max_batch_size``, given alone: the most items in one batch (``None``: no limit).
     max_batch_size: int | None
+    #: ``Limits.max_batch_weight``, given alone: the most total ``item_weight`` in one batch (``None``: no limit).
     max_batch_weight: float | None
+    #: ``Limits.concurrency``, given alone: the most batches processed at once (``None``: no limit). Default 1.
     concurrency: int | None
+    #: ``Limits.max_queue_size``, given alone: the most items waiting for a batch (``None``: no limit).
     max_queue_size: int | None
+    #: The policy's wait, a :class:`~async_batcher.policies.Deadline`: the most seconds the oldest item waits for
+    #: its batch to fill once a slot is free. Default 0.01.
     max_queue_time: float
+    #: The policy's wait, a :class:`~async_batcher.policies.LatencyBudget` (the adaptive wait) instead of the
+    #: ``Deadline``: each item's latency budget, arrival to result, in seconds. Default ``None``: the ``Deadline``.
     max_latency: float | None
+    #: A :class:`~async_batcher.policies.ClosedLoopHold` over the policy: the most seconds a freed slot waits for
+    #: the callers its batch answered. Default 0: no hold.
     max_hold_time: float
+    #: :class:`~async_batcher.policies.PreferredSizes` over the wait: the batch sizes the model runs best at.
+    #: Default none: any size.
     preferred_batch_sizes: Iterable[int]
+    #: ``Streaming.buffer``, given alone: the most parts a stream buffers for its consumer. Default 16.
     stream_buffer: int
+    #: ``Streaming.stall_timeout``, given alone: the most seconds a step waits for a consumer whose buffer is full.
+    #: Default 10.
     stream_stall_timeout: float | None
     # -- async-batcher 0.2.2's, deprecated.
+    #: Deprecated (async-batcher 0.2.2): ``max_batch_size``, with a ``DeprecationWarning``.
     batch_size: int | None
+    #: Deprecated (async-batcher 0.2.2): ignored, with a ``DeprecationWarning``.
     sleep_time: float | None
+    #: Deprecated (async-batcher 0.2.2): ignored, with a ``DeprecationWarning``.
     buffering_time: float | None
 
 

@@ -24,7 +24,8 @@ UNLIMITED: Final = sys.maxsize
 
 
 class Reason(enum.StrEnum):
-    """Why a batch went: on :func:`~async_batcher.current_batch`, counted in ``stats.reasons`` and in the metrics."""
+    """Why a batch went: on :func:`~async_batcher.current_batch`, counted in ``stats.reasons`` and in the metrics
+    (``async_batcher_batches_total{reason}``), and on each record of :func:`async_batcher.testing.record_batches`."""
 
     #: ``max_batch_size`` items, or ``max_batch_weight``, were waiting.
     FULL = "full"
