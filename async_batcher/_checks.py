@@ -41,7 +41,8 @@ def seconds(name: str, value: object, *, positive: bool = False) -> float:
 
 
 def count(name: str, value: object, *, zero_means_unlimited: bool = False, unlimited: bool = True) -> int:
-    """An integer (numpy's too) >= 1, or -1 for no limit (or 0 too, where ``zero_means_unlimited``); with
+    """An integer (numpy's too) >= 1, or -1 (an old spelling of no limit; or 0 too, where ``zero_means_unlimited``:
+    callers take ``None`` for it before calling this); with
     ``unlimited=False``, >= 1 only (a size, a bound), and the message offers nothing else."""
     number = None
     if not isinstance(value, bool):
@@ -54,8 +55,7 @@ def count(name: str, value: object, *, zero_means_unlimited: bool = False, unlim
             raise ValueError(f"{name} must be an int >= 1; got {value!r}")
         return number
     if number is None or not (number >= 1 or number == -1 or (zero_means_unlimited and number == 0)):
-        zero = ", or 0" if zero_means_unlimited else ""
-        raise ValueError(f"{name} must be an int >= 1, or -1{zero} for no limit; got {value!r}")
+        raise ValueError(f"{name} must be an int >= 1, or None for no limit; got {value!r}")
     return number
 
 

@@ -108,6 +108,8 @@ class BatcherStats:
     reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     #: Items of the callers waiting in line for room in a full queue now (``wait_when_full``).
     awaiting_room: int = 0
+    #: What the dispatch policy counted (``Signals.count``): the hold's ``"held"`` and ``"probes"``, a policy's own.
+    counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class _Recorder:
@@ -202,4 +204,5 @@ class _Recorder:
             probes=self.counts["probes"],
             reasons=MappingProxyType({str(reason): n for reason, n in self.reasons.items()}),
             awaiting_room=awaiting_room,
+            counts=MappingProxyType(dict(self.counts)),
         )

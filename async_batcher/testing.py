@@ -151,7 +151,9 @@ def _engine(batcher: AsyncBatcher[Any, Any]) -> Engine | None:
 
 async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
     """Send what waits in ``batcher`` now, whatever its settings say (as slots come free: ``concurrency`` holds),
-    and return once those batches have ended. Items that arrive meanwhile wait as usual."""
+    and return once those batches have ended. The loop runs one turn first, so that tasks created just before the
+    call (``asyncio.ensure_future(b.process(x))``) have queued their items; items that arrive later wait as usual."""
+    await asyncio.sleep(0)
     engine = _engine(batcher)
     if engine is None:
         return

@@ -24,7 +24,7 @@ from async_batcher._core.layers import Layer
 from async_batcher._core.policy import BatchFacts, DispatchPolicy, Reason, rate_since_end
 
 if TYPE_CHECKING:
-    from async_batcher._core.lane import Lane
+    from async_batcher._core.policy import LaneView
 
 __all__ = ["ClosedLoopHold"]
 
@@ -76,32 +76,33 @@ class ClosedLoopHold(Layer):
     @max_hold_time.setter
     def max_hold_time(self, value: float) -> None:
         self._max_hold_time = _checks.seconds("max_hold_time", value)
+        self.changed()
 
-    def _hold(self, lane: Lane) -> _Hold:
+    def _hold(self, lane: LaneView) -> _Hold:
         hold: _Hold = self.memo(lane, self._new_hold)
         return hold
 
     def _end(self, hold: _Hold) -> float:
         return hold.since + self.max_hold_time
 
-    def _holding(self, lane: Lane, hold: _Hold, now: float) -> bool:
+    def _holding(self, lane: LaneView, hold: _Hold, now: float) -> bool:
         """A hold may keep the lane's items back: its callers' return not complete, its time not up."""
         return self._end(hold) > now and lane.arrived < hold.mark
 
-    def _holds(self, lane: Lane, now: float) -> _Hold | None:
+    def _holds(self, lane: LaneView, now: float) -> _Hold | None:
         """The lane's hold, if a free slot waits for its callers now (never while callers wait for room)."""
         hold = self._hold(lane)
         if self._holding(lane, hold, now) and (hold.alone or hold.probing) and not self.signals.room_wanted:
             return hold
         return None
 
-    def full_at(self, lane: Lane, now: float) -> int:
+    def full_at(self, lane: LaneView, now: float) -> int:
         hold = self._holds(lane, now)
         if hold is None:
             return self.inner.full_at(lane, now)
         return min(self.inner.largest(), hold.mark - lane.left)  # all back, or the largest batch
 
-    def due(self, lane: Lane, now: float) -> float:
+    def due(self, lane: LaneView, now: float) -> float:
         hold = self._holds(lane, now)
         at = self.inner.due(lane, now) if hold is None or self.inner.hard_deadline else math.inf
         if hold is None or at <= now:
@@ -112,13 +113,13 @@ class ClosedLoopHold(Layer):
         hold.timed = hold.kept < at
         return min(at, hold.kept)
 
-    def reason(self, lane: Lane, now: float) -> Reason:
+    def reason(self, lane: LaneView, now: float) -> Reason:
         hold = self._hold(lane)
         if hold.timed and now >= hold.kept:
             return Reason.HOLD
         return self.inner.reason(lane, now)
 
-    def dispatched(self, lane: Lane, batch: BatchFacts, now: float) -> None:
+    def dispatched(self, lane: LaneView, batch: BatchFacts, now: float) -> None:
         hold = self._hold(lane)
         # A probe's batch if it goes during the probe's time (a later batch, after one that ended with nothing
         # waiting, is not: it would judge the probe by other callers).
@@ -131,7 +132,7 @@ class ClosedLoopHold(Layer):
         hold.probing = hold.timed = False
         self.inner.dispatched(lane, batch, now)
 
-    def ended(self, lane: Lane, batch: BatchFacts, callers: int, now: float) -> bool:
+    def ended(self, lane: LaneView, batch: BatchFacts, callers: int, now: float) -> bool:
         watch = self.inner.ended(lane, batch, callers, now)
         hold = self._hold(lane)
         ran, rate, during = rate_since_end(lane, batch, now)

@@ -12,9 +12,9 @@ from async_batcher._core.policy import UNLIMITED, BatchFacts, DispatchPolicy, Re
 from async_batcher._core.waits import Deadline
 
 if TYPE_CHECKING:
-    from async_batcher._core.lane import Lane
+    from async_batcher._core.policy import LaneView
 
-__all__ = ["Layer", "PreferredSizes"]
+__all__ = ["Layer", "PreferredSizes", "preferred_sizes"]
 
 
 class Layer(DispatchPolicy):
@@ -25,40 +25,58 @@ class Layer(DispatchPolicy):
             inner = Deadline()
         if not isinstance(inner, DispatchPolicy):
             raise TypeError(f"{type(self).__name__}: inner must be a DispatchPolicy, got {inner!r}")
+        self.wrap(inner)
+
+    def wrap(self, inner: DispatchPolicy) -> None:
+        """Wrap ``inner`` (a layer's inner policy may be replaced: the batcher's keywords rebuild its policy); a
+        layer already bound binds it to the same engine."""
         self.inner = inner
         self.turns = inner.turns
         self.hard_deadline = inner.hard_deadline
+        signals = getattr(self, "signals", None)
+        if signals is not None:
+            inner.bind(signals)
 
     def bind(self, signals: Signals) -> None:
         self.signals = signals
         self.inner.bind(signals)
 
-    def due(self, lane: Lane, now: float) -> float:
+    def due(self, lane: LaneView, now: float) -> float:
         return self.inner.due(lane, now)
 
-    def full_at(self, lane: Lane, now: float) -> int:
+    def full_at(self, lane: LaneView, now: float) -> int:
         return self.inner.full_at(lane, now)
 
-    def size(self, lane: Lane) -> int:
+    def size(self, lane: LaneView) -> int:
         return self.inner.size(lane)
 
     def largest(self) -> int:
         return self.inner.largest()
 
-    def reason(self, lane: Lane, now: float) -> Reason:
+    def reason(self, lane: LaneView, now: float) -> Reason:
         return self.inner.reason(lane, now)
 
     def pumping(self, now: float) -> None:
         self.inner.pumping(now)
 
-    def dispatched(self, lane: Lane, batch: BatchFacts, now: float) -> None:
+    def dispatched(self, lane: LaneView, batch: BatchFacts, now: float) -> None:
         self.inner.dispatched(lane, batch, now)
 
-    def ended(self, lane: Lane, batch: BatchFacts, callers: int, now: float) -> bool:
+    def ended(self, lane: LaneView, batch: BatchFacts, callers: int, now: float) -> bool:
         return self.inner.ended(lane, batch, callers, now)
 
-    def arrival(self, lane: Lane, now: float) -> int:
+    def arrival(self, lane: LaneView, now: float) -> int:
         return self.inner.arrival(lane, now)
+
+
+def preferred_sizes(value: object) -> tuple[int, ...]:
+    """``preferred_batch_sizes`` as a sorted tuple of distinct ints >= 1 (empty: none), or a ``ValueError`` or
+    ``TypeError`` naming the value."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise TypeError(f"preferred_batch_sizes must be an iterable of ints, got {value!r}")
+    given = list(value)
+    name = f"each size of preferred_batch_sizes={given!r}"
+    return tuple(sorted({_checks.count(name, size, unlimited=False) for size in given}))
 
 
 class PreferredSizes(Layer):
@@ -71,21 +89,28 @@ class PreferredSizes(Layer):
 
     def __init__(self, sizes: Iterable[int], inner: DispatchPolicy | None = None) -> None:
         super().__init__(inner)
-        if isinstance(sizes, str | bytes) or not isinstance(sizes, Iterable):
-            raise TypeError(f"preferred_batch_sizes must be an iterable of ints, got {sizes!r}")
-        given = list(sizes)
-        name = f"each size of preferred_batch_sizes={given!r}"
-        self.sizes = tuple(sorted({_checks.count(name, size, unlimited=False) for size in given}))
-        if not self.sizes:
-            raise ValueError("PreferredSizes needs at least one size")
+        self.sizes = sizes  # (any iterable, kept as a sorted tuple)
 
-    def full_at(self, lane: Lane, now: float) -> int:
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The preferred sizes, smallest first (set from any iterable of ints >= 1; at least one)."""
+        return self._sizes
+
+    @sizes.setter
+    def sizes(self, value: Iterable[int]) -> None:
+        sizes = preferred_sizes(value)
+        if not sizes:
+            raise ValueError("PreferredSizes needs at least one size")
+        self._sizes = sizes
+        self.changed()
+
+    def full_at(self, lane: LaneView, now: float) -> int:
         target = self.inner.full_at(lane, now)
         if target >= UNLIMITED:  # the wait below sends early only when full: any preferred size is worth it
             return self.sizes[0]
         return next((size for size in self.sizes if size >= target), self.sizes[-1])
 
-    def size(self, lane: Lane) -> int:
+    def size(self, lane: LaneView) -> int:
         fits = [size for size in self.sizes if size <= lane.count]  # (ascending)
         return fits[-1] if fits else self.inner.size(lane)
 

@@ -12,12 +12,9 @@ from __future__ import annotations
 import enum
 import math
 import sys
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
-if TYPE_CHECKING:
-    from async_batcher._core.lane import Lane
-
-__all__ = ["UNLIMITED", "BatchFacts", "DispatchPolicy", "Reason", "Signals"]
+__all__ = ["UNLIMITED", "BatchFacts", "DispatchPolicy", "LaneView", "Reason", "Signals"]
 
 #: "No limit" as a count the hot path compares without a branch.
 UNLIMITED: Final = sys.maxsize
@@ -62,7 +59,56 @@ class Signals(Protocol):
         """Items submitted to this run so far (of every lane)."""
 
     def count(self, name: str, n: int = 1) -> None:
-        """Add ``n`` to a counter of the batcher's statistics (``stats.held``, ``stats.probes``)."""
+        """Add ``n`` to a counter of the batcher's statistics (``stats.counts[name]``; ``stats.held`` and
+        ``stats.probes`` are two of them)."""
+
+    def repump(self) -> None:
+        """Look at the lanes again now (a parameter of the policy changed)."""
+
+
+class LaneView(Protocol):
+    """A lane (the items of one batch key waiting for a batch) as a policy sees it."""
+
+    @property
+    def key(self) -> Any:
+        """The lane's batch key."""
+
+    @property
+    def count(self) -> int:
+        """Items waiting in it."""
+
+    @property
+    def weight(self) -> float:
+        """Their total weight (while weights are kept: ``item_weight`` or ``max_batch_weight``)."""
+
+    @property
+    def arrived(self) -> int:
+        """Items that ever arrived in it."""
+
+    @property
+    def left(self) -> int:
+        """Items that have left it (sent or withdrawn): ``arrived - left`` is ``count``."""
+
+    @property
+    def in_flight(self) -> int:
+        """Its batches in flight."""
+
+    @property
+    def ended(self) -> float:
+        """When its last batch ended (``-inf``: none has)."""
+
+    @property
+    def arrived_at_end(self) -> int:
+        """``arrived`` when its last batch ended."""
+
+    #: The policy's own records of this lane, a dict keyed by policy (:meth:`DispatchPolicy.memo`); ``None`` at first.
+    memo: Any
+
+    def oldest(self) -> float:
+        """The arrival of its oldest waiting item (``inf`` if its callers all left), on the loop's clock."""
+
+    def newest(self) -> float:
+        """The arrival of its newest waiting item (``-inf`` if none)."""
 
 
 class BatchFacts(Protocol):
@@ -114,18 +160,25 @@ class DispatchPolicy:
         """A run begins (the batcher starts): the engine that will ask this policy."""
         self.signals = signals
 
-    def due(self, lane: Lane, now: float) -> float:
+    def changed(self) -> None:
+        """A parameter of this policy changed: the batcher looks again now (the setters of the built-in policies
+        call it; call it from yours)."""
+        signals: Signals | None = getattr(self, "signals", None)
+        if signals is not None:
+            signals.repump()
+
+    def due(self, lane: LaneView, now: float) -> float:
         """When the lane's next batch goes: ``now`` or earlier for at once, ``inf`` for not until something changes.
 
         Asked while a slot is free and the lane holds fewer items than :meth:`full_at` (and than a full batch)."""
         raise NotImplementedError
 
-    def full_at(self, lane: Lane, now: float) -> int:
+    def full_at(self, lane: LaneView, now: float) -> int:
         """How many items make the lane's batch go at once, before :meth:`due` (the engine also wakes for the
         arrival that reaches it); :data:`UNLIMITED`: only a full batch."""
         return UNLIMITED
 
-    def size(self, lane: Lane) -> int:
+    def size(self, lane: LaneView) -> int:
         """How many items a batch due now takes at most (never more than ``max_batch_size``)."""
         return self.signals.batch_limit
 
@@ -133,27 +186,27 @@ class DispatchPolicy:
         """The largest batch it sends: after a batch's end, the turns pass only while fewer items wait."""
         return self.signals.batch_limit
 
-    def reason(self, lane: Lane, now: float) -> Reason:
+    def reason(self, lane: LaneView, now: float) -> Reason:
         """Why a batch that :meth:`due` made due goes."""
         return Reason.DEADLINE
 
     def pumping(self, now: float) -> None:
         """The engine is about to look at the lanes (once per pass, however many lanes)."""
 
-    def dispatched(self, lane: Lane, batch: BatchFacts, now: float) -> None:
+    def dispatched(self, lane: LaneView, batch: BatchFacts, now: float) -> None:
         """A batch of ``lane`` goes."""
 
-    def ended(self, lane: Lane, batch: BatchFacts, callers: int, now: float) -> bool:
+    def ended(self, lane: LaneView, batch: BatchFacts, callers: int, now: float) -> bool:
         """A batch of ``lane`` ended, having answered ``callers`` (0 for a stream). True: show me the lane's next
         arrival (:meth:`arrival`), if it comes before another batch of the lane goes."""
         return False
 
-    def arrival(self, lane: Lane, now: float) -> int:
+    def arrival(self, lane: LaneView, now: float) -> int:
         """The arrival :meth:`ended` asked to see, into a free slot: the loop's turns to let pass before its batch
         forms (0: at once)."""
         return 0
 
-    def memo(self, lane: Lane, factory: Any) -> Any:
+    def memo(self, lane: LaneView, factory: Any) -> Any:
         """This policy's record of ``lane``, made by ``factory()`` the first time."""
         memos: dict[Any, Any] | None = lane.memo
         if memos is None:
@@ -164,7 +217,7 @@ class DispatchPolicy:
         return record
 
 
-def rate_since_end(lane: Lane, batch: BatchFacts, now: float) -> tuple[float, float, int]:
+def rate_since_end(lane: LaneView, batch: BatchFacts, now: float) -> tuple[float, float, int]:
     """How a lane's items arrived around a batch that just ended: its time (``ran``), the lane's arrival rate since
     its previous batch ended (over the batch's own time at least: with several slots, another batch may have ended
     just before), and how many arrived while it ran."""
@@ -174,6 +227,6 @@ def rate_since_end(lane: Lane, batch: BatchFacts, now: float) -> tuple[float, fl
     return ran, rate, lane.arrived - batch.arrived_before
 
 
-def cycle(lane: Lane, batch: BatchFacts, now: float) -> float:
+def cycle(lane: LaneView, batch: BatchFacts, now: float) -> float:
     """The time since the lane's previous batch ended (or since this one went, if it is the first)."""
     return now - (lane.ended if lane.ended != -math.inf else batch.started)

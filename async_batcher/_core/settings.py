@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from async_batcher import _checks
 from async_batcher._core.hold import ClosedLoopHold
-from async_batcher._core.layers import Layer, PreferredSizes
+from async_batcher._core.layers import Layer, PreferredSizes, preferred_sizes
 from async_batcher._core.policy import UNLIMITED, DispatchPolicy
 from async_batcher._core.waits import Deadline, LatencyBudget
 
@@ -78,6 +79,9 @@ class Streaming:
         if self.stall_timeout is not None:
             object.__setattr__(self, "stall_timeout", _checks.seconds("stream_stall_timeout", self.stall_timeout))
 
+
+# The batcher (its settings) each policy serves: one policy serves one batcher.
+_owners: weakref.WeakKeyDictionary[DispatchPolicy, weakref.ref[Settings]] = weakref.WeakKeyDictionary()
 
 #: The dispatch keywords of the constructor: each builds (a layer of) the policy.
 DISPATCH_KEYWORDS = ("max_queue_time", "max_latency", "max_hold_time", "preferred_batch_sizes")
@@ -164,6 +168,17 @@ class Settings:
         if not isinstance(policy, DispatchPolicy):
             raise TypeError(f"policy must be an async_batcher.policies.DispatchPolicy, got {policy!r}")
         _check_sizes(self.limits, policy)
+        for layer in layers(policy):
+            owner = _owners.get(layer)
+            if owner is not None and owner() not in (None, self):
+                raise ValueError(
+                    f"policy {layer!r} already serves another batcher: a policy keeps what it learns of its "
+                    "batcher's traffic, give each batcher its own"
+                )
+        for layer in layers(self.policy):
+            _owners.pop(layer, None)
+        for layer in layers(policy):
+            _owners[layer] = weakref.ref(self)
         self.policy, self.from_keywords = policy, from_keywords
         self.changed()
 
@@ -189,23 +204,52 @@ class Settings:
         return () if sizes is None else sizes.sizes
 
     def set_dispatch_keyword(self, name: str, value: Any) -> None:
-        """A dispatch keyword set on a live batcher: its layer's parameter, or, for a policy built from the keywords,
-        the policy built again with it (what the latency budget learned is kept)."""
-        values = {key: self.dispatch_keyword(key) for key in DISPATCH_KEYWORDS}
-        values[name] = value
+        """A dispatch keyword set on a live batcher: the parameter of its layer of the policy, in place (what the
+        policy remembers of each lane is kept); for a policy built from the keywords, the policy built again when a
+        layer comes or goes (what a latency budget learned is kept). A policy given as ``policy=`` that has no such
+        layer refuses it. A bad value is refused before anything changes."""
+        value = _checked_keyword(name, value)
+        if name == "preferred_batch_sizes" and value:
+            _check_sizes(self.limits, PreferredSizes(value))
+        kind, attribute = _LAYERS[name]
+        layer = find(self.policy, kind)
+        off = name != "max_queue_time" and value in (None, 0, ())  # the layer is to go (a Deadline never goes)
+        if layer is not None and not off:
+            setattr(layer, attribute, value)
+        elif name == "max_queue_time" and self.from_keywords:
+            pass  # kept for when a Deadline comes back (max_latency=None)
+        elif not self.from_keywords:
+            raise TypeError(
+                f"{name} cannot be set on a batcher whose policy was given as policy={self.policy!r}: set the "
+                "parameters of its policy, or give it a new one"
+            )
+        else:
+            values = {key: self.dispatch_keyword(key) for key in DISPATCH_KEYWORDS}
+            values[name] = value
+            self.set_policy(build_policy(**values, reuse=self.policy), from_keywords=True)
         if name == "max_queue_time":
-            self.max_queue_time = _checks.seconds("max_queue_time", value)
-        if not self.from_keywords:
-            layer = find(self.policy, {"max_queue_time": Deadline, "max_latency": LatencyBudget}.get(name, type(None)))
-            if layer is None or value is None:
-                raise TypeError(
-                    f"{name} cannot be set on a batcher whose policy was given as policy={self.policy!r}: set the "
-                    "parameters of its policy, or give it a new one"
-                )
-            setattr(layer, name, value)
-            self.changed()
-            return
-        self.set_policy(build_policy(**values, learned=find(self.policy, LatencyBudget)), from_keywords=True)
+            self.max_queue_time = value
+        self.changed()
+
+
+#: Each dispatch keyword: the layer of the policy it sets, and that layer's parameter.
+_LAYERS: dict[str, tuple[type[DispatchPolicy], str]] = {
+    "max_queue_time": (Deadline, "max_queue_time"),
+    "max_latency": (LatencyBudget, "max_latency"),
+    "max_hold_time": (ClosedLoopHold, "max_hold_time"),
+    "preferred_batch_sizes": (PreferredSizes, "sizes"),
+}
+
+
+def _checked_keyword(name: str, value: Any) -> Any:
+    """A dispatch keyword's value, validated and normalized (a bad one raises, naming it)."""
+    if name == "max_queue_time":
+        return _checks.seconds(name, value)
+    if name == "max_latency":
+        return None if value is None else _checks.seconds(name, value, positive=True)
+    if name == "max_hold_time":
+        return _checks.seconds(name, value)
+    return preferred_sizes(value)
 
 
 def build_policy(
@@ -214,27 +258,43 @@ def build_policy(
     max_latency: float | None,
     max_hold_time: float,
     preferred_batch_sizes: Iterable[int],
-    learned: LatencyBudget | None = None,
+    reuse: DispatchPolicy | None = None,
 ) -> DispatchPolicy:
     """The policy the dispatch keywords describe: a :class:`Deadline` (or a :class:`LatencyBudget` with
     ``max_latency``), under :class:`PreferredSizes` with ``preferred_batch_sizes``, under a :class:`ClosedLoopHold`
-    with ``max_hold_time``. ``learned``: a latency budget whose measurements the new one keeps."""
-    wait: DispatchPolicy
-    if max_latency is None:
-        wait = Deadline(max_queue_time)
-    elif learned is not None:
-        learned.max_latency = max_latency
-        wait = learned
-    else:
-        wait = LatencyBudget(max_latency)
+    with ``max_hold_time``. ``reuse``: the policy they described before, whose layers of the same kinds are kept (and
+    with them what a latency budget learned and what each remembers of the lanes), their parameters set."""
+    old = layers(reuse) if reuse is not None else []
+
+    def kept(kind: type[Any]) -> Any:
+        return next((layer for layer in old if type(layer) is kind), None)
+
     _checks.seconds("max_queue_time", max_queue_time)
-    policy: DispatchPolicy = wait
-    sizes = list(preferred_batch_sizes) if isinstance(preferred_batch_sizes, Iterable) else preferred_batch_sizes
-    if sizes or not isinstance(sizes, list):
-        policy = PreferredSizes(sizes, policy)  # (which refuses what is not an iterable of sizes)
     hold = _checks.seconds("max_hold_time", max_hold_time)
+    sizes = preferred_sizes(preferred_batch_sizes)
+    policy: DispatchPolicy
+    if max_latency is None:
+        policy = kept(Deadline) or Deadline(max_queue_time)
+        policy.max_queue_time = max_queue_time
+    else:
+        policy = kept(LatencyBudget) or LatencyBudget(max_latency)
+        policy.max_latency = max_latency
+    if sizes:
+        preferred: PreferredSizes | None = kept(PreferredSizes)
+        if preferred is None:
+            preferred = PreferredSizes(sizes, policy)
+        else:
+            preferred.sizes = sizes
+            preferred.wrap(policy)
+        policy = preferred
     if hold:
-        policy = ClosedLoopHold(hold, policy)
+        holding: ClosedLoopHold | None = kept(ClosedLoopHold)
+        if holding is None:
+            holding = ClosedLoopHold(hold, policy)
+        else:
+            holding.max_hold_time = hold
+            holding.wrap(policy)
+        policy = holding
     return policy
 
 

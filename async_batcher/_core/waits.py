@@ -24,7 +24,7 @@ from async_batcher._core.policy import UNLIMITED, BatchFacts, DispatchPolicy, cy
 from async_batcher.adaptive import AdaptiveWait
 
 if TYPE_CHECKING:
-    from async_batcher._core.lane import Lane
+    from async_batcher._core.policy import LaneView
 
 __all__ = ["Deadline", "LatencyBudget"]
 
@@ -43,11 +43,11 @@ class _Waiting(DispatchPolicy):
         self.turns = _checks.count("turns", turns, unlimited=False) if turns else 0
         self.regather = _checks.flag("regather", regather)
 
-    def dispatched(self, lane: Lane, batch: BatchFacts, now: float) -> None:
+    def dispatched(self, lane: LaneView, batch: BatchFacts, now: float) -> None:
         if lane.memo is not None and self in lane.memo:
             lane.memo[self].until = 0.0  # (a batch that goes some other way ends the regather)
 
-    def ended(self, lane: Lane, batch: BatchFacts, callers: int, now: float) -> bool:
+    def ended(self, lane: LaneView, batch: BatchFacts, callers: int, now: float) -> bool:
         if not (self.regather and self.turns) or lane.count or callers < 2:
             return False
         ran, rate, during = rate_since_end(lane, batch, now)
@@ -56,7 +56,7 @@ class _Waiting(DispatchPolicy):
         self.memo(lane, _Regather).until = now + cycle(lane, batch, now)
         return True
 
-    def arrival(self, lane: Lane, now: float) -> int:
+    def arrival(self, lane: LaneView, now: float) -> int:
         record = self.memo(lane, _Regather)
         until, record.until = record.until, 0.0
         return self.turns if until > now and lane.count < self.largest() else 0
@@ -81,8 +81,9 @@ class Deadline(_Waiting):
     @max_queue_time.setter
     def max_queue_time(self, value: float) -> None:
         self._max_queue_time = _checks.seconds("max_queue_time", value)
+        self.changed()
 
-    def due(self, lane: Lane, now: float) -> float:
+    def due(self, lane: LaneView, now: float) -> float:
         return lane.oldest() + self._max_queue_time
 
     def __repr__(self) -> str:
@@ -112,6 +113,7 @@ class LatencyBudget(_Waiting):
     @max_latency.setter
     def max_latency(self, value: float) -> None:
         self.adaptive.max_latency = _checks.seconds("max_latency", value, positive=True)
+        self.changed()
 
     def pumping(self, now: float) -> None:
         signals = self.signals
@@ -120,16 +122,16 @@ class LatencyBudget(_Waiting):
         limit = signals.batch_limit
         self._trigger = max(1, min(limit, math.ceil(target) if target < math.inf else UNLIMITED))
 
-    def full_at(self, lane: Lane, now: float) -> int:
+    def full_at(self, lane: LaneView, now: float) -> int:
         return self._trigger
 
-    def due(self, lane: Lane, now: float) -> float:
+    def due(self, lane: LaneView, now: float) -> float:
         oldest = lane.oldest()
         if oldest == math.inf:
             return math.inf
         return self.adaptive.send_by(oldest, max(lane.count, min(self._trigger, self.signals.batch_limit)))
 
-    def ended(self, lane: Lane, batch: BatchFacts, callers: int, now: float) -> bool:
+    def ended(self, lane: LaneView, batch: BatchFacts, callers: int, now: float) -> bool:
         if batch.entered:
             self.adaptive.observe(batch.size, now - batch.started)
         return super().ended(lane, batch, callers, now)

@@ -48,12 +48,12 @@ def bucket_size(size: int, buckets: Collection[int] | None) -> int:
     return min(fitting)
 
 
-def check_bucketed_batch_size(buckets: Collection[int] | None, max_batch_size: int) -> tuple[int, ...] | None:
+def check_bucketed_batch_size(buckets: Collection[int] | None, max_batch_size: int | None) -> tuple[int, ...] | None:
     """A batcher's ``buckets`` sorted, after checking that its ``max_batch_size`` is set and fits the largest."""
     if buckets is None:
         return None
     checked = check_buckets(buckets)
-    if max_batch_size < 1 or max_batch_size > checked[-1]:
+    if max_batch_size is None or max_batch_size < 1 or max_batch_size > checked[-1]:
         raise ValueError(
             f"with buckets {checked} max_batch_size must be set and fit in the largest bucket, got {max_batch_size}"
         )

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from async_batcher.batcher import AsyncBatcher
 
@@ -50,6 +50,11 @@ from async_batcher.sqlalchemy._faults import is_row_fault, sqlstate
 from async_batcher.sqlalchemy._rows import _PENDING, RowChecks, _rounds
 from async_batcher.sqlalchemy._statements import OnConflict, Operation, Statements
 from async_batcher.sqlalchemy._transactions import Transactions, _Failed, _Progress
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from async_batcher._core.options import BatcherOptions
 
 __all__ = ["AsyncSqlalchemyWriteBatcher", "CommitUnknownError", "RowNotFoundError", "is_row_fault"]
 
@@ -73,12 +78,12 @@ class AsyncSqlalchemyWriteBatcher(RowChecks, Transactions, AsyncBatcher[Mapping[
             (``ON CONFLICT DO UPDATE``): an upsert. ``returning`` does not go with ``"nothing"`` (a skipped
             row returns nothing to match).
         conflict_columns: The unique columns of the conflict (default: the primary key).
-        max_batch_size: The most rows per batch, so per transaction (default 1000).
         max_conflict_retries: How many times a transaction the server aborted for a deadlock (SQLSTATE
             ``40P01``) or a serialization failure (``40001``) is tried again before its rows fail with that
             error (default 3; 0: never). Counted in :attr:`conflict_retries`, and logged.
-        **kwargs: The :class:`~async_batcher.AsyncBatcher` settings (``max_queue_time``, ``concurrency``: give
-            the engine's pool at least as many connections, ...).
+        **options: The :class:`~async_batcher.AsyncBatcher` settings (``max_batch_size``: the most rows per batch, so
+            per transaction, 1000 by default unless ``limits`` is given; ``max_queue_time``; ``concurrency``: give
+            the engine's pool at least as many connections; ...).
     """
 
     def __init__(
@@ -90,11 +95,12 @@ class AsyncSqlalchemyWriteBatcher(RowChecks, Transactions, AsyncBatcher[Mapping[
         *,
         on_conflict: Literal["nothing", "update"] | None = None,
         conflict_columns: Sequence[str] | None = None,
-        max_batch_size: int = 1000,
         max_conflict_retries: int = 3,
-        **kwargs: Any,
+        **options: Unpack[BatcherOptions],
     ) -> None:
-        super().__init__(max_batch_size=max_batch_size, **kwargs)
+        if "max_batch_size" not in options and "limits" not in options:
+            options["max_batch_size"] = 1000  # (a statement of 1 000 rows is well under every driver's limits)
+        super().__init__(**options)
         if operation not in ("insert", "update"):
             raise ValueError(f"operation must be 'insert' or 'update', got {operation!r}")
         if not isinstance(async_engine, AsyncEngine):

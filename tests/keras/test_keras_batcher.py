@@ -11,6 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from async_batcher import Limits
+from async_batcher.policies import Deadline
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 keras = pytest.importorskip("keras")
 
@@ -119,7 +122,7 @@ async def test_buckets_pad_the_model_input_and_drop_the_padding(regressor: Any) 
 def test_constructor_is_0_2_2_s(regressor: Any) -> None:
     batcher = KerasAsyncBatcher(model=regressor)
     assert (batcher.max_batch_size, batcher.max_queue_time, batcher.concurrency, batcher.executor) == (
-        -1,
+        None,  # no limit (0.2.2 read -1)
         0.01,
         1,
         None,
@@ -130,12 +133,15 @@ def test_constructor_is_0_2_2_s(regressor: Any) -> None:
     assert KerasAsyncBatcher(model=regressor, max_queue_size=5).max_queue_size == 5  # **kwargs reach the core
     with pytest.raises(TypeError, match="bogus"):
         KerasAsyncBatcher(model=regressor, bogus=1)
+    # The grouped settings reach the core too, without a clash with defaults the user never gave.
+    grouped = KerasAsyncBatcher(model=regressor, limits=Limits(max_batch_size=8), policy=Deadline(0))
+    assert (grouped.max_batch_size, grouped.max_queue_time) == (8, 0)
 
 
 def test_bad_arguments_are_refused(regressor: Any) -> None:
     with pytest.raises(TypeError, match=r"predict_on_batch.*got object"):
         KerasAsyncBatcher(model=object())
-    with pytest.raises(ValueError, match="max_batch_size must be set and fit in the largest bucket, got -1"):
+    with pytest.raises(ValueError, match="max_batch_size must be set and fit in the largest bucket, got None"):
         KerasAsyncBatcher(model=regressor, buckets=(4, 8))
     with pytest.raises(ValueError, match="got 16"):
         KerasAsyncBatcher(model=regressor, buckets=(4, 8), max_batch_size=16)

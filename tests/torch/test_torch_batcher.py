@@ -182,7 +182,7 @@ def test_bad_arguments_are_refused() -> None:
     model.eval()
     with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module or a callable, got int"):
         TorchAsyncBatcher(model=3)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="max_batch_size must be set and fit in the largest bucket, got -1"):
+    with pytest.raises(ValueError, match="max_batch_size must be set and fit in the largest bucket, got None"):
         TorchAsyncBatcher(model=model, buckets=(4, 8))
     with pytest.raises(ValueError, match="padding_side must be 'right' or 'left', got 'top'"):
         TorchAsyncBatcher(model=model, padding_side="top")  # type: ignore[arg-type]

@@ -22,9 +22,11 @@ from async_batcher.ml._collate import check_bucketed_batch_size, check_lists
 from async_batcher.ml.numpy import Lists, PadValue, collate
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor
+    from typing import Unpack
 
     import numpy.typing as npt
+
+    from async_batcher._core.options import BatcherOptions
 
 __all__ = ["KerasAsyncBatcher"]
 
@@ -42,7 +44,8 @@ class KerasAsyncBatcher(AsyncBatcher[Any, Any]):
 
     Args:
         model: the Keras model (any backend); called through ``predict_on_batch`` unless ``predict_fn`` is given.
-        max_batch_size, max_queue_time, concurrency, executor, **kwargs: as for ``AsyncBatcher``. The model runs
+        **options: The settings of :class:`~async_batcher.AsyncBatcher` (``max_batch_size``, ``max_queue_time``,
+            ``concurrency``, ``executor``, ``limits``, ``policy``, ...),. The model runs
             in ``executor`` (the loop's default executor if None): give it ``concurrency`` threads.
         predict_fn: called with the stacked inputs instead of ``model.predict_on_batch``; returns the batched
             outputs (arrays or tensors).
@@ -61,28 +64,18 @@ class KerasAsyncBatcher(AsyncBatcher[Any, Any]):
         self,
         *,
         model: Any,
-        max_batch_size: int = -1,
-        max_queue_time: float = 0.01,
-        concurrency: int = 1,
-        executor: Executor | None = None,
         predict_fn: Callable[[Any], Any] | None = None,
         dtype: npt.DTypeLike | None = None,
         pad_sequences: bool = False,
         pad_value: PadValue = 0,
         buckets: Collection[int] | None = None,
         lists: Lists | None = None,
-        **kwargs: Any,
+        **options: Unpack[BatcherOptions],
     ) -> None:
-        super().__init__(
-            max_batch_size=max_batch_size,
-            max_queue_time=max_queue_time,
-            concurrency=concurrency,
-            executor=executor,
-            **kwargs,
-        )
+        super().__init__(**options)
         if predict_fn is None and not callable(getattr(model, "predict_on_batch", None)):
             raise TypeError(f"model must have predict_on_batch (a Keras model), got {type(model).__name__}")
-        buckets = check_bucketed_batch_size(buckets, max_batch_size)
+        buckets = check_bucketed_batch_size(buckets, self.max_batch_size)
         self.model = model
         if predict_fn is None and callable(make := getattr(model, "make_predict_function", None)):
             # Keras builds its predict function lazily, unguarded: build it here, not in two batch threads at once.

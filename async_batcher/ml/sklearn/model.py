@@ -27,9 +27,11 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
     ) from error
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor
+    from typing import Unpack
 
     import numpy.typing as npt
+
+    from async_batcher._core.options import BatcherOptions
 
 __all__ = ["SklearnAsyncBatcher"]
 
@@ -47,7 +49,8 @@ class SklearnAsyncBatcher(AsyncBatcher[Any, Any]):
             arrays, as ``predict_proba`` of a multi-output classifier returns, one element per row when it holds
             plain Python values, refused when it could be both), ``"outputs"`` or ``"items"`` (see
             ``async_batcher.ml.numpy.split_outputs``).
-        max_batch_size, max_queue_time, concurrency, executor, **kwargs: as for ``AsyncBatcher`` (0.2.2's
+        **options: The settings of :class:`~async_batcher.AsyncBatcher` (``max_batch_size``, ``max_queue_time``,
+            ``concurrency``, ``executor``, ``limits``, ``policy``, ...), (0.2.2's
             defaults). The model runs in ``executor`` (the loop's default executor if None).
     """
 
@@ -58,19 +61,9 @@ class SklearnAsyncBatcher(AsyncBatcher[Any, Any]):
         method: str = "predict",
         dtype: npt.DTypeLike | None = None,
         lists: Lists = "auto",
-        max_batch_size: int = -1,
-        max_queue_time: float = 0.01,
-        concurrency: int = 1,
-        executor: Executor | None = None,
-        **kwargs: Any,
+        **options: Unpack[BatcherOptions],
     ) -> None:
-        super().__init__(
-            max_batch_size=max_batch_size,
-            max_queue_time=max_queue_time,
-            concurrency=concurrency,
-            executor=executor,
-            **kwargs,
-        )
+        super().__init__(**options)
         if not isinstance(method, str) or not callable(getattr(model, method, None)):
             raise TypeError(f"model {type(model).__name__} has no method {method!r}")
         self.model = model

@@ -24,7 +24,9 @@ from async_batcher.ml.torch._devices import _as_device
 from async_batcher.ml.torch.tensors import Batch, collate
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor
+    from typing import Unpack
+
+    from async_batcher._core.options import BatcherOptions
 
 __all__ = ["TorchAsyncBatcher"]
 
@@ -46,7 +48,8 @@ class TorchAsyncBatcher(AsyncBatcher[Any, Any]):
         model: a ``torch.nn.Module`` in eval mode (one in training mode is refused: BatchNorm and Dropout would
             make each caller's result depend on the others in its batch), or any callable. Called with the
             stacked inputs, ``model(**inputs)`` for dict items, unless ``predict_fn`` is given.
-        max_batch_size, max_queue_time, concurrency, executor, **kwargs: as for ``AsyncBatcher``. The model runs
+        **options: The settings of :class:`~async_batcher.AsyncBatcher` (``max_batch_size``, ``max_queue_time``,
+            ``concurrency``, ``executor``, ``limits``, ``policy``, ...),. The model runs
             in ``executor`` (the loop's default executor if None): give it ``concurrency`` threads.
         predict_fn: called with the collated :class:`~async_batcher.ml.torch.tensors.Batch` instead of the model,
             for a model that takes the mask: ``lambda b: model(b.inputs, attention_mask=b.mask)``.
@@ -65,10 +68,6 @@ class TorchAsyncBatcher(AsyncBatcher[Any, Any]):
         self,
         *,
         model: Callable[..., Any],
-        max_batch_size: int = -1,
-        max_queue_time: float = 0.01,
-        concurrency: int = 1,
-        executor: Executor | None = None,
         predict_fn: Callable[[Batch], Any] | None = None,
         dtype: torch.dtype | None = None,
         pad_sequences: bool = False,
@@ -82,15 +81,9 @@ class TorchAsyncBatcher(AsyncBatcher[Any, Any]):
         trim: bool | str = False,
         output_device: torch.device | str | int | None = None,
         lists: Lists = "auto",
-        **kwargs: Any,
+        **options: Unpack[BatcherOptions],
     ) -> None:
-        super().__init__(
-            max_batch_size=max_batch_size,
-            max_queue_time=max_queue_time,
-            concurrency=concurrency,
-            executor=executor,
-            **kwargs,
-        )
+        super().__init__(**options)
         if predict_fn is None and not callable(model):
             raise TypeError(f"model must be a torch.nn.Module or a callable, got {type(model).__name__}")
         if isinstance(model, torch.nn.Module) and model.training:
@@ -107,7 +100,7 @@ class TorchAsyncBatcher(AsyncBatcher[Any, Any]):
         self.pad_value = pad_value
         self.padding_side = check_padding_side(padding_side)
         self.mask_dtype = mask_dtype
-        self.buckets = check_bucketed_batch_size(buckets, max_batch_size)
+        self.buckets = check_bucketed_batch_size(buckets, self.max_batch_size)
         self.device = _as_device(device) if device is not None else _module_device(model)
         self.non_blocking = non_blocking
         self.pin_memory = pin_memory
