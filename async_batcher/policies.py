@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from async_batcher._core.hold import ClosedLoopHold
 from async_batcher._core.layers import Layer, PreferredSizes
-from async_batcher._core.policy import UNLIMITED, BatchFacts, DispatchPolicy, Reason, Signals
+from async_batcher._core.policy import UNLIMITED, BatchFacts, DispatchPolicy, LaneView, Reason, Signals
 from async_batcher._core.waits import Deadline, LatencyBudget
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "ClosedLoopHold",
     "Deadline",
     "DispatchPolicy",
+    "LaneView",
     "LatencyBudget",
     "Layer",
     "PreferredSizes",

@@ -8,10 +8,9 @@ python docs/snippets/policy_interactive.py (on a virtual clock: it takes no time
 """
 
 import asyncio
-from typing import Any
 
 from async_batcher import AsyncBatcher
-from async_batcher.policies import DispatchPolicy
+from async_batcher.policies import DispatchPolicy, LaneView
 from async_batcher.testing import record_batches, run
 
 
@@ -21,13 +20,13 @@ class Interactive(DispatchPolicy):
     def __init__(self, interactive: set[str]) -> None:
         self.interactive = interactive
 
-    def full_at(self, lane: Any, now: float) -> int:
+    def full_at(self, lane: LaneView, now: float) -> int:
         # This many items waiting make the lane's batch go at once.
         return 8 if lane.key in self.interactive else 64
 
-    def due(self, lane: Any, now: float) -> float:
+    def due(self, lane: LaneView, now: float) -> float:
         # Else it goes at this time, on the event loop's clock.
-        oldest: float = lane.oldest()  # the arrival of its oldest item
+        oldest = lane.oldest()  # the arrival of its oldest item
         return oldest + (0.002 if lane.key in self.interactive else 0.1)
 
 
