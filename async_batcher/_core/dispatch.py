@@ -32,6 +32,9 @@ __all__: list[str] = []
 class Dispatch:
     """The pump, the policy's decisions applied, the turns and the one timer (see the module's docstring)."""
 
+    if not TYPE_CHECKING:  # (no __dict__ for the Engine, whose slots hold it all; the type checker sees the annotations)
+        __slots__ = ()
+
     # The engine's state this half reads and changes (Engine's slots).
     loop: asyncio.AbstractEventLoop
     name: str

@@ -37,6 +37,9 @@ async def run_hook(run: Run, hook: str, awaitable: Awaitable[Any]) -> None:
 class Stopping:
     """How a run stops (see the module's docstring)."""
 
+    if not TYPE_CHECKING:  # (no __dict__ for the Lifecycle, whose slots hold it all; the type checker sees the annotations)
+        __slots__ = ()
+
     # The lifecycle's, which it reads.
     run: Run
     overridden: frozenset[str]
