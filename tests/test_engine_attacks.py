@@ -206,7 +206,6 @@ async def test_a_policy_whose_bind_skips_super_fails_its_callers_naming_what_is_
     await stopped_clean(b)
 
 
-@pytest.mark.xfail(strict=True, reason="dispatched() raising leaves the callers of the batch waiting")
 async def test_a_policy_whose_dispatched_raises_fails_the_callers_of_the_batch_it_was_told_of(
     loop_errors: list[dict[str, Any]],
 ) -> None:

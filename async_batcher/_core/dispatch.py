@@ -144,10 +144,11 @@ class Dispatch:
             return
         batch = Batch(self, taken, now, lane, reason)
         lane.watch = False  # (a batch that goes ends what the policy watched for)
-        self.policy.dispatched(lane, batch, now)
+        # In flight before the policy is told: if dispatched() raises, the abort that follows fails its callers too.
         self.batches[batch] = None
         self.in_flight += 1
         lane.in_flight += 1
+        self.policy.dispatched(lane, batch, now)
         for sent, _ in watchers:
             sent(batch)
         self.runner.launch(batch)
