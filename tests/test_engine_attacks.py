@@ -220,7 +220,6 @@ async def test_a_policy_whose_dispatched_raises_fails_the_callers_of_the_batch_i
     await mended(b, policy)
 
 
-@pytest.mark.xfail(strict=True, reason="ended() raising leaves the queued callers waiting")
 async def test_a_policy_whose_ended_raises_leaves_no_caller_waiting(loop_errors: list[dict[str, Any]]) -> None:
     # ended() raised out of the batch's end, before the pump: with every slot taken no timer was armed, so the
     # items queued behind the batch waited forever.
@@ -233,7 +232,6 @@ async def test_a_policy_whose_ended_raises_leaves_no_caller_waiting(loop_errors:
     await mended(b, policy)
 
 
-@pytest.mark.xfail(strict=True, reason="ended() raising hangs a flush")
 async def test_a_policy_whose_ended_raises_does_not_hang_a_flush(loop_errors: list[dict[str, Any]]) -> None:
     b = Recording(policy=Faulty(ended=raises, due=lambda lane, now: lane.oldest() + 5.0))
     await flushed(b, 3)

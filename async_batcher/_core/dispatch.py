@@ -162,7 +162,11 @@ class Dispatch:
         lane = batch.lane
         lane.in_flight -= 1
         now = self.loop.time()
-        lane.watch = self.policy.ended(lane, batch, callers, now)
+        try:
+            lane.watch = self.policy.ended(lane, batch, callers, now)
+        except Exception as exc:  # (raised here, it would leave the items queued behind the batch waiting)
+            lane.watch = False
+            self.internal_error(exc)
         lane.ended, lane.arrived_at_end = now, lane.arrived
         for _, ended in self.watchers:
             ended(batch)
@@ -240,10 +244,15 @@ class Dispatch:
         try:
             self.pump()
         except Exception as exc:
-            self.loop.call_exception_handler(
-                {"message": f"{self.name}: internal error while dispatching batches", "exception": exc}
-            )
-            self.abort(AsyncBatchException(f"{self.name}: internal error while dispatching batches: {exc!r}"))
+            self.internal_error(exc)
+
+    def internal_error(self, exc: Exception) -> None:
+        """A bug of the dispatcher or of its policy: report it, and fail every caller rather than leave one
+        waiting; the run serves on."""
+        self.loop.call_exception_handler(
+            {"message": f"{self.name}: internal error while dispatching batches", "exception": exc}
+        )
+        self.abort(AsyncBatchException(f"{self.name}: internal error while dispatching batches: {exc!r}"))
 
     # ------------------------------------------------------------------ the timer
 
