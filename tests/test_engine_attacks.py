@@ -239,7 +239,6 @@ async def test_a_policy_whose_ended_raises_does_not_hang_a_flush(loop_errors: li
     await stopped_clean(b)
 
 
-@pytest.mark.xfail(strict=True, reason="size() < 1 spins the dispatcher or fails as an IndexError")
 @pytest.mark.parametrize("size", [0, -1])
 @pytest.mark.parametrize("lane", ["plain", "priorities"])
 async def test_a_policy_whose_size_is_below_one_neither_spins_the_dispatcher_nor_leaves_a_caller(

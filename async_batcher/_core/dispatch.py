@@ -129,7 +129,10 @@ class Dispatch:
         queue.dispatches += 1
         lane.served = queue.dispatches
         reason = self._reason(lane, now)
-        limit = min(self.policy.size(lane), self.batch_limit)
+        size = self.policy.size(lane)
+        if not size >= 1:  # (NaN too) a batch that takes nothing would be formed again and again, forever
+            raise ValueError(f"{type(self.policy).__name__}.size() returned {size!r}: a batch takes one item or more")
+        limit = min(size, self.batch_limit)
         watchers = self.watchers
         taken = forming.take(
             queue,
