@@ -121,7 +121,15 @@ class Dispatch:
             return Reason.FLUSH
         if lane.count >= lane.trigger:
             return Reason.SIZE
-        return self.policy.reason(lane, now)
+        reason = self.policy.reason(lane, now)
+        if reason.__class__ is not Reason:  # (its value is taken: "deadline" is Reason.DEADLINE)
+            try:
+                reason = Reason(reason)
+            except (TypeError, ValueError):
+                # Taken as it is, it would reach the statistics as the batch ends, and fail there.
+                message = f"{type(self.policy).__name__}.reason() returned {reason!r}: it must be a Reason"
+                raise TypeError(message) from None
+        return reason
 
     def _dispatch(self, lane: Lane, now: float) -> None:
         """Form the lane's batch and send it on its way; it takes a slot until it ends (:meth:`batch_ended`)."""
