@@ -280,7 +280,6 @@ async def test_a_reason_given_as_its_string_is_taken() -> None:
     await stopped_clean(b)
 
 
-@pytest.mark.xfail(strict=True, reason="arrival() raising reaches the caller while its item stays queued")
 @pytest.mark.parametrize("error", [ValueError, RuntimeError])
 async def test_a_policy_whose_arrival_raises_fails_that_caller_and_never_sends_its_item(
     error: type[Exception], loop_errors: list[dict[str, Any]]
