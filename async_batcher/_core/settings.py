@@ -193,8 +193,6 @@ class Settings:
         the policy built again with it (what the latency budget learned is kept)."""
         values = {key: self.dispatch_keyword(key) for key in DISPATCH_KEYWORDS}
         values[name] = value
-        if name == "max_queue_time":
-            self.max_queue_time = _checks.seconds("max_queue_time", value)
         if not self.from_keywords:
             layer = find(self.policy, {"max_queue_time": Deadline, "max_latency": LatencyBudget}.get(name, type(None)))
             if layer is None or value is None:
@@ -203,8 +201,12 @@ class Settings:
                     "parameters of its policy, or give it a new one"
                 )
             setattr(layer, name, value)
+            if name == "max_queue_time":
+                self.max_queue_time = layer.max_queue_time
             self.changed()
             return
+        if name == "max_queue_time":  # (kept for a policy without a Deadline: the latency budget's)
+            self.max_queue_time = _checks.seconds("max_queue_time", value)
         self.set_policy(build_policy(**values, learned=find(self.policy, LatencyBudget)), from_keywords=True)
 
 
