@@ -524,20 +524,8 @@ async def test_a_dispatch_keyword_without_its_layer_is_refused_naming_the_policy
     [
         (Deadline(0.1), "max_queue_time", 0.5, Deadline),
         (ClosedLoopHold(0.1, LatencyBudget(0.2)), "max_latency", 0.4, LatencyBudget),
-        pytest.param(
-            ClosedLoopHold(0.1),
-            "max_hold_time",
-            0.3,
-            ClosedLoopHold,
-            marks=pytest.mark.xfail(strict=True, reason="max_hold_time refused though its layer exists"),
-        ),
-        pytest.param(
-            PreferredSizes([4], ClosedLoopHold(0.1)),
-            "max_hold_time",
-            0.0,
-            ClosedLoopHold,
-            marks=pytest.mark.xfail(strict=True, reason="max_hold_time refused though its layer exists"),
-        ),
+        (ClosedLoopHold(0.1), "max_hold_time", 0.3, ClosedLoopHold),
+        (PreferredSizes([4], ClosedLoopHold(0.1)), "max_hold_time", 0.0, ClosedLoopHold),
     ],
 )
 async def test_a_dispatch_keyword_whose_layer_exists_sets_it_in_place(

@@ -194,7 +194,8 @@ class Settings:
         values = {key: self.dispatch_keyword(key) for key in DISPATCH_KEYWORDS}
         values[name] = value
         if not self.from_keywords:
-            layer = find(self.policy, {"max_queue_time": Deadline, "max_latency": LatencyBudget}.get(name, type(None)))
+            kinds = {"max_queue_time": Deadline, "max_latency": LatencyBudget, "max_hold_time": ClosedLoopHold}
+            layer = find(self.policy, kinds.get(name, type(None)))
             if layer is None or value is None:
                 raise TypeError(
                     f"{name} cannot be set on a batcher whose policy was given as policy={self.policy!r}: set the "
