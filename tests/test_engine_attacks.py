@@ -87,6 +87,9 @@ class Faulty(Deadline):
     def arrival(self, lane: Any, now: float) -> int:
         return self._ask("arrival", super().arrival, lane, now)  # type: ignore[no-any-return]
 
+    def largest(self) -> int:
+        return self._ask("largest", super().largest)  # type: ignore[no-any-return]
+
 
 def raises(*args: Any) -> Any:
     raise RuntimeError("the policy fell over")
@@ -220,10 +223,13 @@ async def test_a_policy_whose_dispatched_raises_fails_the_callers_of_the_batch_i
     await mended(b, policy)
 
 
-async def test_a_policy_whose_ended_raises_leaves_no_caller_waiting(loop_errors: list[dict[str, Any]]) -> None:
-    # ended() raised out of the batch's end, before the pump: with every slot taken no timer was armed, so the
-    # items queued behind the batch waited forever.
-    policy = Faulty(ended=raises)
+@pytest.mark.parametrize("method", ["ended", "largest"])
+async def test_a_policy_whose_ended_or_largest_raises_leaves_no_caller_waiting(
+    method: str, loop_errors: list[dict[str, Any]]
+) -> None:
+    # ended() (or largest(), asked next) raised out of the batch's end, before the pump: with every slot taken no
+    # timer was armed, so the items queued behind the batch waited forever.
+    policy = Faulty(**{method: raises})
     b = Recording(policy=policy, max_batch_size=2, delay=1.0)
     got = await outcomes([asyncio.ensure_future(b.process(i)) for i in range(5)])
     assert got[:2] == [0, 2]  # the batch that ended had answered its callers first

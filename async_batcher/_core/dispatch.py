@@ -173,17 +173,18 @@ class Dispatch:
         lane = batch.lane
         lane.in_flight -= 1
         now = self.loop.time()
+        policy = self.policy
         try:
-            lane.watch = self.policy.ended(lane, batch, callers, now)
+            lane.watch = policy.ended(lane, batch, callers, now)
+            turns = policy.turns
+            turns = turns if turns and 0 < self.queue.waiting < policy.largest() else 0
         except Exception as exc:  # (raised here, it would leave the items queued behind the batch waiting)
-            lane.watch = False
+            lane.watch, turns = False, 0
             self.internal_error(exc)
         lane.ended, lane.arrived_at_end = now, lane.arrived
         for _, ended in self.watchers:
             ended(batch)
-        waiting = self.queue.waiting
-        turns = self.policy.turns
-        if turns and 0 < waiting < self.policy.largest() and self.state is State.RUNNING and not self.room.putters:
+        if turns and self.state is State.RUNNING and not self.room.putters:
             if self.pump_handle is not None:  # a pump to come (an arrival's, another end's turns) comes after these
                 self.pump_handle.cancel()
             self._turn(turns)
