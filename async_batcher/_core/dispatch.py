@@ -124,7 +124,15 @@ class Dispatch:
             return Reason.FLUSH
         if lane.count >= lane.trigger:
             return Reason.SIZE
-        return self.policy.reason(lane, now)
+        reason = self.policy.reason(lane, now)
+        if reason.__class__ is not Reason:  # (its value is taken: "deadline" is Reason.DEADLINE)
+            try:
+                reason = Reason(reason)
+            except (TypeError, ValueError):
+                # Taken as it is, it would reach the statistics as the batch ends, and fail there.
+                message = f"{type(self.policy).__name__}.reason() returned {reason!r}: it must be a Reason"
+                raise TypeError(message) from None
+        return reason
 
     def _dispatch(self, lane: Lane, now: float) -> None:
         """Form the lane's batch and send it on its way; it takes a slot until it ends (:meth:`batch_ended`)."""
@@ -132,7 +140,10 @@ class Dispatch:
         queue.dispatches += 1
         lane.served = queue.dispatches
         reason = self._reason(lane, now)
-        limit = min(self.policy.size(lane), self.batch_limit)
+        size = self.policy.size(lane)
+        if not size >= 1:  # (NaN too) a batch that takes nothing would be formed again and again, forever
+            raise ValueError(f"{type(self.policy).__name__}.size() returned {size!r}: a batch takes one item or more")
+        limit = min(size, self.batch_limit)
         watchers = self.watchers
         taken = forming.take(
             queue,
@@ -147,10 +158,11 @@ class Dispatch:
             return
         batch = Batch(self, taken, now, lane, reason)
         lane.watch = False  # (a batch that goes ends what the policy watched for)
-        self.policy.dispatched(lane, batch, now)
+        # In flight before the policy is told: if dispatched() raises, the abort that follows fails its callers too.
         self.batches[batch] = None
         self.in_flight += 1
         lane.in_flight += 1
+        self.policy.dispatched(lane, batch, now)
         for sent, _ in watchers:
             sent(batch)
         self.runner.launch(batch)
@@ -164,13 +176,18 @@ class Dispatch:
         lane = batch.lane
         lane.in_flight -= 1
         now = self.loop.time()
-        lane.watch = self.policy.ended(lane, batch, callers, now)
+        policy = self.policy
+        try:
+            lane.watch = policy.ended(lane, batch, callers, now)
+            turns = policy.turns
+            turns = turns if turns and 0 < self.queue.waiting < policy.largest() else 0
+        except Exception as exc:  # (raised here, it would leave the items queued behind the batch waiting)
+            lane.watch, turns = False, 0
+            self.internal_error(exc)
         lane.ended, lane.arrived_at_end = now, lane.arrived
         for _, ended in self.watchers:
             ended(batch)
-        waiting = self.queue.waiting
-        turns = self.policy.turns
-        if turns and 0 < waiting < self.policy.largest() and self.state is State.RUNNING and not self.room.putters:
+        if turns and self.state is State.RUNNING and not self.room.putters:
             if self.pump_handle is not None:  # a pump to come (an arrival's, another end's turns) comes after these
                 self.pump_handle.cancel()
             self._turn(turns)
@@ -242,10 +259,15 @@ class Dispatch:
         try:
             self.pump()
         except Exception as exc:
-            self.loop.call_exception_handler(
-                {"message": f"{self.name}: internal error while dispatching batches", "exception": exc}
-            )
-            self.abort(AsyncBatchException(f"{self.name}: internal error while dispatching batches: {exc!r}"))
+            self.internal_error(exc)
+
+    def internal_error(self, exc: Exception) -> None:
+        """A bug of the dispatcher or of its policy: report it, and fail every caller rather than leave one
+        waiting; the run serves on."""
+        self.loop.call_exception_handler(
+            {"message": f"{self.name}: internal error while dispatching batches", "exception": exc}
+        )
+        self.abort(AsyncBatchException(f"{self.name}: internal error while dispatching batches: {exc!r}"))
 
     # ------------------------------------------------------------------ the timer
 

@@ -243,7 +243,11 @@ class Engine(Dispatch):
         turns = 0
         if lane.watch:
             lane.watch = False
-            turns = self.policy.arrival(lane, self.clock())
+            try:
+                turns = self.policy.arrival(lane, self.clock())
+            except Exception as exc:  # (raised to the caller, it would leave its item queued, sent to no one)
+                self.internal_error(exc)
+                return
         if turns:
             self._turn(turns)
         else:

@@ -191,11 +191,15 @@ class Queue:
             idle.append(lane)
         if len(idle) > KEEP_IDLE:
             idle.sort(key=_ended)
+            lanes = self.lanes
             for lane in idle[: len(idle) - KEEP_IDLE]:
-                # (A key whose hash changed since its call, against the contract of a dict key, no longer finds its
-                # lane, or finds another: that lane stays, rather than failing the pump or dropping the other.)
-                if self.lanes.get(lane.key) is lane:
-                    del self.lanes[lane.key]
+                # (A key whose hash changes, against the contract of a dict key, may find its lane, another or none,
+                # at each look: a lane found that is not this one goes back, so that the pump never fails and no
+                # lane that holds items is lost.)
+                if lanes.get(lane.key) is lane:
+                    found = lanes.pop(lane.key, None)
+                    if found is not None and found is not lane:
+                        lanes[found.key] = found
 
     def keep_weights(self) -> None:
         """Weights come into play on a running batcher: count the queued items' weights from now on."""
