@@ -45,6 +45,7 @@ from async_batcher._core.engine import Engine
 from async_batcher._core.engine import violations as _violations
 from async_batcher._core.policy import Reason
 from async_batcher._core.queue import DEFAULT_KEY
+from async_batcher.exceptions import ReentrantCallError
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -178,6 +179,11 @@ async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
             engine.flush()
             await asyncio.sleep(0)
             if mine > 0 and engine.queue.waiting and engine.in_flight >= engine.slot_limit:
+                if engine.inside_own_batch():
+                    raise ReentrantCallError(
+                        f"{batcher.name}: flush() inside its own process_batch with every slot taken would wait for "
+                        "that batch forever"
+                    )
                 await _until_a_slot(engine)
         mine = 0
         if pending:
@@ -254,6 +260,11 @@ def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord
         yield log
     finally:
         engine.watchers.remove(watcher)
+    if _engine(batcher) is not engine:
+        raise RuntimeError(
+            f"{batcher.name} was stopped and started again inside record_batches(): the batches of its new run were "
+            "not recorded; enter record_batches() again after start()"
+        )
 
 
 # ---------------------------------------------------------------------- the batcher's own checks
@@ -276,6 +287,8 @@ def idle(batcher: AsyncBatcher[Any, Any]) -> list[str]:
     if engine.queue.waiting or engine.in_flight:
         queued, flying = plural(engine.queue.waiting, "item"), plural(engine.in_flight, "batch", "batches")
         found.append(f"{queued} queued, {flying} in flight")
+    if engine.room.awaiting:
+        found.append(f"{plural(engine.room.awaiting, 'item')} of callers in line for room")
     if engine.timer is not None:
         found.append(f"a timer for {engine.timer_at}")
     if engine.pump_handle is not None and not engine.pump_handle.cancelled():

@@ -3,7 +3,7 @@ misbehave, live changes at every moment, keys that break the rules, the testing 
 everywhere. Every wait is bounded (the virtual clock, ``asyncio.timeout``), so that a hang fails a test instead of
 freezing the suite; a policy that could spin the dispatcher carries a fuse that fails it after a thousand calls.
 
-A test marked ``xfail(strict=True)`` shows a defect that is still open (its reason says which); the others hold.
+Each test here held once the defect it found was fixed (the commits that fixed them say which).
 """
 
 from __future__ import annotations
@@ -308,7 +308,6 @@ async def test_a_policy_whose_arrival_raises_fails_that_caller_and_never_sends_i
     assert b.batches == [[1]]
 
 
-@pytest.mark.xfail(strict=True, reason="a due() of NaN is taken for 'not yet', silently, until something changes")
 async def test_a_policy_whose_due_is_nan_fails_its_callers_naming_it(loop_errors: list[dict[str, Any]]) -> None:
     b = Recording(policy=Faulty(due=lambda lane, now: math.nan))
     call = asyncio.ensure_future(b.process(1))
@@ -323,7 +322,6 @@ async def test_a_policy_whose_due_is_nan_fails_its_callers_naming_it(loop_errors
         await asyncio.gather(call, return_exceptions=True)
 
 
-@pytest.mark.xfail(strict=True, reason="a policy's error reaches its callers as an 'internal error' of the batcher")
 @pytest.mark.parametrize("method", ["due", "full_at", "pumping", "size"])
 async def test_an_error_of_a_policy_names_the_policy_and_its_method(
     method: str, loop_errors: list[dict[str, Any]]
@@ -336,7 +334,6 @@ async def test_an_error_of_a_policy_names_the_policy_and_its_method(
         await stopped_clean(b)
 
 
-@pytest.mark.xfail(strict=True, reason="a plain DispatchPolicy() is accepted; every batch then fails")
 async def test_a_policy_without_due_is_refused_when_given() -> None:
     with pytest.raises(TypeError, match="due"):
         Recording(policy=DispatchPolicy())
@@ -377,7 +374,6 @@ async def test_a_policy_that_changes_the_batcher_from_inside_its_methods() -> No
     await stopped_clean(b)
 
 
-@pytest.mark.xfail(strict=True, reason="a policy shared by two batchers reads the limits of the one bound last")
 async def test_a_policy_shared_by_two_batchers_is_refused_or_serves_each_by_its_own_limits() -> None:
     shared = Deadline(1.0)
     a = Recording(policy=shared, max_batch_size=10)
@@ -395,7 +391,6 @@ async def test_a_policy_shared_by_two_batchers_is_refused_or_serves_each_by_its_
     assert a.batches == [list(range(6))]  # one batch at its deadline: a's max_batch_size is 10, not b's 2
 
 
-@pytest.mark.xfail(strict=True, reason="a policy whose bind() raises is switched in all the same, never bound")
 async def test_a_policy_whose_bind_raises_when_set_live_is_refused_and_the_old_one_stays() -> None:
     class BadBind(Deadline):
         def bind(self, signals: Any) -> None:
@@ -413,7 +408,6 @@ async def test_a_policy_whose_bind_raises_when_set_live_is_refused_and_the_old_o
         await stopped_clean(b)
 
 
-@pytest.mark.xfail(strict=True, reason="a subclass of Deadline (and the other policies) shows as its base class")
 async def test_a_policy_of_ones_own_is_named_as_itself_in_the_messages() -> None:
     class Mine(Deadline):
         pass
@@ -574,7 +568,6 @@ async def test_a_dispatch_keyword_whose_layer_exists_sets_it_in_place(
     assert getattr(find(policy, layer), name) == value
 
 
-@pytest.mark.xfail(strict=True, reason="preferred_batch_sizes is refused on a policy with a PreferredSizes layer")
 async def test_preferred_batch_sizes_set_on_an_explicit_policy_with_that_layer_sets_it() -> None:
     policy = ClosedLoopHold(0.1, PreferredSizes([2, 4]))
     b = Recording(policy=policy, max_batch_size=8)
@@ -582,7 +575,6 @@ async def test_preferred_batch_sizes_set_on_an_explicit_policy_with_that_layer_s
     assert b.preferred_batch_sizes == (8,) and b.policy is policy
 
 
-@pytest.mark.xfail(strict=True, reason="policy=None builds the default policy but then counts as given")
 async def test_policy_none_is_the_default_and_the_dispatch_keywords_stay_live() -> None:
     b = Recording(policy=None)  # type: ignore[arg-type]  # (a configuration's "not set")
     b.max_hold_time = 0.1
@@ -998,7 +990,6 @@ async def test_a_stream_of_new_keys_with_holds_never_goes_before_a_key_that_came
     await stopped_clean(b)
 
 
-@pytest.mark.xfail(strict=True, reason="a key idle since long ago that comes back goes before keys already waiting")
 async def test_a_key_back_after_an_idle_spell_does_not_overtake_a_key_already_waiting() -> None:
     # What tests/test_fairness.py's counterexample shows (hypothesis found one on this branch, as on its base
     # 0638157), made plain: one slot, batches of one taking 30 ms. "a" goes at 0 and is idle from 0.03. "b" brings
@@ -1088,7 +1079,6 @@ async def test_a_flush_from_a_policy_callback_task_and_idle_inside_a_batch() -> 
     await stopped_clean(b)
 
 
-@pytest.mark.xfail(strict=True, reason="idle() leaves out the callers in line for room, one of them woken to queue")
 async def test_idle_is_not_empty_while_a_caller_woken_for_room_is_about_to_queue() -> None:
     gate = asyncio.Event()
     b = Recording(max_queue_time=5.0, max_queue_size=1, wait_when_full=True, gate=gate)
@@ -1108,7 +1098,6 @@ async def test_idle_is_not_empty_while_a_caller_woken_for_room_is_about_to_queue
         await stopped_clean(b)
 
 
-@pytest.mark.xfail(strict=True, reason="flush() inside process_batch with every slot taken waits for its own batch")
 async def test_flush_from_inside_process_batch_with_every_slot_taken_is_refused() -> None:
     go = asyncio.Event()
     got: list[Any] = []
@@ -1138,7 +1127,6 @@ async def test_flush_from_inside_process_batch_with_every_slot_taken_is_refused(
     assert len(got) == 1 and isinstance(got[0], ReentrantCallError), got
 
 
-@pytest.mark.xfail(strict=True, reason="record_batches follows the run it was entered in; a restart goes unrecorded")
 async def test_record_batches_over_a_restart_records_the_new_runs_batches_or_says_it_cannot() -> None:
     b = Recording(max_queue_time=0)
     b.start()
@@ -1202,7 +1190,6 @@ async def test_opentelemetry_with_a_policy_of_ones_own_traces_each_batch() -> No
     assert b.stats.reasons == {"full": 2, "flush": 1}
 
 
-@pytest.mark.xfail(strict=True, reason="the metrics do not export stats.reasons, which Reason's docstring promises")
 async def test_the_metrics_export_why_the_batches_went() -> None:
     from prometheus_client import CollectorRegistry
 

@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING
 
 from async_batcher._core import forming
 from async_batcher._core.batch import Batch
-from async_batcher._core.policy import Reason
+from async_batcher._core.policy import DispatchPolicy, Reason
 from async_batcher._core.state import DISPATCHING, State
 from async_batcher.exceptions import AsyncBatchException
 
 if TYPE_CHECKING:
     from async_batcher._core.execution import Runner
     from async_batcher._core.lane import Lane
-    from async_batcher._core.policy import DispatchPolicy
     from async_batcher._core.queue import Queue
     from async_batcher._core.room import Room
 
@@ -32,7 +31,8 @@ __all__: list[str] = []
 class Dispatch:
     """The pump, the policy's decisions applied, the turns and the one timer (see the module's docstring)."""
 
-    if not TYPE_CHECKING:  # (no __dict__ for the Engine, whose slots hold it all; the type checker sees the annotations)
+    # No __dict__ for the Engine, whose slots hold it all (the type checker sees the annotations).
+    if not TYPE_CHECKING:
         __slots__ = ()
 
     # The engine's state this half reads and changes (Engine's slots).
@@ -113,7 +113,10 @@ class Dispatch:
         trigger = lane.trigger = min(self.policy.full_at(lane, now), self.batch_limit)
         if lane.count >= trigger:
             return now
-        return self.policy.due(lane, now)
+        at = self.policy.due(lane, now)
+        if at != at:  # NaN: neither due nor not, it would leave the lane waiting, silently
+            raise ValueError(f"{type(self.policy).__name__}.due() returned {at!r}: a time, or inf")
+        return at
 
     def _reason(self, lane: Lane, now: float) -> Reason:
         if lane.count >= self.batch_limit or lane.weight >= self.weight_limit:
@@ -263,11 +266,10 @@ class Dispatch:
 
     def internal_error(self, exc: Exception) -> None:
         """A bug of the dispatcher or of its policy: report it, and fail every caller rather than leave one
-        waiting; the run serves on."""
-        self.loop.call_exception_handler(
-            {"message": f"{self.name}: internal error while dispatching batches", "exception": exc}
-        )
-        self.abort(AsyncBatchException(f"{self.name}: internal error while dispatching batches: {exc!r}"))
+        waiting; the run serves on. An exception raised in the policy names its method."""
+        what = _raised_in_policy(exc) or "internal error while dispatching batches"
+        self.loop.call_exception_handler({"message": f"{self.name}: {what}", "exception": exc})
+        self.abort(AsyncBatchException(f"{self.name}: {what}: {exc!r}"))
 
     # ------------------------------------------------------------------ the timer
 
@@ -289,3 +291,15 @@ class Dispatch:
         self.timer = None
         self.timer_when = when
         self.pump_safely()
+
+
+def _raised_in_policy(exc: BaseException) -> str | None:
+    """``"<Policy>.<method>() raised"`` when ``exc`` was raised inside a method of a dispatch policy (the outermost:
+    the one the engine called), else ``None``."""
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, DispatchPolicy):
+            return f"{type(owner).__name__}.{tb.tb_frame.f_code.co_name}() raised"
+        tb = tb.tb_next
+    return None

@@ -171,8 +171,8 @@ class Engine(Dispatch):
         self.room.set_limit(room_limit, queue_size)
         self.priority_wait = priority_wait
         if policy is not self.policy:
+            policy.bind(self)  # (before it is switched in: one whose bind() raises is not)
             self.policy = policy
-            policy.bind(self)
         if weighted and not self.queue.weighted:
             self.queue.keep_weights()
         if self.room.putters:

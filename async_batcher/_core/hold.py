@@ -160,4 +160,4 @@ class ClosedLoopHold(Layer):
         return watch
 
     def __repr__(self) -> str:
-        return f"ClosedLoopHold(max_hold_time={self.max_hold_time!r}, {self.inner!r})"
+        return f"{type(self).__name__}(max_hold_time={self.max_hold_time!r}, {self.inner!r})"

@@ -118,4 +118,4 @@ class PreferredSizes(Layer):
         return min(self.sizes[-1], self.inner.largest())
 
     def __repr__(self) -> str:
-        return f"PreferredSizes({list(self.sizes)!r}, {self.inner!r})"
+        return f"{type(self).__name__}({list(self.sizes)!r}, {self.inner!r})"

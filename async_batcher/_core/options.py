@@ -99,6 +99,8 @@ def settings_from(options: dict[str, Any], where: str) -> tuple[Settings, str | 
     _deprecated(options)
     settings = Settings()
     for group, fields in (("limits", _LIMITS), ("streaming", tuple(_STREAMING)), ("policy", DISPATCH_KEYWORDS)):
+        if group in options and options[group] is None:  # (a configuration's "not set": the default, as if absent)
+            del options[group]
         both = [key for key in fields if key in options]
         if group in options and both:
             raise TypeError(f"{where}: pass {group}= or {', '.join(f'{key}=' for key in both)}, not both")

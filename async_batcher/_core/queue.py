@@ -73,6 +73,8 @@ class Queue:
         if entry.sink.__class__ is Bulk:
             lane.clean = False
         lane.count += 1
+        if lane.count == 1 and lane.served < self.dispatches:  # back after an idle spell: it counts from now
+            lane.served = self.dispatches - 0.5
         if self.weighted:
             lane.weight += entry.weight
         self.waiting += 1
@@ -82,6 +84,8 @@ class Queue:
         lane = self.lane0
         lane.level(priority).append(bulk)
         lane.clean = False
+        if not lane.count and lane.served < self.dispatches:  # back after an idle spell: it counts from now
+            lane.served = self.dispatches - 0.5
         n = len(bulk.items)
         lane.count += n
         if self.weighted:

@@ -80,8 +80,27 @@ class Streaming:
             object.__setattr__(self, "stall_timeout", _checks.seconds("stream_stall_timeout", self.stall_timeout))
 
 
-# The batcher (its settings) each policy serves: one policy serves one batcher.
+# The batcher (its settings) each policy serves: one policy serves one batcher. (A policy that can be neither a
+# weak key nor hashed, a user's with __slots__ or __eq__ alone, goes unchecked.)
 _owners: weakref.WeakKeyDictionary[DispatchPolicy, weakref.ref[Settings]] = weakref.WeakKeyDictionary()
+
+
+def _owner(policy: DispatchPolicy) -> weakref.ref[Settings] | None:
+    try:
+        return _owners.get(policy)
+    except TypeError:
+        return None
+
+
+def _set_owner(policy: DispatchPolicy, owner: weakref.ref[Settings] | None) -> None:
+    try:
+        if owner is None:
+            _owners.pop(policy, None)
+        else:
+            _owners[policy] = owner
+    except TypeError:
+        pass
+
 
 #: The dispatch keywords of the constructor: each builds (a layer of) the policy.
 DISPATCH_KEYWORDS = ("max_queue_time", "max_latency", "max_hold_time", "preferred_batch_sizes")
@@ -169,18 +188,25 @@ class Settings:
             raise TypeError(f"policy must be an async_batcher.policies.DispatchPolicy, got {policy!r}")
         _check_sizes(self.limits, policy)
         for layer in layers(policy):
-            owner = _owners.get(layer)
+            if type(layer).due is DispatchPolicy.due:
+                raise TypeError(f"{type(layer).__name__} does not implement due(): a policy must say when a batch goes")
+            owner = _owner(layer)
             if owner is not None and owner() not in (None, self):
                 raise ValueError(
                     f"policy {layer!r} already serves another batcher: a policy keeps what it learns of its "
                     "batcher's traffic, give each batcher its own"
                 )
-        for layer in layers(self.policy):
-            _owners.pop(layer, None)
-        for layer in layers(policy):
-            _owners[layer] = weakref.ref(self)
+        old = self.policy, self.from_keywords
         self.policy, self.from_keywords = policy, from_keywords
-        self.changed()
+        try:
+            self.changed()
+        except BaseException:  # (its bind() raised, say): the old policy stays
+            self.policy, self.from_keywords = old
+            raise
+        for layer in layers(old[0]):
+            _set_owner(layer, None)
+        for layer in layers(policy):
+            _set_owner(layer, weakref.ref(self))
 
     def set_timeout(self, value: object) -> None:
         self.default_timeout = None if value is None else _checks.seconds("default_timeout", value)
@@ -213,8 +239,9 @@ class Settings:
             _check_sizes(self.limits, PreferredSizes(value))
         kind, attribute = _LAYERS[name]
         layer = find(self.policy, kind)
-        off = name != "max_queue_time" and value in (None, 0, ())  # the layer is to go (a Deadline never goes)
-        if layer is not None and not off:
+        # The layer is to go (a Deadline never goes), for a policy built from the keywords.
+        off = self.from_keywords and name != "max_queue_time" and value in (None, 0, ())
+        if layer is not None and not off and value is not None:
             setattr(layer, attribute, value)
         elif name == "max_queue_time" and self.from_keywords:
             pass  # kept for when a Deadline comes back (max_latency=None)

@@ -37,7 +37,8 @@ async def run_hook(run: Run, hook: str, awaitable: Awaitable[Any]) -> None:
 class Stopping:
     """How a run stops (see the module's docstring)."""
 
-    if not TYPE_CHECKING:  # (no __dict__ for the Lifecycle, whose slots hold it all; the type checker sees the annotations)
+    # No __dict__ for the Lifecycle, whose slots hold it all (the type checker sees the annotations).
+    if not TYPE_CHECKING:
         __slots__ = ()
 
     # The lifecycle's, which it reads.

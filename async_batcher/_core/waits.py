@@ -87,7 +87,8 @@ class Deadline(_Waiting):
         return lane.oldest() + self._max_queue_time
 
     def __repr__(self) -> str:
-        return f"Deadline(max_queue_time={self.max_queue_time!r}, turns={self.turns}, regather={self.regather})"
+        name = type(self).__name__
+        return f"{name}(max_queue_time={self.max_queue_time!r}, turns={self.turns}, regather={self.regather})"
 
 
 class LatencyBudget(_Waiting):
@@ -137,7 +138,7 @@ class LatencyBudget(_Waiting):
         return super().ended(lane, batch, callers, now)
 
     def __repr__(self) -> str:
-        return f"LatencyBudget(max_latency={self.max_latency!r}, turns={self.turns}, regather={self.regather})"
+        return f"{type(self).__name__}(max_latency={self.max_latency!r}, turns={self.turns}, regather={self.regather})"
 
 
 def _concurrency(slots: int) -> int:
