@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from async_batcher._core import forming
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from async_batcher._core.room import Room
 
 __all__: list[str] = []
+
+_served = attrgetter("served")
 
 
 class Dispatch:
@@ -73,10 +76,13 @@ class Dispatch:
         self.policy.pumping(now)
         next_at = math.inf
         while queue.waiting and self.in_flight < self.slot_limit:
-            lane, next_at = self._choose(now)
-            if lane is None:
+            due, next_at = self._due_lanes(now)
+            if not due:
                 break
-            self._dispatch(lane, now)
+            for lane in due:  # (each as if chosen again: one sent has the highest served count)
+                if self.in_flight >= self.slot_limit:
+                    break
+                self._dispatch(lane, now)
         self.flushing = False
         queue.drop_empty_lanes()
         if self.room.putters:
@@ -87,20 +93,21 @@ class Dispatch:
         elif self.in_flight < self.slot_limit and next_at < math.inf:
             self._arm_timer(next_at)
 
-    def _choose(self, now: float) -> tuple[Lane | None, float]:
-        """The due lane served longest ago (a lane never served counts from when it came), so that keys take turns
-        when slots are scarce; and, of the lanes looked at that are not due, the earliest time one will be."""
-        chosen: Lane | None = None
+    def _due_lanes(self, now: float) -> tuple[list[Lane], float]:
+        """The lanes due now, the one served longest ago first (a lane never served, or back after an idle spell,
+        counts from when it came), so that keys take turns when slots are scarce; and, of the others, the earliest
+        time one will be. One look at each lane, however many are due."""
+        due: list[Lane] = []
         next_at = math.inf
         for lane in self.queue.lanes.values():
-            if chosen is not None and lane.served >= chosen.served:
-                continue  # it cannot go before the one chosen
             at = self._due(lane, now)
             if at <= now:
-                chosen = lane
+                due.append(lane)
             elif at < next_at:
                 next_at = at
-        return chosen, next_at
+        if len(due) > 1:
+            due.sort(key=_served)
+        return due, next_at
 
     def _due(self, lane: Lane, now: float) -> float:
         """When the lane's next batch goes: at once when full, stopping or flushing; at once when the policy's size
