@@ -229,9 +229,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         try:
             return await fut
         except asyncio.CancelledError:
-            if fut.cancelled():  # the caller's own cancellation, not an error of process_batch
-                self._recorder.cancelled += 1
-                engine.withdraw(entry)
+            engine.left(entry)
             raise
         except RuntimeError:
             if fut.done():

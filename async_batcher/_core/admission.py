@@ -65,9 +65,7 @@ class Admission:
         try:
             return await fut
         except asyncio.CancelledError:
-            if fut.cancelled():  # the caller's own cancellation, not an error of process_batch
-                self.recorder.cancelled += 1
-                engine.withdraw(entry)
+            engine.left(entry)
             raise
         finally:
             if expiry is not None:
@@ -149,7 +147,11 @@ class Admission:
         sink = StreamSink(engine.loop, self.settings.streaming.buffer, self.recorder)
         entry = await self._entry(engine, item, deadline, sink)
         engine.put_entry(entry, priority)
-        expiry = None if deadline is None else engine.deadlines.add(deadline, self._expire_stream, engine, entry)
+        expiry = (
+            None
+            if deadline is None
+            else engine.deadlines.add(deadline, self._expire, engine, entry, "the stream did not end")
+        )
         try:
             while (part := await sink.next()) is not END:
                 yield part
@@ -227,14 +229,14 @@ class Admission:
 
     # ------------------------------------------------------------------ timeouts
 
-    def _expire(self, engine: Engine, entry: Entry) -> None:
-        """A ``timeout=`` of :meth:`AsyncBatcher.process` expired."""
-        fut = entry.sink
-        if fut.done():
+    def _expire(self, engine: Engine, entry: Entry, what: str = "no result") -> None:
+        """A ``timeout=`` of :meth:`AsyncBatcher.process` (or of a stream) expired."""
+        sink = entry.sink
+        if sink.done():
             return
         self.recorder.timed_out += 1
         engine.withdraw(entry)
-        fut.set_exception(TimeoutError(f"{self.name}: no result within the timeout"))
+        sink.set_exception(TimeoutError(f"{self.name}: {what} within the timeout"))
 
     def _expire_bulk(self, engine: Engine, bulk: Bulk) -> None:
         """A ``timeout=`` of :meth:`AsyncBatcher.process_many` expired: the whole call times out."""
@@ -243,11 +245,3 @@ class Admission:
         self.recorder.timed_out += len(bulk.items)
         bulk.future.set_exception(TimeoutError(f"{self.name}: no results within the timeout"))
         engine.withdraw_bulk(bulk)
-
-    def _expire_stream(self, engine: Engine, entry: Entry) -> None:
-        sink = entry.sink
-        if sink.done():
-            return
-        self.recorder.timed_out += 1
-        engine.withdraw(entry)
-        sink.set_exception(TimeoutError(f"{self.name}: the stream did not end within the timeout"))

@@ -255,6 +255,13 @@ class Engine(Dispatch):
 
     # ------------------------------------------------------------------ leaving without a batch
 
+    def left(self, entry: Entry) -> None:
+        """The caller of ``entry`` was cancelled: if its future was (its own cancellation, not an error of
+        ``process_batch``), it counts as cancelled, and its item is withdrawn if it has not been sent."""
+        if entry.sink.cancelled():
+            self.recorder.cancelled += 1
+            self.withdraw(entry)
+
     def withdraw(self, entry: Entry) -> None:
         """Take an item out of the queue if it is still there: it will never be sent."""
         if self.queue.withdraw(entry):
