@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Sequence
 from contextvars import copy_context
 from functools import partial
@@ -113,6 +114,11 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         super().__init__()
         cls = type(self)
         self._settings, name = settings_from(dict(options), f"{cls.__name__}()")
+        if self._settings.recovery is not None and inspect.isasyncgenfunction(self.process_batch):
+            raise TypeError(
+                f"{cls.__name__}(): retry=, on_batch_error= and split_on= are for a process_batch that returns its "
+                "results; a streaming one (an async generator) handles its failures itself"
+            )
         self.name: str = _checks.name(name, cls.__name__)
         self._recorder = _Recorder()
         self._life = Lifecycle(self, self._settings, self._recorder, cls._overridden)
@@ -359,7 +365,11 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         if engine is None:
             return self._recorder.snapshot(self.name, queued=0, awaiting_room=0, in_flight=0)
         return self._recorder.snapshot(
-            self.name, queued=engine.queue.waiting, awaiting_room=engine.room.awaiting, in_flight=engine.in_flight
+            self.name,
+            queued=engine.queue.waiting,
+            awaiting_room=engine.room.awaiting,
+            in_flight=engine.in_flight,
+            ceilings=engine.ceilings() if engine.split is not None else None,
         )
 
     def __repr__(self) -> str:

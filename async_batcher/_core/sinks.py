@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from itertools import islice, repeat
@@ -56,6 +57,7 @@ class Bulk:
     __slots__ = (
         "arrival",
         "context",
+        "deadline",
         "entries",
         "future",
         "items",
@@ -89,6 +91,7 @@ class Bulk:
         self.left = len(items)  # results still to come
         self.results: list[Any] = [PENDING] * len(items)
         self.entries: list[WeightedEntry] | None = None
+        self.deadline = math.inf  # when its caller's timeout expires (on the loop's clock)
 
     def done(self) -> bool:
         return self.future.done()

@@ -265,7 +265,7 @@ class StreamRunner(Runner):
 
 
 def _compact(batch: Batch) -> None:
-    """Keep, in place, only the items whose streams are still open (and their weights)."""
+    """Keep, in place, only the items whose streams are still open (and their weights and deadlines)."""
     if any(sink.done() for sink in batch.sinks):
         kept = [i for i, sink in enumerate(batch.sinks) if not sink.done()]
         batch.items[:] = [batch.items[i] for i in kept]
@@ -273,3 +273,5 @@ def _compact(batch: Batch) -> None:
         batch.contexts[:] = [batch.contexts[i] for i in kept]
         if batch.weights is not None:
             batch.weights[:] = [batch.weights[i] for i in kept]
+        if batch.deadlines is not None:
+            batch.deadlines[:] = [batch.deadlines[i] for i in kept]
