@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from async_batcher import _checks
+from async_batcher._core.sinks import Retry
 
 __all__ = [
     "ErrorMatcher",
@@ -126,29 +127,6 @@ def out_of_memory(error: BaseException) -> bool:
         error = error.__cause__ or error.__context__  # type: ignore[assignment]
         seen += 1
     return False
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """An element of ``process_batch``'s results: this item failed for a transient reason; try it again.
-
-    With a :class:`RetryPolicy` (``retry=``) the item goes back to the head of its lane after its backoff and joins
-    the next batch; without one, or once it may not be tried again (its attempts, the retry budget, its deadline),
-    its caller gets ``error`` (a :class:`~async_batcher.TransientError` saying why, when ``error`` is ``None``).
-
-    Args:
-        error: What its caller gets if it is not tried again: the transient error (a throttle, ``UnprocessedItems``).
-        after: The least seconds to wait before trying again (a ``Retry-After``); the backoff when longer.
-    """
-
-    error: BaseException | None = None
-    after: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.error is not None and not isinstance(self.error, BaseException):
-            raise TypeError(f"Retry(error=...) must be an exception instance or None, got {self.error!r}")
-        if self.after is not None:
-            object.__setattr__(self, "after", _checks.seconds("Retry(after=...)", self.after))
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,6 @@ from async_batcher._core.failures import Isolate, Retry, RetryPolicy, SplitOn, m
 from async_batcher._core.lane import WeightedEntry
 from async_batcher._core.policy import Reason
 from async_batcher._core.sinks import as_results, deliver, fail_sinks
-from async_batcher.exceptions import TransientError
 
 if TYPE_CHECKING:
     from async_batcher._core.batch import Batch
@@ -211,8 +210,9 @@ class Recovery:
         size = batch.size
         if self.split is not None:
             weight = _weight_of(batch)
-            runner.feedback.held(batch.lane, size, weight)
-            if tree is not None:
+            if tree is None:  # (a batch's own call; the parts of a split say what fits now: settled at its end)
+                runner.feedback.held(batch.lane, size, weight)
+            else:
                 tree.ok_size, tree.ok_weight = max(tree.ok_size, size), max(tree.ok_weight, weight)
         if tree is not None and tree.part.sibling is not None:
             tree.part.sibling.presumed = True  # this half of a failed part succeeded: the other holds the fault
@@ -382,7 +382,7 @@ class Recovery:
         runner.recorder.processed += len(index)
         for i, error in zip(index, errors, strict=True):
             if error is None:
-                error = TransientError(f"{runner.name}: process_batch asked to try this item again; not tried: {why}")
+                error = Retry().outcome(why)
             tree.answered += fail_sinks([tree.sinks[i]], error, runner.recorder)
 
     # ------------------------------------------------------------------ the parts

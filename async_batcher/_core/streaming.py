@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from async_batcher._core.batch import Batch, current_batch
 from async_batcher._core.execution import Runner
-from async_batcher._core.sinks import END, as_results
+from async_batcher._core.sinks import END, Retry, as_results
 from async_batcher.exceptions import BatcherStoppedError
 
 if TYPE_CHECKING:
@@ -222,6 +222,9 @@ class StreamRunner(Runner):
                 continue  # its consumer left, or it already ended: the part is dropped
             if part is END:
                 sink.end()
+            elif part.__class__ is Retry:  # (a stream's items are not tried again: its error ends the stream)
+                self.recorder.failed += 1
+                sink.set_exception(part.outcome("a streaming process_batch is not retried"))
             elif isinstance(part, Exception):
                 self.recorder.failed += 1
                 sink.set_exception(part)
