@@ -357,7 +357,7 @@ def test_the_settings_are_checked() -> None:
         Flaky(retry=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="after"):
         Retry(after=-1)
-    with pytest.raises(TypeError, match="exception instance"):
+    with pytest.raises(TypeError, match="Exception instance"):
         Retry("throttled")  # type: ignore[arg-type]
 
 

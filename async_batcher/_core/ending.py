@@ -75,7 +75,7 @@ class Ending:
                     recovery.fold(batch)  # (the parts not called yet fail with it)
                 else:
                     # What failed is tried again, split or bisected: the batch may go on, in its slot.
-                    goes_on = recovery.settle(self, batch, results, error, ran=ran)
+                    goes_on = self.settle(recovery, batch, results, error, ran=ran)
                     return
             if ran:
                 self.recorder.processed += batch.size
@@ -86,6 +86,24 @@ class Ending:
         finally:
             if not goes_on:
                 self.release(batch)
+
+    def settle(self, recovery: Recovery, batch: Batch, results: Any, error: BaseException | None, *, ran: bool) -> bool:
+        """:meth:`Recovery.settle`, such that even a bug in it cannot leave a caller waiting: every item of the batch
+        left without an answer fails, and the batch ends."""
+        try:
+            return recovery.settle(self, batch, results, error, ran=ran)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            self.loop.call_exception_handler(
+                {"message": f"{self.name}: internal error while handling a failed batch", "exception": exc}
+            )
+            recovery.fold(batch)
+            failed = AsyncBatchException(f"{self.name}: internal error while handling a failed batch: {exc!r}")
+            tree = batch.tree
+            batch.answered = (0 if tree is None else tree.answered) + fail_sinks(batch.sinks, failed, self.recorder)
+            batch.tree = None
+            return False
 
     def answer(self, batch: Batch, results: Any) -> int:
         """Hand each caller its result; if the results do not fit the batch, each caller gets why. Return how many

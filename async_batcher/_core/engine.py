@@ -376,8 +376,9 @@ class Engine(Dispatch):
 
     def lowered(self, lane: Lane, size: int, weight: float) -> float:
         split = self.split
-        grow_by = None if split is None else split.grow_by
-        return ceiling.lower(lane, size, weight, weighted=self.queue.weighted, grow_by=grow_by)
+        if split is None:  # (split_on was turned off while the batch ran: its parts are halves, no ceiling is kept)
+            return weight / 2 if self.queue.weighted else float(max(1, size // 2))
+        return ceiling.lower(lane, size, weight, weighted=self.queue.weighted, grow_by=split.grow_by)
 
     def held(self, lane: Lane, size: int, weight: float) -> None:
         split = self.split
@@ -385,7 +386,8 @@ class Engine(Dispatch):
             ceiling.held(lane, size, weight, weighted=self.queue.weighted, grow_after=split.grow_after)
 
     def settled(self, lane: Lane, size: int, weight: float) -> None:
-        ceiling.settle(lane, size, weight, weighted=self.queue.weighted)
+        if self.split is not None:
+            ceiling.settle(lane, size, weight, weighted=self.queue.weighted)
 
     def ceilings(self) -> dict[Hashable, float]:
         """The ceiling of each lane that has one, by key (``None``: the default lane's)."""

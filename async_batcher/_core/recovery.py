@@ -332,6 +332,8 @@ class Recovery:
         error_of = dict(zip(index, errors, strict=True))
         going: list[tuple[int, float, int, int]] = []  # (place, delay, attempts, tries)
         for i, outcome, error in zip(index, outcomes, errors, strict=True):
+            if _done(tree.sinks[i]):
+                continue  # its caller has left: nothing to try again for
             attempts = tree.attempts[i] + (0 if progress else 1)
             tries = tree.tries[i] + 1
             if attempts >= policy.attempts or tries >= policy.tries_limit:

@@ -14,7 +14,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
-from itertools import islice, repeat
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Final
 
 from async_batcher import _checks
@@ -62,16 +62,16 @@ class Retry:
         after: The least seconds to wait before trying again (a ``Retry-After``); the backoff when longer.
     """
 
-    error: BaseException | None = None
+    error: Exception | None = None
     after: float | None = None
 
     def __post_init__(self) -> None:
-        if self.error is not None and not isinstance(self.error, BaseException):
-            raise TypeError(f"Retry(error=...) must be an exception instance or None, got {self.error!r}")
+        if self.error is not None and not isinstance(self.error, Exception):
+            raise TypeError(f"Retry(error=...) must be an Exception instance or None, got {self.error!r}")
         if self.after is not None:
             object.__setattr__(self, "after", _checks.seconds("Retry(after=...)", self.after))
 
-    def outcome(self, why: str = "no retry policy (retry=) is set") -> BaseException:
+    def outcome(self, why: str = "no retry policy (retry=) is set") -> Exception:
         """What its caller gets when it is not tried again."""
         if self.error is not None:
             return self.error
@@ -146,14 +146,18 @@ class Bulk:
             self._succeed()
 
     def fail_chunk(self, start: int, count: int, exc: BaseException) -> None:
-        """``items[start:start+count]`` failed with ``exc``: in their places, or the whole call."""
+        """``items[start:start+count]`` failed with ``exc``: in their places, or the whole call. (Those among them
+        that have their result already keep it.)"""
         if self.future.done():
             return
         if not self.return_exceptions:
             self.fail(exc)
             return
-        self.results[start : start + count] = repeat(exc, count)
-        self.left -= count
+        results = self.results
+        pending = [i for i in range(start, start + count) if results[i] is PENDING]
+        for i in pending:
+            results[i] = exc
+        self.left -= len(pending)
         if self.left == 0:
             self._succeed()
 
