@@ -262,8 +262,8 @@ def fail_sinks(sinks: list[Any], exc: BaseException, recorder: _Recorder) -> int
 def deliver(sinks: list[Any], results: Sequence[Any], recorder: _Recorder, *, futures_only: bool) -> int:
     """Hand each caller its result; an ``Exception`` element is raised to its caller. A caller who left is skipped.
     Return how many calls that resolved (a ``process_many`` call once, with its last items)."""
-    kinds = set(map(type, results))
-    if futures_only and Retry not in kinds and not any(issubclass(kind, Exception) for kind in kinds):
+    kinds = set(map(type, results)) if futures_only else None
+    if kinds is not None and Retry not in kinds and not any(issubclass(kind, Exception) for kind in kinds):
         # No exception among the results (one look at their types, not one isinstance per item).
         if any(map(future_done, sinks)):
             settled = 0
