@@ -232,13 +232,15 @@ async def test_a_retry_policy_removed_while_items_wait_in_their_backoff() -> Non
     idle_and_clean(b)
 
 
-async def test_a_stop_during_a_split_waits_for_its_parts() -> None:
-    async def slow_oom(batch: list[int], call: int) -> list[int]:
-        await asyncio.sleep(1.0)
-        if len(batch) > 1:
-            raise MemoryError
-        return batch
+async def slow_oom(batch: list[int], call: int) -> list[int]:
+    """A second a call; more than one item runs out of memory."""
+    await asyncio.sleep(1.0)
+    if len(batch) > 1:
+        raise MemoryError
+    return batch
 
+
+async def test_a_stop_during_a_split_waits_for_its_parts() -> None:
     b = Scripted(slow_oom, max_batch_size=4, max_queue_time=0.0, split_on=SplitOn(MemoryError))
     calls = [asyncio.ensure_future(b.process(x)) for x in range(4)]
     await asyncio.sleep(0.5)
@@ -248,12 +250,6 @@ async def test_a_stop_during_a_split_waits_for_its_parts() -> None:
 
 
 async def test_a_forced_stop_during_a_split_fails_every_part_once() -> None:
-    async def slow_oom(batch: list[int], call: int) -> list[int]:
-        await asyncio.sleep(1.0)
-        if len(batch) > 1:
-            raise MemoryError
-        return batch
-
     b = Scripted(slow_oom, max_batch_size=8, max_queue_time=0.0, split_on=SplitOn(MemoryError))
     calls = [asyncio.ensure_future(b.process(x)) for x in range(8)]
     await asyncio.sleep(3.5)  # 8 -> 4 -> 2 -> the first 1 under way

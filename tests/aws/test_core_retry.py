@@ -28,28 +28,34 @@ pytestmark = pytest.mark.single_loop
 FAST = RetryPolicy(attempts=6, backoff=0.002, cap=0.02, retry_on=(is_retryable_error,))
 
 
-class PutItems(AsyncBatcher[dict[str, Any], None]):
-    """``BatchWriteItem`` of the batch's items (25 at most) into one table; ``Retry`` for each item left out."""
+class WithClient(AsyncBatcher[Any, Any]):
+    """A batcher with an aioboto3 client of ``service``, open from ``on_start`` to ``on_stop``; ``target`` is what
+    its calls name (a table, a queue URL)."""
 
-    def __init__(self, endpoint: str, table: str, **kwargs: Any) -> None:
-        super().__init__(max_batch_size=25, **kwargs)
-        self.endpoint, self.table = endpoint, table
+    service: str
+
+    def __init__(self, endpoint: str, target: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.endpoint, self.target = endpoint, target
         self.client: Any = None
 
     async def on_start(self) -> None:
-        self.client = (
-            await aioboto3.Session()
-            .client("dynamodb", endpoint_url=self.endpoint, config=NO_BOTOCORE_RETRY)
-            .__aenter__()
-        )
+        client = aioboto3.Session().client(self.service, endpoint_url=self.endpoint, config=NO_BOTOCORE_RETRY)
+        self.client = await client.__aenter__()
 
     async def on_stop(self) -> None:
         await self.client.__aexit__(None, None, None)
 
+
+class PutItems(WithClient):
+    """``BatchWriteItem`` of the batch's items (25 at most) into one table; ``Retry`` for each item left out."""
+
+    service = "dynamodb"
+
     async def process_batch(self, batch: list[dict[str, Any]]) -> list[Any]:
         requests = [{"PutRequest": {"Item": {"pk": {"S": item["pk"]}, "n": {"N": str(item["n"])}}}} for item in batch]
-        answer = await self.client.batch_write_item(RequestItems={self.table: requests})
-        left = {r["PutRequest"]["Item"]["pk"]["S"] for r in answer.get("UnprocessedItems", {}).get(self.table, [])}
+        answer = await self.client.batch_write_item(RequestItems={self.target: requests})
+        left = {r["PutRequest"]["Item"]["pk"]["S"] for r in answer.get("UnprocessedItems", {}).get(self.target, [])}
         return [Retry() if item["pk"] in left else None for item in batch]
 
 
@@ -61,7 +67,7 @@ async def test_throttled_and_unprocessed_items_are_written_exactly_once(moto_ser
         throttled = first_calls("BatchWriteItem", 2, Reply("ProvisionedThroughputExceededException"))
         async with FaultProxy(moto_server.endpoint_url, rules=[throttled, withheld]) as proxy:
             items = [{"pk": f"k{i:03d}", "n": i} for i in range(100)]
-            async with PutItems(proxy.url, table, retry=FAST, max_queue_time=0.01) as batcher:
+            async with PutItems(proxy.url, table, max_batch_size=25, retry=FAST, max_queue_time=0.01) as batcher:
                 assert await asyncio.gather(*(batcher.process(item) for item in items)) == [None] * 100
                 stats = batcher.stats
         written = await scan_all(admin, table)
@@ -87,7 +93,7 @@ async def test_a_table_throttled_for_good_ends_in_the_throttle(moto_server: Moto
             return Reply("ProvisionedThroughputExceededException") if operation == "BatchWriteItem" else None
 
         async with FaultProxy(moto_server.endpoint_url, rules=[always]) as proxy:
-            async with PutItems(proxy.url, table, retry=FAST, max_queue_time=0.01) as batcher:
+            async with PutItems(proxy.url, table, max_batch_size=25, retry=FAST, max_queue_time=0.01) as batcher:
                 results = await asyncio.gather(
                     *(batcher.process({"pk": f"k{i}", "n": i}) for i in range(5)), return_exceptions=True
                 )
@@ -96,26 +102,15 @@ async def test_a_table_throttled_for_good_ends_in_the_throttle(moto_server: Moto
     assert len(proxy.calls("BatchWriteItem")) == FAST.attempts
 
 
-class SendMessages(AsyncBatcher[str, str]):
+class SendMessages(WithClient):
     """``SendMessageBatch`` of the batch's bodies (10 at most); ``Retry`` for an entry failed on the service's side,
     the error for one failed on the sender's."""
 
-    def __init__(self, endpoint: str, queue: str, **kwargs: Any) -> None:
-        super().__init__(max_batch_size=10, **kwargs)
-        self.endpoint, self.queue = endpoint, queue
-        self.client: Any = None
-
-    async def on_start(self) -> None:
-        self.client = (
-            await aioboto3.Session().client("sqs", endpoint_url=self.endpoint, config=NO_BOTOCORE_RETRY).__aenter__()
-        )
-
-    async def on_stop(self) -> None:
-        await self.client.__aexit__(None, None, None)
+    service = "sqs"
 
     async def process_batch(self, batch: list[str]) -> list[Any]:
         entries = [{"Id": str(i), "MessageBody": body} for i, body in enumerate(batch)]
-        answer = await self.client.send_message_batch(QueueUrl=self.queue, Entries=entries)
+        answer = await self.client.send_message_batch(QueueUrl=self.target, Entries=entries)
         results: list[Any] = [None] * len(batch)
         for ok in answer.get("Successful", []):
             results[int(ok["Id"])] = ok["MessageId"]
@@ -132,7 +127,7 @@ async def test_sqs_partial_batch_failures_are_sent_again_alone(moto_server: Moto
         partial = first_calls("SendMessageBatch", 2, Withhold([1, 4], code="InternalError"))
         async with FaultProxy(moto_server.endpoint_url, rules=[partial]) as proxy:
             bodies = [f"m{i}" for i in range(30)]
-            async with SendMessages(proxy.url, queue, retry=FAST, max_queue_time=0.01) as batcher:
+            async with SendMessages(proxy.url, queue, max_batch_size=10, retry=FAST, max_queue_time=0.01) as batcher:
                 ids = await asyncio.gather(*(batcher.process(body) for body in bodies))
                 stats = batcher.stats
         received = await receive_all(admin, queue)
