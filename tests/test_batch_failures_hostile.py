@@ -18,7 +18,7 @@ from async_batcher import (
     testing,
 )
 from async_batcher.failures import Isolate, Retry, RetryPolicy, SplitOn
-from tests.batchers import idle_and_clean, until
+from tests.batchers import engine_of, idle_and_clean, until
 
 pytestmark = pytest.mark.virtual_time
 
@@ -298,5 +298,43 @@ async def test_a_bug_in_the_failure_handling_fails_the_batch_not_the_batcher(
     assert [c["message"] for c in loop_errors] == ["Scripted: internal error while handling a failed batch"]
     monkeypatch.undo()
     assert await b.process(3) == 3  # it serves on
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_an_item_in_its_backoff_whose_lane_was_let_go_comes_back_to_its_key() -> None:
+    class Keyed(Scripted):
+        def batch_key(self, item: int) -> int:
+            return item
+
+    async def first_try_fails_for_0(batch: list[int], call: int) -> list[Any]:
+        return [Retry() if x == 0 and call == 1 else x for x in batch]
+
+    b = Keyed(first_try_fails_for_0, retry=RetryPolicy(backoff=10.0, **NO_JITTER), max_queue_time=0.0)
+    zero = asyncio.ensure_future(b.process(0))
+    await until(lambda: len(b.calls) == 1)
+    # Forty other keys come and go meanwhile: the idle lanes past sixteen are let go, key 0's among them.
+    for x in range(1, 41):
+        assert await b.process(x) == x
+    assert 0 not in engine_of(b).queue.lanes and not zero.done()
+    assert await zero == 0
+    assert b.calls[-1] == [0]
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_splits_in_many_slots_at_once_keep_the_engine_consistent() -> None:
+    async def oom(batch: list[int], call: int) -> list[int]:
+        await asyncio.sleep(0.01 * (call % 3))
+        if len(batch) > 3:
+            raise MemoryError
+        return batch
+
+    b = Scripted(oom, max_batch_size=16, concurrency=None, max_queue_time=0.0, split_on=SplitOn(MemoryError))
+    for _ in range(5):
+        calls = [asyncio.ensure_future(b.process(x)) for x in range(64)]
+        assert await asyncio.gather(*calls) == list(range(64))
+        assert testing.violations(b) == []
+    assert b.stats.ceilings == {None: 3.0}
     await b.stop()
     idle_and_clean(b)
