@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import glob
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -313,8 +314,8 @@ class MultiprocessExporter:
                 m.actions.labels(name, action).inc(now - copied.get(key, 0))
                 copied[key] = now
             ceilings = {key_label(key): value for key, value in stats.ceilings.items()}
-            for label in self._ceilings[index] - ceilings.keys():  # lifted since: the series goes
-                m.ceiling.remove(name, label)
+            for label in self._ceilings[index] - ceilings.keys():  # lifted since (the files keep a series: no limit)
+                m.ceiling.labels(name, label).set(math.inf)
             for label, value in ceilings.items():
                 m.ceiling.labels(name, label).set(value)
             self._ceilings[index] = set(ceilings)
