@@ -104,7 +104,8 @@ class BatcherStats:
     #: each that did not gather its callers, down to once a minute).
     probes: int = 0
     #: Why the batches counted in ``batches`` went, a count per reason (:class:`~async_batcher.policies.Reason`:
-    #: ``"full"``, ``"size"``, ``"deadline"``, ``"hold"``, ``"stop"``, ``"flush"``): why batches are small, answered.
+    #: ``"full"``, ``"size"``, ``"deadline"``, ``"hold"``, ``"stop"``, ``"flush"``; ``"split"``: the calls of the parts
+    #: of a failed batch): why batches are small, answered.
     reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     #: Items of the callers waiting in line for room in a full queue now (``wait_when_full``).
     awaiting_room: int = 0
