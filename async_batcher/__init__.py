@@ -18,7 +18,9 @@ from async_batcher.exceptions import (
     ProcessBatchCancelledError,
     QueueFullException,
     ReentrantCallError,
+    TransientError,
 )
+from async_batcher.failures import Isolate, Retry, RetryPolicy, SplitOn
 from async_batcher.stats import BatcherStats, LatencySummary
 
 __all__ = [
@@ -41,6 +43,11 @@ __all__ = [
     "ProcessBatchCancelledError",
     "QueueFullException",
     "ReentrantCallError",
+    "Isolate",
+    "Retry",
+    "RetryPolicy",
+    "SplitOn",
+    "TransientError",
     "batch",
     "current_batch",
     "__version__",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Sequence
 from contextvars import copy_context
 from functools import partial
@@ -55,8 +56,11 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
        (``None`` for each). An ``Exception`` element is raised to its caller only; results of the wrong length
        or kind give every caller of the batch a :class:`BatchSizeMismatchError` or a ``TypeError``; an exception
        raised goes to every caller of the batch (a ``CancelledError`` as :class:`ProcessBatchCancelledError`).
-       The batcher serves on. An async generator ``process_batch`` streams (:meth:`stream`): each step gives
-       every item a part, :data:`END` or an ``Exception``, under these rules per stream.
+       The batcher serves on. A :class:`~async_batcher.failures.Retry` element asks for its item to be tried again
+       (with ``retry``; without, its caller gets its error); ``retry``, ``on_batch_error`` and ``split_on`` decide
+       what a raised error leads to (:mod:`async_batcher.failures`). An async generator ``process_batch`` streams
+       (:meth:`stream`): each step gives every item a part, :data:`END` or an ``Exception``, under these rules per
+       stream.
     3. **Sync process_batch.** A plain ``def process_batch`` runs in ``executor`` (the loop's default executor
        if ``None``), never on the event loop.
     4. **Concurrency.** At most ``concurrency`` batches are in flight (``None``: no limit). A call that would wait
@@ -71,7 +75,9 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
        ``process(item, timeout=s)`` raises the built-in ``TimeoutError`` after ``s`` seconds (waiting for room
        included) under the same rules; ``default_timeout`` applies to every call without its own. Both are
        atomic with respect to the batch: an item is either sent with its caller still waiting, or not sent at
-       all (a batch already sent runs on; its late caller's result is dropped).
+       all (a batch already sent runs on; its late caller's result is dropped). The timeout is the item's deadline:
+       past it, it is never sent (nor tried again), and :func:`~async_batcher.current_batch` tells a batch its
+       earliest.
     7. **Bulk.** ``await process_many(items)`` submits many items at once (admitted whole or not at all) and
        returns their results in order; the first failure is raised and the rest withdrawn, or, with
        ``return_exceptions=True``, exceptions take their items' places, a failed batch's included.
@@ -103,17 +109,23 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             ``max_queue_size``; ``None`` is no limit), ``policy`` (when a batch goes: a
             :class:`~async_batcher.policies.DispatchPolicy`, ``Deadline(max_queue_time=0.01)`` by default),
             ``streaming`` (:class:`~async_batcher.Streaming`), ``executor``, ``wait_when_full``,
-            ``default_timeout``, ``max_priority_wait`` and ``name``. Each field of a group may be given on its own
-            instead (``max_batch_size=64``, ``max_queue_time=0.002``, ``max_latency=``, ``max_hold_time=``,
-            ``preferred_batch_sizes=``, ``stream_buffer=``, ``stream_stall_timeout=``), as in earlier versions;
-            the dispatch keywords build the policy. async-batcher 0.2.2's ``batch_size`` (``max_batch_size``),
-            ``sleep_time`` and ``buffering_time`` (ignored) warn.
+            ``default_timeout``, ``max_priority_wait``, ``name``, and what a failed batch leads to (each off by
+            default, :mod:`async_batcher.failures`): ``retry``, ``on_batch_error``, ``split_on``. Each field of a
+            group may be given on its own instead (``max_batch_size=64``, ``max_queue_time=0.002``, ``max_latency=``,
+            ``max_hold_time=``, ``preferred_batch_sizes=``, ``stream_buffer=``, ``stream_stall_timeout=``), as in
+            earlier versions; the dispatch keywords build the policy. async-batcher 0.2.2's ``batch_size``
+            (``max_batch_size``), ``sleep_time`` and ``buffering_time`` (ignored) warn.
     """
 
     def __init__(self, **options: Unpack[BatcherOptions]) -> None:
         super().__init__()
         cls = type(self)
         self._settings, name = settings_from(dict(options), f"{cls.__name__}()")
+        if self._settings.recovery is not None and inspect.isasyncgenfunction(self.process_batch):
+            raise TypeError(
+                f"{cls.__name__}(): retry=, on_batch_error= and split_on= are for a process_batch that returns its "
+                "results; a streaming one (an async generator) handles its failures itself"
+            )
         self.name: str = _checks.name(name, cls.__name__)
         self._recorder = _Recorder()
         self._life = Lifecycle(self, self._settings, self._recorder, cls._overridden)
@@ -358,7 +370,11 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         if engine is None:
             return self._recorder.snapshot(self.name, queued=0, awaiting_room=0, in_flight=0)
         return self._recorder.snapshot(
-            self.name, queued=engine.queue.waiting, awaiting_room=engine.room.awaiting, in_flight=engine.in_flight
+            self.name,
+            queued=engine.queue.waiting,
+            awaiting_room=engine.room.awaiting,
+            in_flight=engine.in_flight,
+            ceilings=engine.ceilings() if engine.split is not None else None,
         )
 
     def __repr__(self) -> str:

@@ -16,6 +16,7 @@ __all__ = [
     "ProcessBatchCancelledError",
     "QueueFullException",
     "ReentrantCallError",
+    "TransientError",
 ]
 
 
@@ -60,3 +61,9 @@ class ProcessBatchCancelledError(AsyncBatchException):
 class ReentrantCallError(AsyncBatchException, RuntimeError):
     """A call that would wait for itself (a deadlock) is refused: from inside ``process_batch``, one that would wait
     for its own batch; from inside ``on_start``, an item or a stop; from inside ``on_stop``, a stop."""
+
+
+class TransientError(AsyncBatchException):
+    """``process_batch`` answered this item with :class:`~async_batcher.failures.Retry` (without an error of its
+    own), and it was not tried again: no retry policy (``retry=``), its attempts or the retry budget ran out, or its
+    deadline would pass before its next try. The message says which."""

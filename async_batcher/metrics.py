@@ -69,6 +69,14 @@ OUTCOMES = ("submitted", "processed", "failed", "cancelled", "timed_out", "rejec
 QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
 HELD_HELP = "Batches a hold (max_hold_time) kept back for the callers their lane's last batch answered."
 PROBES_HELP = "Of the held batches, the probes: holds tried while the hold is off."
+#: The failure handling's counts (async_batcher.failures), by action: the stats field of each.
+ACTIONS = (("retried", "retried"), ("retry_refused", "retries_refused"), ("isolated", "isolated"),
+           ("split", "splits"), ("extra_call", "extra_calls"))  # fmt: skip
+ACTIONS_HELP = (
+    "The failure handling: items tried again (retried) or refused by the retry budget (retry_refused), items found "
+    "at fault alone (isolated), calls split on out-of-memory (split), calls on parts of failed batches (extra_call)."
+)
+CEILING_HELP = "The most items (weight, with item_weight) a batch key's batches take after out-of-memory splits."
 
 #: Seconds, for the queue wait and the processing time: 0.1 ms to 10 s.
 DEFAULT_TIME_BUCKETS: tuple[float, ...] = (
@@ -165,7 +173,13 @@ class BatcherCollector(Collector):
         in_flight = GaugeMetricFamily(f"{ns}_in_flight_batches", "Batches being processed.", labels=["batcher"])
         held = CounterMetricFamily(f"{ns}_held_batches", HELD_HELP, labels=["batcher"])
         probes = CounterMetricFamily(f"{ns}_hold_probes", PROBES_HELP, labels=["batcher"])
+        actions = CounterMetricFamily(f"{ns}_failure_handling", ACTIONS_HELP, labels=["batcher", "action"])
+        ceiling = GaugeMetricFamily(f"{ns}_batch_ceiling", CEILING_HELP, labels=["batcher", "key"])
         for s in snapshots:
+            for action, field in ACTIONS:
+                actions.add_metric([s.name, action], getattr(s, field))
+            for key, value in s.ceilings.items():
+                ceiling.add_metric([s.name, key_label(key)], value)
             for reason, count in s.reasons.items():
                 batches.add_metric([s.name, reason], count)
             for outcome in OUTCOMES:
@@ -177,7 +191,12 @@ class BatcherCollector(Collector):
             in_flight.add_metric([s.name], s.in_flight)
             held.add_metric([s.name], s.held)
             probes.add_metric([s.name], s.probes)
-        yield from (batches, items, size, wait, process, queued, in_flight, held, probes)
+        yield from (batches, items, size, wait, process, queued, in_flight, held, probes, actions, ceiling)
+
+
+def key_label(key: object) -> str:
+    """A batch key as a label: ``""`` for a batcher without keys, else its ``str``."""
+    return "" if key is None else str(key)
 
 
 def _add_summary(family: SummaryMetricFamily, name: str, summary: LatencySummary, count: int) -> None:

@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import glob
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -59,7 +60,17 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from async_batcher.batcher import AsyncBatcher
-from async_batcher.metrics import HELD_HELP, OUTCOMES, PROBES_HELP, BatcherHistograms, _batcher_of
+from async_batcher.metrics import (
+    ACTIONS,
+    ACTIONS_HELP,
+    CEILING_HELP,
+    HELD_HELP,
+    OUTCOMES,
+    PROBES_HELP,
+    BatcherHistograms,
+    _batcher_of,
+    key_label,
+)
 
 __all__ = [
     "ENV",
@@ -185,6 +196,10 @@ class _Metrics:
         )
         self.held = Counter(f"{namespace}_held_batches", HELD_HELP, ["batcher"], registry=None)
         self.probes = Counter(f"{namespace}_hold_probes", PROBES_HELP, ["batcher"], registry=None)
+        self.actions = Counter(f"{namespace}_failure_handling", ACTIONS_HELP, ["batcher", "action"], registry=None)
+        self.ceiling = Gauge(
+            f"{namespace}_batch_ceiling", CEILING_HELP, ["batcher", "key"], registry=None, multiprocess_mode="livemin"
+        )
         self.histograms = BatcherHistograms(None, namespace=namespace)
 
 
@@ -225,6 +240,7 @@ class MultiprocessExporter:
         self._histograms = histograms or self._metrics.histograms
         # Per batcher, the counts already copied: the counters grow by the difference.
         self._copied: list[dict[str, int]] = [{} for _ in self.batchers]
+        self._ceilings: list[set[str]] = [set() for _ in self.batchers]  # the keys of each whose ceiling is exported
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> MultiprocessExporter:
@@ -278,7 +294,7 @@ class MultiprocessExporter:
     def sync(self) -> None:
         """Copy the batchers' counters and gauges to the files now (also done every ``interval`` seconds)."""
         m = self._metrics
-        for batcher, copied in zip(self.batchers, self._copied, strict=True):
+        for index, (batcher, copied) in enumerate(zip(self.batchers, self._copied, strict=True)):
             stats = batcher.stats
             name = stats.name
             for counter, count, key in ((m.held, stats.held, "held"), (m.probes, stats.probes, "probes")):
@@ -292,5 +308,16 @@ class MultiprocessExporter:
                 now = getattr(stats, outcome)
                 m.items.labels(name, outcome).inc(now - copied.get(outcome, 0))
                 copied[outcome] = now
+            for action, field in ACTIONS:
+                key = f"action:{action}"
+                now = getattr(stats, field)
+                m.actions.labels(name, action).inc(now - copied.get(key, 0))
+                copied[key] = now
+            ceilings = {key_label(key): value for key, value in stats.ceilings.items()}
+            for label in self._ceilings[index] - ceilings.keys():  # lifted since (the files keep a series: no limit)
+                m.ceiling.labels(name, label).set(math.inf)
+            for label, value in ceilings.items():
+                m.ceiling.labels(name, label).set(value)
+            self._ceilings[index] = set(ceilings)
             m.queued.labels(name).set(stats.queued)
             m.in_flight.labels(name).set(stats.in_flight)

@@ -20,7 +20,11 @@ represent one operation done on behalf of many). Its name is ``"<batcher name> b
   not fit, a stream a step that does not: the exception is recorded on the span and its status is ``ERROR``), or
   ``cancelled`` (a stop cut it off, a plain ``def`` still running in its thread too);
 - ``async_batcher.batch.departed``: items whose callers had left (cancelled, timed out; a stream's consumer
-  dropped as stalled too) by its end; items that failed did not leave.
+  dropped as stalled too) by its end; items that failed did not leave;
+- with the failure handling (:mod:`async_batcher.failures`): ``async_batcher.batch.retry``, the items answered with
+  ``Retry``; ``async_batcher.batch.part`` on the call of a part of a failed batch (``bisect``, ``split``, or
+  ``retry`` for the whole batch called again), each such call a span of its own; ``async_batcher.batch.ceiling``,
+  the ceiling out-of-memory splits have set on its key, while one is set.
 
 While ``process_batch`` runs, the batch's span is the current span: what it traces (a database call, a model step)
 is a child of it. A direct call of ``process_batch`` (the warm-up from ``on_start``, a test, a health check) serves
@@ -42,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Set, Sized
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -55,6 +60,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from async_batcher._core.batch import current_batch as _running_batch
 from async_batcher._core.current import CurrentBatch
+from async_batcher._core.policy import UNLIMITED
+from async_batcher._core.sinks import Retry
 from async_batcher._version import __version__
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.decorator import BatchedFunction, BatchedMethod
@@ -208,6 +215,23 @@ def _key_attribute(key: object) -> str | int | float | bool:
         return type(key).__name__
 
 
+def _failure_attributes(batch: Batch) -> dict[str, Any]:
+    """What the failure handling adds to a batch's span: the part of a failed batch this call is on
+    (``async_batcher.batch.part``: ``bisect``, ``split``, or ``retry`` for the whole batch again), and the ceiling
+    out-of-memory splits set on its key (``async_batcher.batch.ceiling``)."""
+    attributes: dict[str, Any] = {}
+    tree = batch.tree
+    if tree is not None:
+        part = tree.part
+        attributes["async_batcher.batch.part"] = "retry" if part.whole else "bisect" if part.isolating else "split"
+    lane = batch.lane
+    if lane.capacity is not None:
+        at = lane.weight_ceiling if batch.weights is not None else lane.ceiling
+        if at != math.inf and at < UNLIMITED:
+            attributes["async_batcher.batch.ceiling"] = float(at)
+    return attributes
+
+
 class _BatchSpan:
     """One batch's span: its links to its callers' spans, the events it adds to them, and how it ended."""
 
@@ -227,6 +251,7 @@ class _BatchSpan:
         key = self.current.key
         if key is not None:
             attributes["async_batcher.batch.key"] = _key_attribute(key)
+        attributes.update(_failure_attributes(batch))
         self.span = tracer.start_span(
             f"{self.name} batch",
             context=_ROOT,
@@ -266,8 +291,13 @@ class _BatchSpan:
                 f"process_batch returned {plural(len(results), 'result')} for a batch of {plural(size, 'item')}"
             )
             return
-        if isinstance(results, list | tuple) and any(issubclass(kind, Exception) for kind in set(map(type, results))):
-            failed = sum(1 for result in results if isinstance(result, Exception))
+        if isinstance(results, list | tuple):
+            kinds = set(map(type, results))
+            if any(issubclass(kind, Exception) for kind in kinds):
+                failed = sum(1 for result in results if isinstance(result, Exception))
+            if Retry in kinds and self.span.is_recording():
+                retried = sum(1 for result in results if result.__class__ is Retry)
+                self.span.set_attribute("async_batcher.batch.retry", retried)
         self._done(failed)
 
     def raised(self, error: BaseException) -> None:

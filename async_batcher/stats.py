@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeAlias
@@ -104,12 +104,27 @@ class BatcherStats:
     #: each that did not gather its callers, down to once a minute).
     probes: int = 0
     #: Why the batches counted in ``batches`` went, a count per reason (:class:`~async_batcher.policies.Reason`:
-    #: ``"full"``, ``"size"``, ``"deadline"``, ``"hold"``, ``"stop"``, ``"flush"``): why batches are small, answered.
+    #: ``"full"``, ``"size"``, ``"deadline"``, ``"hold"``, ``"stop"``, ``"flush"``; ``"split"``: the calls of the parts
+    #: of a failed batch): why batches are small, answered.
     reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     #: Items of the callers waiting in line for room in a full queue now (``wait_when_full``).
     awaiting_room: int = 0
     #: What the dispatch policy counted (``Signals.count``): the hold's ``"held"`` and ``"probes"``, a policy's own.
     counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    #: Items handed back for another try after a transient failure (``retry=``), each time.
+    retried: int = 0
+    #: Items that failed transiently and were not tried again because the retry budget was spent.
+    retries_refused: int = 0
+    #: Items that failed alone, found at fault (``on_batch_error=Isolate(...)``).
+    isolated: int = 0
+    #: Calls of ``process_batch`` split because they ran out of memory (``split_on=``).
+    splits: int = 0
+    #: Calls of ``process_batch`` on parts of a batch whose call failed (a bisection, a split): the cost of the
+    #: failure handling, beyond each batch's first call.
+    extra_calls: int = 0
+    #: The ceiling out-of-memory splits set now, per batch key (``None``: the key of a batcher without keys): the
+    #: most items (weight, with ``item_weight``) its batches take. Keys without a ceiling are absent.
+    ceilings: Mapping[Hashable, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class _Recorder:
@@ -183,7 +198,15 @@ class _Recorder:
         """Stop feeding ``observer``; a no-op if it is not there."""
         self.observers = tuple(o for o in self.observers if o != observer)
 
-    def snapshot(self, name: str, *, queued: int, awaiting_room: int, in_flight: int) -> BatcherStats:
+    def snapshot(
+        self,
+        name: str,
+        *,
+        queued: int,
+        awaiting_room: int,
+        in_flight: int,
+        ceilings: Mapping[Hashable, float] | None = None,
+    ) -> BatcherStats:
         window = list(self.window)
         return BatcherStats(
             name=name,
@@ -205,4 +228,10 @@ class _Recorder:
             reasons=MappingProxyType({str(reason): n for reason, n in self.reasons.items()}),
             awaiting_room=awaiting_room,
             counts=MappingProxyType(dict(self.counts)),
+            retried=self.counts["retried"],
+            retries_refused=self.counts["retries_refused"],
+            isolated=self.counts["isolated"],
+            splits=self.counts["splits"],
+            extra_calls=self.counts["extra_calls"],
+            ceilings=MappingProxyType(dict(ceilings or {})),
         )

@@ -9,6 +9,7 @@ for room (:meth:`~async_batcher._core.room.Room.wait`), then queues its items as
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Hashable, Iterable
 from contextvars import copy_context
 from typing import TYPE_CHECKING, Any
@@ -78,8 +79,10 @@ class Admission:
         if engine.room.no_room(1):
             await self.wait_for_room(engine, 1, deadline)
         lane = engine.lane(key)
-        if engine.queue.weighted:
-            return WeightedEntry(item, sink, engine.clock(), lane, copy_context(), weight=weight)
+        if engine.queue.weighted or deadline is not None:  # (the deadline on the entry: a late item is never sent)
+            return WeightedEntry(
+                item, sink, engine.clock(), lane, copy_context(), weight=weight, deadline=_at(deadline)
+            )
         return Entry(item, sink, engine.clock(), lane, copy_context())
 
     async def submit_many(
@@ -117,9 +120,10 @@ class Admission:
         bulk = Bulk(
             batch, fut, now, return_exceptions=return_exceptions, lane=lane, recorder=self.recorder, context=context
         )
+        bulk.deadline = _at(deadline)
         if keys_weights is not None:
             bulk.entries = [
-                WeightedEntry(x, bulk, now, engine.lane(key), context, weight=weight, index=i)
+                WeightedEntry(x, bulk, now, engine.lane(key), context, weight=weight, index=i, deadline=bulk.deadline)
                 for i, (x, (key, weight)) in enumerate(zip(batch, keys_weights, strict=True))
             ]
         engine.put_bulk(bulk, priority)
@@ -245,3 +249,7 @@ class Admission:
         self.recorder.timed_out += len(bulk.items)
         bulk.future.set_exception(TimeoutError(f"{self.name}: no results within the timeout"))
         engine.withdraw_bulk(bulk)
+
+
+def _at(deadline: float | None) -> float:
+    return math.inf if deadline is None else deadline

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import threading
 from collections.abc import Hashable
+from itertools import compress, repeat
 from typing import TYPE_CHECKING, Any, Protocol
+
+from async_batcher._core.sinks import without_departed
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -52,12 +56,16 @@ class Batch:
         "answered",
         "arrivals",
         "arrived_before",
+        "attempts",
+        "called",
         "context",
         "contexts",
+        "deadlines",
         "entered",
         "futures_only",
         "handle",
         "items",
+        "kept",
         "lane",
         "oldest",
         "owner",
@@ -67,6 +75,8 @@ class Batch:
         "size",
         "started",
         "tag",
+        "tree",
+        "tries",
         "weights",
     )
 
@@ -98,6 +108,15 @@ class Batch:
         # it returns. In a thread it is set before abandoned is read, and a stop sets abandoned before it reads
         # this: whichever comes first, a batch that runs is never reported as not run.
         self.entered = False
+        # Each item's deadline (inf: none), tries without progress and tries, when the queue tracks them (else None).
+        self.deadlines = taken.deadlines
+        self.attempts = taken.attempts
+        self.tries = taken.tries
+        self.called = started  # when its current call of process_batch began (a part's, after a failure)
+        # With failure handling on: its items as process_batch was given them (it may change the list), and, once a
+        # call of it has failed, what is left to do (:class:`~async_batcher._core.recovery.Tree`).
+        self.kept: list[Any] | None = None
+        self.tree: Any = None
 
     @property
     def waited(self) -> float:
@@ -107,6 +126,46 @@ class Batch:
     @property
     def key(self) -> Hashable:
         return self.lane.key
+
+    @property
+    def deadline(self) -> float:
+        """The earliest deadline of its items whose callers still wait (``inf``: none)."""
+        deadlines = self.deadlines
+        if not deadlines:
+            return math.inf
+        return min((d for d, live in zip(deadlines, self.live_items(), strict=True) if live), default=math.inf)
+
+    def live_items(self) -> list[bool]:
+        """For each item, whether its caller still waits."""
+        if self.abandoned:
+            return [False] * len(self.items)
+        if self.futures_only:
+            return [not sink.done() for sink in self.sinks]
+        return [
+            alive
+            for sink in self.sinks
+            for alive in repeat(
+                not (sink[0].future.done() if sink.__class__ is tuple else sink.done()),
+                sink[2] if sink.__class__ is tuple else 1,
+            )
+        ]
+
+    def drop_departed(self) -> None:
+        """Leave out the items whose callers have left since the batch was formed (they must not reach
+        ``process_batch``), with what is kept of each (weights, deadlines, tries; a part's places in its tree)."""
+        items, sinks, contexts = without_departed(self.items, self.sinks, self.contexts, futures_only=self.futures_only)
+        if items is self.items:
+            return
+        if self.weights is not None or self.deadlines is not None or self.tree is not None:
+            live = self.live_items()
+            for name in ("weights", "deadlines", "attempts", "tries"):
+                values = getattr(self, name)
+                if values is not None:
+                    setattr(self, name, list(compress(values, live)))
+            if self.tree is not None:
+                self.tree.part.index = list(compress(self.tree.part.index, live))
+        self.items, self.sinks, self.contexts = items, sinks, contexts
+        self.size = len(items)
 
     def is_live(self) -> bool:
         """Still in flight: its slot is taken."""

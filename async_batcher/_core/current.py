@@ -14,6 +14,7 @@ A layer above execution: it reads the batch that :mod:`~async_batcher._core.exec
 from __future__ import annotations
 
 import contextvars
+import math
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -93,6 +94,19 @@ class CurrentBatch:
     def waited(self) -> float:
         """Seconds its oldest item waited in the queue before the batch was formed (on the event loop's clock)."""
         return self._batch.waited
+
+    @property
+    def deadline(self) -> float | None:
+        """The earliest deadline of its items whose callers still wait, on the event loop's clock
+        (``loop.time()``), or ``None`` if none of them has one.
+
+        An item's deadline is its caller's ``timeout`` (or ``default_timeout``) from its call: past it, the caller has
+        its ``TimeoutError`` and the item's result is dropped. An I/O ``process_batch`` passes what is left on to its
+        client, so that the call does not outlive its callers: ``timeout=batch.deadline - loop.time()`` for httpx,
+        ``AioConfig(read_timeout=...)`` for boto3. Items whose deadline had passed were never sent.
+        """
+        deadline = self._batch.deadline
+        return None if deadline == math.inf else deadline
 
     # ------------------------------------------------------------------ the callers' contexts
 

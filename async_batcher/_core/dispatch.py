@@ -115,9 +115,9 @@ class Dispatch:
         if not lane.count:
             lane.trigger = 1  # an arrival into an empty lane is looked at
             return math.inf
-        if self.state is State.STOPPING or self.flushing or lane.weight >= self.weight_limit:
+        if self.state is State.STOPPING or self.flushing or lane.weight >= min(self.weight_limit, lane.weight_ceiling):
             return now
-        trigger = lane.trigger = min(self.policy.full_at(lane, now), self.batch_limit)
+        trigger = lane.trigger = min(self.policy.full_at(lane, now), self.batch_limit, lane.ceiling)
         if lane.count >= trigger:
             return now
         at = self.policy.due(lane, now)
@@ -126,7 +126,9 @@ class Dispatch:
         return at
 
     def _reason(self, lane: Lane, now: float) -> Reason:
-        if lane.count >= self.batch_limit or lane.weight >= self.weight_limit:
+        if lane.count >= min(self.batch_limit, lane.ceiling) or lane.weight >= min(
+            self.weight_limit, lane.weight_ceiling
+        ):
             return Reason.FULL
         if self.state is State.STOPPING:
             return Reason.STOP
@@ -153,13 +155,14 @@ class Dispatch:
         size = self.policy.size(lane)
         if not size >= 1:  # (NaN too) a batch that takes nothing would be formed again and again, forever
             raise ValueError(f"{type(self.policy).__name__}.size() returned {size!r}: a batch takes one item or more")
-        limit = min(size, self.batch_limit)
+        # (A lane's ceiling: the size an out-of-memory split found fits; none, but with split_on.)
+        limit = min(size, self.batch_limit, lane.ceiling)
         watchers = self.watchers
         taken = forming.take(
             queue,
             lane,
             limit,
-            self.weight_limit,
+            min(self.weight_limit, lane.weight_ceiling),
             now=now,
             max_priority_wait=self.priority_wait,
             arrivals=bool(watchers),
@@ -234,6 +237,10 @@ class Dispatch:
         batch.contexts.extend(taken.contexts)
         if batch.weights is not None:
             batch.weights.extend(taken.weights or ())  # (a list: the queue was weighted when the batch formed)
+        if taken.deadlines is not None:
+            if batch.deadlines is None:  # (the first items with a deadline came as it ran)
+                batch.deadlines = [math.inf] * (len(batch.items) - len(taken.items))
+            batch.deadlines.extend(taken.deadlines)
         batch.size = max(batch.size, len(batch.items))
         if self.room.putters:
             self.room.wake()

@@ -17,6 +17,7 @@ from async_batcher._core.sinks import as_results, deliver, fail_sinks
 from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ProcessBatchCancelledError
 
 if TYPE_CHECKING:
+    from async_batcher._core.recovery import Feedback, Recovery
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []
@@ -33,6 +34,10 @@ class Ending:
     loop: asyncio.AbstractEventLoop
     recorder: _Recorder
     on_end: Callable[[Batch, int], None]
+    recovery: Recovery | None
+    feedback: Feedback
+
+    def launch(self, batch: Batch) -> None: ...
 
     # ------------------------------------------------------------------ the end of a batch
 
@@ -49,17 +54,29 @@ class Ending:
 
         ``ran``: the batch reached ``process_batch`` (the call counts in the statistics, however it ended).
         ``cut_off``: ``error`` is not ``process_batch``'s but the batcher's, as its task was cancelled from outside.
+        With failure handling (a :class:`~async_batcher._core.recovery.Recovery`) the call's end is its: the batch
+        may go on with another call of a part of it, keeping its slot.
         A ``KeyboardInterrupt`` or ``SystemExit`` is raised on once the callers have their answer.
         """
         # The batch's task and its context hold the batch (current_batch): let go of them, or they would keep each
         # other, and the batch's items and callers, alive until the cyclic garbage collector runs.
         batch.let_go()
+        goes_on = False
         try:
             if ran:
                 self.record(batch)
             if batch.abandoned:
                 discard(results)
                 return
+            tree = batch.tree
+            recovery = self.recovery if tree is None else tree.recovery
+            if recovery is not None and (ran or tree is not None):
+                if cut_off:
+                    recovery.fold(batch)  # (the parts not called yet fail with it)
+                else:
+                    # What failed is tried again, split or bisected: the batch may go on, in its slot.
+                    goes_on = self.settle(recovery, batch, results, error, ran=ran)
+                    return
             if ran:
                 self.recorder.processed += batch.size
             if error is not None:
@@ -67,7 +84,26 @@ class Ending:
             else:
                 batch.answered = self.answer(batch, results)
         finally:
-            self.release(batch)
+            if not goes_on:
+                self.release(batch)
+
+    def settle(self, recovery: Recovery, batch: Batch, results: Any, error: BaseException | None, *, ran: bool) -> bool:
+        """:meth:`Recovery.settle`, such that even a bug in it cannot leave a caller waiting: every item of the batch
+        left without an answer fails, and the batch ends."""
+        try:
+            return recovery.settle(self, batch, results, error, ran=ran)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            self.loop.call_exception_handler(
+                {"message": f"{self.name}: internal error while handling a failed batch", "exception": exc}
+            )
+            recovery.fold(batch)
+            failed = AsyncBatchException(f"{self.name}: internal error while handling a failed batch: {exc!r}")
+            tree = batch.tree
+            batch.answered = (0 if tree is None else tree.answered) + fail_sinks(batch.sinks, failed, self.recorder)
+            batch.tree = None
+            return False
 
     def answer(self, batch: Batch, results: Any) -> int:
         """Hand each caller its result; if the results do not fit the batch, each caller gets why. Return how many
@@ -152,7 +188,7 @@ class Ending:
 
     def record(self, batch: Batch) -> None:
         """The statistics of a call of ``process_batch`` that has ended."""
-        self.recorder.record_batch(batch.size, batch.waited, self.loop.time() - batch.started, batch.reason)
+        self.recorder.record_batch(batch.size, batch.waited, self.loop.time() - batch.called, batch.reason)
 
 
 def discard(results: Any) -> None:

@@ -15,27 +15,31 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from contextvars import copy_context
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from async_batcher._checks import plural
+from async_batcher._core import ceiling
 from async_batcher._core.batch import Batch, current_batch
 from async_batcher._core.deadlines import Deadlines
 from async_batcher._core.deadlines import violations as deadline_violations
 from async_batcher._core.dispatch import Dispatch
 from async_batcher._core.execution import Runner
-from async_batcher._core.lane import Entry, Lane
+from async_batcher._core.lane import Entry, Lane, WeightedEntry
 from async_batcher._core.policy import UNLIMITED, DispatchPolicy
 from async_batcher._core.queue import Queue
 from async_batcher._core.queue import violations as queue_violations
+from async_batcher._core.retrying import Backoffs, Budget, sink_of
 from async_batcher._core.room import Room
 from async_batcher._core.sinks import Bulk, fail_sinks
-from async_batcher._core.state import State
-from async_batcher.exceptions import AsyncBatchException, ReentrantCallError
+from async_batcher._core.state import DISPATCHING, State
+from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ReentrantCallError
 
 if TYPE_CHECKING:
+    from async_batcher._core.failures import RetryPolicy, SplitOn
+    from async_batcher._core.recovery import Recovery
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []
@@ -56,8 +60,10 @@ class Engine(Dispatch):
     """
 
     __slots__ = (
+        "backoffs",
         "batch_limit",
         "batches",
+        "budget",
         "clock",
         "deadlines",
         "flushing",
@@ -72,9 +78,11 @@ class Engine(Dispatch):
         "pump_handle",
         "queue",
         "recorder",
+        "retry",
         "room",
         "runner",
         "slot_limit",
+        "split",
         "state",
         "timer",
         "timer_at",
@@ -112,10 +120,16 @@ class Engine(Dispatch):
         self.state = State.RUNNING
         self.keyed = keyed  # batch_key is overridden: each item is asked its key
         self.queue = Queue(recorder, weighted=weighted)
+        self.queue.expire = self.expire_late
         self.room = Room(self.queue, name)
         self.deadlines = Deadlines(loop)  # the callers' timeouts: one timer for all of them
-        # How this run's batches run: made here, told of their end and, for continuous batching, how items join.
-        self.runner = runner(on_end=self.batch_ended, join=self.join)
+        # How this run's batches run: made here, told of their end, of how items join a streaming batch, and of what
+        # a failed call leads to (the engine's Feedback: retries, ceilings).
+        self.runner = runner(on_end=self.batch_ended, join=self.join, feedback=self)
+        self.backoffs = Backoffs()  # items waiting out their backoff before they are tried again
+        self.budget = Budget()  # the retry budget's balance
+        self.retry: RetryPolicy | None = None
+        self.split: SplitOn | None = None
         self.policy = policy
         self.batches: dict[Batch, None] = {}
         self.in_flight = 0
@@ -164,9 +178,17 @@ class Engine(Dispatch):
         policy: DispatchPolicy,
         weighted: bool,
         stall_limit: float,
+        recovery: Recovery | None = None,
     ) -> None:
         """The settings as they are now: they apply from the next batch (:meth:`repump` to look again now)."""
         self.runner.stall_limit = stall_limit
+        runner = self.runner
+        runner.recovery = None if runner.is_stream else recovery
+        self.retry = None if recovery is None else recovery.retry
+        self.split = None if recovery is None else recovery.split
+        if self.split is None:
+            for lane in self.queue.lanes.values():  # split_on turned off: no ceiling left
+                lane.ceiling, lane.weight_ceiling, lane.capacity = UNLIMITED, math.inf, None
         self.batch_limit, self.slot_limit, self.weight_limit = batch_limit, slot_limit, weight_limit
         self.room.set_limit(room_limit, queue_size)
         self.priority_wait = priority_wait
@@ -288,6 +310,21 @@ class Engine(Dispatch):
             self.repump()  # a hold's wake-up count (Lane.trigger) counts the items left: look again
         self.check_drained()
 
+    def expire_late(self, entry: Any) -> None:
+        """An item whose caller's deadline has passed left the queue as its batch formed: it is never sent; its
+        caller gets ``TimeoutError`` (a ``process_many`` call's: the whole call, as its own timeout does)."""
+        bulk = entry if entry.__class__ is Bulk else entry.sink if entry.sink.__class__ is Bulk else None
+        if bulk is None:
+            sink = entry.sink
+            if not sink.done():
+                self.recorder.timed_out += 1
+                sink.set_exception(TimeoutError(f"{self.name}: no result within the timeout"))
+            return
+        if not bulk.future.done():
+            self.recorder.timed_out += len(bulk.items)
+            bulk.future.set_exception(TimeoutError(f"{self.name}: no results within the timeout"))
+        self.queue.withdraw_bulk(bulk)
+
     def refuse_queued_if_reentrant(self, entry: Entry) -> None:
         """:meth:`put` found every slot taken: an item queued from inside one of this engine's batches would wait for
         its own batch forever. Take it back and fail it, its one outcome."""
@@ -309,6 +346,69 @@ class Engine(Dispatch):
             "concurrency, or do the work directly"
         )
 
+    # ------------------------------------------------------------------ what the runner tells of failures (Feedback)
+
+    def retry_later(self, key: Hashable, entries: list[WeightedEntry], delay: float) -> None:
+        """Items that failed transiently go back to the head of ``key``'s lane (and join its next batch) once
+        ``delay`` seconds have passed; meanwhile they wait out of the queue (a stop's drain waits for them)."""
+        if delay <= 0:
+            self._retry_now(key, entries)
+            return
+        self.backoffs.add(self.loop, delay, entries, partial(self._backoff_over, key))
+
+    def _backoff_over(self, key: Hashable, group: int) -> None:
+        self._retry_now(key, self.backoffs.take(group))
+
+    def _retry_now(self, key: Hashable, entries: Sequence[WeightedEntry]) -> None:
+        live = [entry for entry in entries if not entry.sink.done()]  # (a caller who left meanwhile: not sent)
+        if live and self.state not in DISPATCHING:  # (not reached: a stop fails them, and cancels their timers)
+            fail_sinks(
+                [sink_of(entry) for entry in live], BatcherStoppedError(f"{self.name} is stopped"), self.recorder
+            )
+        elif live:
+            lane = self.queue.lane(key)  # (the lane of the key now: an idle lane may have been let go meanwhile)
+            for entry in live:
+                entry.lane = lane
+            self.queue.push_front(lane, live)
+            self.repump()
+        elif not self.queue.waiting:
+            self.check_drained()
+
+    def retries_allowed(self, n: int) -> int:
+        policy = self.retry
+        if policy is None or policy.budget is None:
+            return n
+        return self.budget.spend(policy.budget, n, self.loop.time())
+
+    def retries_earned(self, n: int) -> None:
+        policy = self.retry
+        if policy is not None and policy.budget is not None:
+            self.budget.earn(policy.budget, n, self.loop.time())
+
+    def lowered(self, lane: Lane, size: int, weight: float) -> float:
+        split = self.split
+        if split is None:  # (split_on was turned off while the batch ran: its parts are halves, no ceiling is kept)
+            return weight / 2 if self.queue.weighted else float(max(1, size // 2))
+        return ceiling.lower(lane, size, weight, weighted=self.queue.weighted, grow_by=split.grow_by)
+
+    def held(self, lane: Lane, size: int, weight: float) -> None:
+        split = self.split
+        if split is not None:
+            ceiling.held(lane, size, weight, weighted=self.queue.weighted, grow_after=split.grow_after)
+
+    def settled(self, lane: Lane, size: int, weight: float) -> None:
+        if self.split is not None:
+            ceiling.settle(lane, size, weight, weighted=self.queue.weighted)
+
+    def ceilings(self) -> dict[Hashable, float]:
+        """The ceiling of each lane that has one, by key (``None``: the default lane's)."""
+        found: dict[Hashable, float] = {}
+        for key, lane in self.queue.lanes.items():
+            at = ceiling.ceiling_of(lane, weighted=self.queue.weighted)
+            if at is not None:
+                found[None if lane is self.queue.lane0 else key] = at
+        return found
+
     # ------------------------------------------------------------------ stopping, failing everything
 
     def begin_stop(self, exc: BaseException, on_drained: Callable[[], None]) -> None:
@@ -326,11 +426,14 @@ class Engine(Dispatch):
         The callers of a batch cut off inside ``process_batch`` get what ``abandoned_error()`` says."""
         rec = self.recorder
         fail_sinks(self.queue.clear(), exc, rec)
+        fail_sinks([sink_of(entry) for entry in self.backoffs.clear()], exc, rec)
         self.room.fail(exc)
         for batch in self.batches:
             batch.abandoned = True
             batch.lane.in_flight -= 1
             fail_sinks(batch.sinks, self.runner.stopped_error(batch, exc), rec)
+            if batch.tree is not None:  # the parts of it not called yet
+                fail_sinks(batch.tree.pending_sinks(), exc, rec)
             if isinstance(batch.handle, asyncio.Task):
                 batch.handle.cancel()
             for _, ended in self.watchers:
@@ -342,13 +445,14 @@ class Engine(Dispatch):
 
     def check_drained(self) -> None:
         """During a stop: once nothing is queued or in flight, the drain is over (the stop's ``on_drained``, once)."""
-        if self.state is State.STOPPING and not self.queue.waiting and not self.in_flight:
+        if self.state is State.STOPPING and not self.queue.waiting and not self.in_flight and not self.backoffs.waiting:
             on_drained, self.on_drained = self.on_drained, _ignore
             on_drained()
 
     def finish(self) -> None:
         """The end of the run: no wake-up left, and the state says so."""
         self._cancel_timer()
+        self.backoffs.clear()
         if self.pump_handle is not None:
             self.pump_handle.cancel()  # (a stopped run is never dispatched again: a new run starts afresh)
         self.state = State.STOPPED

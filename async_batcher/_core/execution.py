@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Final
 from async_batcher._checks import plural
 from async_batcher._core.batch import Batch, Hooks, current_batch, thread_batch
 from async_batcher._core.ending import Ending
-from async_batcher._core.sinks import without_departed
 from async_batcher.exceptions import BatcherStoppedError, ProcessBatchCancelledError
 
 if TYPE_CHECKING:
+    from async_batcher._core.recovery import Feedback, Recovery
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []
@@ -57,6 +57,7 @@ class Runner(Ending):
         *,
         on_end: Callable[[Batch, int], None],
         join: Callable[[Batch], int],
+        feedback: Feedback,
     ) -> None:
         self.hooks = hooks
         self.name = hooks.name
@@ -76,6 +77,10 @@ class Runner(Ending):
         # The engine's, for continuous batching: items of the batch's lane join it (how many).
         self.join = join
         self.stall_limit = float("inf")  # stream_stall_timeout, or inf (a stream's wait for a slow consumer)
+        # on_batch_error, retry, split_on: what a failed call leads to (None: its callers get the error); and what
+        # the engine is told of it.
+        self.recovery: Recovery | None = None
+        self.feedback = feedback
 
     def start_after(self, startup: asyncio.Task[None]) -> None:
         """``on_start()`` runs as ``startup``: the batches formed before it ends wait for it, in order."""
@@ -127,18 +132,17 @@ class Runner(Ending):
                 await self.wait_for_start(self.startup)
             # A caller may have left since the batch was formed (this task starts an iteration later): its item
             # must not reach process_batch.
-            batch.items, batch.sinks, batch.contexts = without_departed(
-                batch.items, batch.sinks, batch.contexts, futures_only=batch.futures_only
-            )
-            batch.size = len(batch.items)
+            batch.drop_departed()
             if not batch.items:
-                self.release(batch)
+                self.end(batch, results=(), ran=False)
                 return
             if not self.is_coroutine:  # a plain process_batch that had to wait for on_start(): to the executor
                 batch.context = self.context.copy()  # (this task is in the batch's first one: the thread's own)
                 self.to_executor(batch)
                 return
             current_batch.set(batch)
+            if self.recovery is not None:
+                batch.kept = batch.items.copy()  # (process_batch may change its list: a failure needs the items)
             ran = batch.entered = True
             results = await self.call(batch.items)
         except asyncio.CancelledError as exc:
@@ -165,6 +169,8 @@ class Runner(Ending):
         runs it in the batch's own context: nothing it sets stays in the thread for the next batch."""
         loop = self.loop
         executor = self.hooks.executor
+        if self.recovery is not None:
+            batch.kept = batch.items.copy()  # (process_batch may change its list: a failure needs the items)
         future: Any
         try:
             if executor is None:

@@ -3,7 +3,10 @@
 :func:`take` is the one way from the :class:`~async_batcher._core.queue.Queue` into a batch: the common case (one
 level of single items whose callers all wait) in C-level passes, else entry by entry (priorities, weights, bulk
 calls, departed callers). It keeps the queue's counts as the items leave
-(:func:`~async_batcher._core.queue.violations`).
+(:func:`~async_batcher._core.queue.violations`). Once items with deadlines (or items tried again) have come
+(:attr:`Queue.tracked <async_batcher._core.queue.Queue.tracked>`), it also keeps each item's deadline and tries
+(``Taken.deadlines``, ``attempts``, ``tries``), and an item whose deadline has passed is never sent: it leaves the
+queue here, its caller failed with ``TimeoutError`` (:attr:`Queue.expire`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ _sink_of = attrgetter("sink")
 _context_of = attrgetter("context")
 _lane_of = attrgetter("lane")
 _arrival_of = attrgetter("arrival")
+_deadline_of = attrgetter("deadline")
+_attempts_of = attrgetter("attempts")
+_tries_of = attrgetter("tries")
 _popleft = deque.popleft
 
 
@@ -36,7 +42,20 @@ class Taken:
     its batch runs would be one more object for every garbage collection to look at, per item.
     """
 
-    __slots__ = ("arrivals", "contexts", "futures_only", "items", "newest", "oldest", "sinks", "weight", "weights")
+    __slots__ = (
+        "arrivals",
+        "attempts",
+        "contexts",
+        "deadlines",
+        "futures_only",
+        "items",
+        "newest",
+        "oldest",
+        "sinks",
+        "tries",
+        "weight",
+        "weights",
+    )
 
     def __init__(
         self,
@@ -59,6 +78,10 @@ class Taken:
         self.weights = weights  # each item's, when weights are kept (None: each weighs 1)
         self.futures_only = futures_only  # every sink is a single caller's future (no bulk call)
         self.arrivals: list[float] | None = None  # each item's arrival, when asked for (take(arrivals=True))
+        # Each item's deadline (inf: none), tries without progress and tries, once the queue is tracked.
+        self.deadlines: list[float] | None = None
+        self.attempts: list[int] | None = None
+        self.tries: list[int] | None = None
 
 
 def take(
@@ -77,13 +100,14 @@ def take(
     The best priority goes first, unless the head of another level has waited ``max_priority_wait``; first
     come, first served within a level. ``overflow``: a first item heavier than ``weight_limit`` is taken all
     the same (a batch of one; what fills a running batch passes ``False``). ``arrivals``: keep each item's arrival
-    (``Taken.arrivals``). ``None`` if nothing is taken.
+    (``Taken.arrivals``). ``None`` if nothing is taken. An item whose deadline is ``now`` or earlier is not taken: it
+    leaves the queue, its caller failed (:attr:`Queue.expire`).
     """
     taken = None
     if not queue.weighted and len(lane.order) == 1:
-        taken = _take_plain(lane, limit, arrivals)
+        taken = _take_plain(lane, limit, arrivals, now if queue.tracked else None)
     if taken is None:
-        taken = _take_each(queue, lane, limit, weight_limit, now - max_priority_wait, overflow, arrivals)
+        taken = _take_each(queue, lane, limit, weight_limit, now, now - max_priority_wait, overflow, arrivals)
         if taken is None:
             return None
     n = len(taken.items)
@@ -98,8 +122,9 @@ def take(
     return taken
 
 
-def _take_plain(lane: Lane, limit: int, arrivals: bool) -> Taken | None:
-    """The common case in C-level passes: one level of single items whose callers all still wait."""
+def _take_plain(lane: Lane, limit: int, arrivals: bool, tracked: float | None) -> Taken | None:
+    """The common case in C-level passes: one level of single items whose callers all still wait (and, ``tracked``
+    being the time now, none of whose deadlines has passed)."""
     fifo = lane.order[0]
     if not fifo:
         return None
@@ -109,8 +134,9 @@ def _take_plain(lane: Lane, limit: int, arrivals: bool) -> Taken | None:
     else:
         entries = list(map(_popleft, repeat(fifo, limit)))
     sinks = list(map(_sink_of, entries)) if lane.clean or _regular(entries) else None
-    if sinks is None or any(map(future_done, sinks)):
-        fifo.extendleft(reversed(entries))  # a bulk call or a departed caller among them: the general way
+    deadlines = None if tracked is None else list(map(_deadline_of, entries))
+    if sinks is None or any(map(future_done, sinks)) or (deadlines is not None and min(deadlines) <= tracked):
+        fifo.extendleft(reversed(entries))  # a bulk call, a departed or late caller among them: the general way
         return None
     consume(map(setattr, entries, repeat("lane"), repeat(None)))  # entry.lane = None (it has left), in C
     n = len(entries)
@@ -125,14 +151,29 @@ def _take_plain(lane: Lane, limit: int, arrivals: bool) -> Taken | None:
     )
     if arrivals:
         taken.arrivals = list(map(_arrival_of, entries))
+    if deadlines is not None:
+        taken.deadlines = deadlines
+        taken.attempts = list(map(_attempts_of, entries))
+        taken.tries = list(map(_tries_of, entries))
     return taken
 
 
 def _take_each(
-    queue: Queue, lane: Lane, limit: int, weight_limit: float, starved_before: float, overflow: bool, arrivals: bool
+    queue: Queue,
+    lane: Lane,
+    limit: int,
+    weight_limit: float,
+    now: float,
+    starved_before: float,
+    overflow: bool,
+    arrivals: bool,
 ) -> Taken | None:
-    """Entry by entry: priorities, weights, bulk calls, departed callers."""
+    """Entry by entry: priorities, weights, bulk calls, departed and late callers."""
     times: list[float] | None = [] if arrivals else None
+    tracked = queue.tracked
+    deadlines: list[float] | None = [] if tracked else None
+    attempts: list[int] = []
+    tries: list[int] = []
     items: list[Any] = []
     sinks: list[Any] = []
     contexts: list[Any] = []
@@ -146,6 +187,9 @@ def _take_each(
         if picked is None:
             break
         fifo, entry = picked
+        if tracked and entry.deadline <= now:  # its caller's deadline has passed: it is never sent
+            _expire(queue, fifo, entry)
+            continue
         if entry.__class__ is not Bulk:
             w = entry.weight
             if weight + w > weight_limit and (items or not overflow):
@@ -166,6 +210,10 @@ def _take_each(
             newest = max(newest, entry.arrival)
             if times is not None:
                 times.append(entry.arrival)
+            if deadlines is not None:
+                deadlines.append(entry.deadline)
+                attempts.append(entry.attempts)
+                tries.append(entry.tries)
             continue
         start = entry.pos
         count = min(limit - len(items), len(entry.items) - start)
@@ -190,6 +238,10 @@ def _take_each(
         newest = max(newest, entry.arrival)
         if times is not None:
             times.extend([entry.arrival] * count)
+        if deadlines is not None:
+            deadlines.extend([entry.deadline] * count)
+            attempts.extend([0] * count)
+            tries.extend([0] * count)
         if entry.pos == len(entry.items):
             fifo.popleft()
     if not items:
@@ -198,7 +250,20 @@ def _take_each(
         items, sinks, contexts, oldest=oldest, newest=newest, weight=weight, futures_only=futures_only, weights=weights
     )
     taken.arrivals = times
+    if deadlines is not None:
+        taken.deadlines, taken.attempts, taken.tries = deadlines, attempts, tries
     return taken
+
+
+def _expire(queue: Queue, fifo: deque[Any], entry: Any) -> None:
+    """An entry (a single item, or a plain ``process_many`` call's) whose deadline has passed leaves the queue, its
+    caller failed with ``TimeoutError``."""
+    if entry.__class__ is Bulk:
+        queue.withdraw_bulk(entry)
+    else:
+        queue.withdraw(entry)
+    fifo.popleft()
+    queue.expire(entry)
 
 
 def _next_level(queue: Queue, lane: Lane, starved_before: float) -> tuple[deque[Any], Any] | None:

@@ -7,12 +7,14 @@ it is queued (``None`` once it has left: sent in a batch, or withdrawn because i
 and a snapshot of its caller's :mod:`contextvars` context, which ``process_batch`` reads through
 :func:`async_batcher.current_batch`. An entry leaves the queue exactly once. An item with a weight of its own, or one
 item of a ``process_many`` call with keys or weights, is a :class:`WeightedEntry`, which also keeps its weight and its
-place in its call.
+place in its call; so is an item with a deadline (its caller's ``timeout``), or one that is tried again
+(:mod:`~async_batcher._core.recovery`), which keeps its tries so far.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -29,6 +31,9 @@ class Entry:
     __slots__ = ("arrival", "context", "item", "lane", "sink")
     weight = 1.0  # (a WeightedEntry keeps its own)
     index = 0  # its place in its process_many call (a WeightedEntry's); a single call's item is alone
+    deadline = math.inf  # when its caller's timeout expires, on the loop's clock (a WeightedEntry's)
+    attempts = 0  # its tries that made no progress so far (an item tried again: a WeightedEntry)
+    tries = 0  # its tries so far, progress or not
 
     def __init__(self, item: Any, sink: Any, arrival: float, lane: Lane, context: Any) -> None:
         self.item = item
@@ -39,16 +44,31 @@ class Entry:
 
 
 class WeightedEntry(Entry):
-    """An entry with a weight of its own, or one item of a ``process_many`` call (``index``: its place in it)."""
+    """An entry with a weight of its own, or one item of a ``process_many`` call (``index``: its place in it), or an
+    item with a deadline, or one tried again (its ``attempts`` and ``tries`` so far)."""
 
-    __slots__ = ("index", "weight")
+    __slots__ = ("attempts", "deadline", "index", "tries", "weight")
 
     def __init__(
-        self, item: Any, sink: Any, arrival: float, lane: Lane, context: Any, *, weight: float, index: int = 0
+        self,
+        item: Any,
+        sink: Any,
+        arrival: float,
+        lane: Lane,
+        context: Any,
+        *,
+        weight: float = 1.0,
+        index: int = 0,
+        deadline: float = math.inf,
+        attempts: int = 0,
+        tries: int = 0,
     ) -> None:
         super().__init__(item, sink, arrival, lane, context)
         self.weight = weight
         self.index = index
+        self.deadline = deadline
+        self.attempts = attempts
+        self.tries = tries
 
 
 class Lane:
@@ -63,10 +83,16 @@ class Lane:
     ``ended`` and ``arrived_at_end``, when its last batch ended and its arrivals then; ``trigger``, the count at
     which an arrival makes it due at once (the policy's, as the dispatcher last asked it); ``watch``, whether the
     policy asked to see its next arrival. ``memo`` is the dispatch policy's own record of the lane, opaque here.
+
+    ``ceiling`` and ``weight_ceiling``: the most items, and weight, its batches take while an out-of-memory split has
+    lowered them (``split_on``; ``sys.maxsize`` and ``inf`` otherwise); ``capacity``, what the split learned
+    (:class:`~async_batcher._core.ceiling.Capacity`), or ``None``.
     """
 
     __slots__ = (
         "arrived_at_end",
+        "capacity",
+        "ceiling",
         "clean",
         "count",
         "ended",
@@ -81,6 +107,7 @@ class Lane:
         "trigger",
         "watch",
         "weight",
+        "weight_ceiling",
     )
 
     def __init__(self, key: Hashable, queue: Queue, served: float) -> None:
@@ -101,6 +128,9 @@ class Lane:
         self.trigger = 1
         self.watch = False
         self.memo: Any = None
+        self.ceiling = sys.maxsize  # (policy.UNLIMITED)
+        self.weight_ceiling = math.inf
+        self.capacity: Any = None
 
     def level(self, priority: float) -> deque[Any]:
         fifo = self.levels.get(priority)

@@ -191,6 +191,7 @@ class Lifecycle(Stopping):
             priority_wait=settings.max_priority_wait,
             policy=settings.policy,
             weighted=settings.limits.max_batch_weight is not None,
+            recovery=settings.recovery,
         )
         self.choose_fast_path(run)
 

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, overload
 
 from async_batcher import _checks
+from async_batcher._core.failures import ErrorMatcher, Isolate, RetryPolicy, SplitOn
 from async_batcher._core.policy import DispatchPolicy
 from async_batcher._core.settings import DISPATCH_KEYWORDS, Limits, Settings, Streaming, build_policy, find
 from async_batcher._core.waits import LatencyBudget
@@ -49,6 +50,15 @@ class BatcherOptions(TypedDict, total=False):
     max_priority_wait: float
     #: A name for logs, statistics and metrics; the class name by default.
     name: str | None
+    #: Items that fail for a transient reason (a :class:`~async_batcher.failures.Retry` result, or an error of its
+    #: ``retry_on``) are tried again: a :class:`~async_batcher.failures.RetryPolicy`. Default ``None``: they fail.
+    retry: RetryPolicy | None
+    #: A batch whose ``process_batch`` raises is bisected to find the items at fault:
+    #: :class:`~async_batcher.failures.Isolate`. Default ``None``: every caller gets the error.
+    on_batch_error: Isolate | None
+    #: A batch that runs out of memory is split, and the batch size that fits is learned:
+    #: :class:`~async_batcher.failures.SplitOn`, or the errors that mean it. Default ``None``.
+    split_on: SplitOn | ErrorMatcher | tuple[ErrorMatcher, ...] | None
     # -- The single keywords of earlier versions, each a field of a group above (or a layer of the policy): give
     # -- the field or its group, not both.
     #: ``Limits.max_batch_size``, given alone: the most items in one batch (``None``: no limit).
@@ -126,6 +136,9 @@ def settings_from(options: dict[str, Any], where: str) -> tuple[Settings, str | 
     settings.set_policy(policy, from_keywords="policy" not in options)
     settings.max_priority_wait = _checks.seconds("max_priority_wait", options.get("max_priority_wait", 1.0))
     settings.set_timeout(options.get("default_timeout"))
+    settings.set_retry(options.get("retry"))
+    settings.set_on_batch_error(options.get("on_batch_error"))
+    settings.set_split_on(options.get("split_on"))
     return settings, options.get("name")
 
 
@@ -239,6 +252,17 @@ class SettingsView:
         "max_priority_wait",
         lambda v: _checks.seconds("max_priority_wait", v),
         "The most seconds an item is passed over for items of a better priority.",
+    )
+    retry: _Setting[RetryPolicy | None] = _Setting(
+        lambda s: s.retry, Settings.set_retry, "How items that fail transiently are tried again; ``None``: never."
+    )
+    on_batch_error: _Setting[Isolate | None] = _Setting(
+        lambda s: s.on_batch_error,
+        Settings.set_on_batch_error,
+        "How a batch whose ``process_batch`` raises finds its bad items; ``None``: every caller gets the error.",
+    )
+    split_on: _Setting[SplitOn | None] = _Setting(
+        lambda s: s.split_on, Settings.set_split_on, "Which errors split a batch (out of memory); ``None``: none."
     )
     default_timeout: _Setting[float | None] = _Setting(
         lambda s: s.default_timeout,

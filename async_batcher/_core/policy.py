@@ -37,6 +37,9 @@ class Reason(enum.StrEnum):
     STOP = "stop"
     #: :func:`async_batcher.testing.flush` sent it.
     FLUSH = "flush"
+    #: A part of a batch whose call failed, called on its own: isolating a bad item (``on_batch_error``), or a
+    #: batch split on out-of-memory (``split_on``).
+    SPLIT = "split"
 
 
 class Signals(Protocol):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,10 @@ KEEP_IDLE = 16
 _ended = attrgetter("ended")
 
 
+def _ignore(entry: Any) -> None:
+    pass
+
+
 class Queue:
     """The items waiting for a batch, by lane (batch key) and, within a lane, by priority.
 
@@ -45,7 +49,7 @@ class Queue:
     - ``recorder.exited`` grows by one for each item that leaves the queue (sent or withdrawn), once.
     """
 
-    __slots__ = ("dispatches", "fifo0", "lane0", "lanes", "recorder", "waiting", "weighted")
+    __slots__ = ("dispatches", "expire", "fifo0", "lane0", "lanes", "recorder", "tracked", "waiting", "weighted")
 
     def __init__(self, recorder: _Recorder, *, weighted: bool) -> None:
         self.dispatches = 0  # batches formed so far: the clock of Lane.served
@@ -54,7 +58,11 @@ class Queue:
         self.lanes: dict[Hashable, Lane] = {DEFAULT_KEY: self.lane0}
         self.waiting = 0
         self.weighted = weighted  # lane.weight is kept (items have weights, or a weight limit is set)
+        # Entries with a deadline, or tried again, have come: a batch keeps each item's deadline and tries.
+        self.tracked = False
         self.recorder = recorder
+        # The engine's: an entry (or a plain bulk call) whose deadline passed has left the queue: fail its caller.
+        self.expire: Callable[[Any], None] = _ignore
 
     # ------------------------------------------------------------------ entering
 
@@ -78,6 +86,22 @@ class Queue:
         if self.weighted:
             lane.weight += entry.weight
         self.waiting += 1
+        if entry.deadline < math.inf:
+            self.tracked = True
+
+    def push_front(self, lane: Lane, entries: Sequence[Entry]) -> None:
+        """Put items tried again back at the head of their lane (its best priority, in their order): they join its
+        next batch. They left the queue once already: they count as back in it."""
+        fifo = lane.order[0] if lane.order else lane.level(0)
+        fifo.extendleft(reversed(entries))
+        lane.clean = False
+        n = len(entries)
+        lane.count += n
+        if self.weighted:
+            lane.weight += sum(entry.weight for entry in entries)
+        self.waiting += n
+        self.recorder.exited -= n
+        self.tracked = True
 
     def push_bulk(self, bulk: Bulk, priority: float) -> None:
         """Queue a plain ``process_many`` call as one entry of the default lane."""
@@ -91,6 +115,8 @@ class Queue:
         if self.weighted:
             lane.weight += n
         self.waiting += n
+        if bulk.deadline < math.inf:
+            self.tracked = True
 
     # ------------------------------------------------------------------ leaving without a batch
 

@@ -16,9 +16,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from async_batcher import _checks
+from async_batcher._core.failures import Isolate, RetryPolicy, SplitOn
 from async_batcher._core.hold import ClosedLoopHold
 from async_batcher._core.layers import Layer, PreferredSizes, preferred_sizes
 from async_batcher._core.policy import UNLIMITED, DispatchPolicy
+from async_batcher._core.recovery import Recovery
 from async_batcher._core.waits import Deadline, LatencyBudget
 
 __all__ = ["Limits", "Streaming"]
@@ -133,6 +135,10 @@ class Settings:
         self.default_timeout: float | None = None
         self.max_priority_wait = 1.0
         self.executor: concurrent.futures.Executor | None = None
+        # What a failed batch leads to (async_batcher.failures); None: off.
+        self.retry: RetryPolicy | None = None
+        self.on_batch_error: Isolate | None = None
+        self.split_on: SplitOn | None = None
         self.changed: Callable[..., None] = lambda **what: None
 
     # ------------------------------------------------------------------ what the engine compares against
@@ -162,7 +168,36 @@ class Settings:
         stall = self.streaming.stall_timeout
         return math.inf if stall is None else stall
 
+    @property
+    def recovery(self) -> Recovery | None:
+        """The failure settings as the runner applies them, or ``None`` when they are all off."""
+        if self.retry is None and self.on_batch_error is None and self.split_on is None:
+            return None
+        sizes = find(self.policy, PreferredSizes)
+        return Recovery(
+            isolate=self.on_batch_error,
+            retry=self.retry,
+            split=self.split_on,
+            sizes=() if sizes is None else sizes.sizes,
+        )
+
     # ------------------------------------------------------------------ setting them
+
+    def set_retry(self, value: object) -> None:
+        if value is not None and not isinstance(value, RetryPolicy):
+            raise TypeError(f"retry must be an async_batcher.failures.RetryPolicy or None, got {value!r}")
+        self.retry = value
+        self.changed()
+
+    def set_on_batch_error(self, value: object) -> None:
+        if value is not None and not isinstance(value, Isolate):
+            raise TypeError(f"on_batch_error must be an async_batcher.failures.Isolate or None, got {value!r}")
+        self.on_batch_error = value
+        self.changed()
+
+    def set_split_on(self, value: object) -> None:
+        self.split_on = SplitOn.of(value)
+        self.changed()
 
     def set_limits(self, limits: Limits) -> None:
         if not isinstance(limits, Limits):

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from itertools import islice, repeat
+from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Final
 
-from async_batcher.exceptions import BatchSizeMismatchError
+from async_batcher import _checks
+from async_batcher.exceptions import BatchSizeMismatchError, TransientError
 
 if TYPE_CHECKING:
     from async_batcher._core.lane import Lane, WeightedEntry
@@ -45,6 +48,36 @@ class _End:
 END: Final[Any] = _End()
 
 
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """An element of ``process_batch``'s results: this item failed for a transient reason; try it again.
+
+    With a :class:`~async_batcher.failures.RetryPolicy` (``retry=``) the item goes back to the head of its lane after
+    its backoff and joins the next batch; without one, or once it may not be tried again (its attempts, the retry
+    budget, its deadline), its caller gets ``error`` (a :class:`~async_batcher.TransientError` saying why, when
+    ``error`` is ``None``).
+
+    Args:
+        error: What its caller gets if it is not tried again: the transient error (a throttle, ``UnprocessedItems``).
+        after: The least seconds to wait before trying again (a ``Retry-After``); the backoff when longer.
+    """
+
+    error: Exception | None = None
+    after: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.error is not None and not isinstance(self.error, Exception):
+            raise TypeError(f"Retry(error=...) must be an Exception instance or None, got {self.error!r}")
+        if self.after is not None:
+            object.__setattr__(self, "after", _checks.seconds("Retry(after=...)", self.after))
+
+    def outcome(self, why: str = "no retry policy (retry=) is set") -> Exception:
+        """What its caller gets when it is not tried again."""
+        if self.error is not None:
+            return self.error
+        return TransientError(f"process_batch asked to try this item again (Retry); not tried: {why}")
+
+
 class Bulk:
     """One ``process_many`` call: its items, its future, and the results gathered for it so far.
 
@@ -56,6 +89,7 @@ class Bulk:
     __slots__ = (
         "arrival",
         "context",
+        "deadline",
         "entries",
         "future",
         "items",
@@ -89,6 +123,7 @@ class Bulk:
         self.left = len(items)  # results still to come
         self.results: list[Any] = [PENDING] * len(items)
         self.entries: list[WeightedEntry] | None = None
+        self.deadline = math.inf  # when its caller's timeout expires (on the loop's clock)
 
     def done(self) -> bool:
         return self.future.done()
@@ -98,6 +133,8 @@ class Bulk:
         if self.future.done():
             return
         chunk = results[offset : offset + count]
+        if any(r.__class__ is Retry for r in chunk):  # (not tried again: the batcher has no retry policy)
+            chunk = [r.outcome() if r.__class__ is Retry else r for r in chunk]
         if not self.return_exceptions:
             for r in chunk:
                 if isinstance(r, Exception):
@@ -109,14 +146,18 @@ class Bulk:
             self._succeed()
 
     def fail_chunk(self, start: int, count: int, exc: BaseException) -> None:
-        """``items[start:start+count]`` failed with ``exc``: in their places, or the whole call."""
+        """``items[start:start+count]`` failed with ``exc``: in their places, or the whole call. (Those among them
+        that have their result already keep it.)"""
         if self.future.done():
             return
         if not self.return_exceptions:
             self.fail(exc)
             return
-        self.results[start : start + count] = repeat(exc, count)
-        self.left -= count
+        results = self.results
+        pending = [i for i in range(start, start + count) if results[i] is PENDING]
+        for i in pending:
+            results[i] = exc
+        self.left -= len(pending)
         if self.left == 0:
             self._succeed()
 
@@ -221,7 +262,8 @@ def fail_sinks(sinks: list[Any], exc: BaseException, recorder: _Recorder) -> int
 def deliver(sinks: list[Any], results: Sequence[Any], recorder: _Recorder, *, futures_only: bool) -> int:
     """Hand each caller its result; an ``Exception`` element is raised to its caller. A caller who left is skipped.
     Return how many calls that resolved (a ``process_many`` call once, with its last items)."""
-    if futures_only and not any(issubclass(kind, Exception) for kind in set(map(type, results))):
+    kinds = set(map(type, results)) if futures_only else None
+    if kinds is not None and Retry not in kinds and not any(issubclass(kind, Exception) for kind in kinds):
         # No exception among the results (one look at their types, not one isinstance per item).
         if any(map(future_done, sinks)):
             settled = 0
@@ -250,7 +292,9 @@ def deliver(sinks: list[Any], results: Sequence[Any], recorder: _Recorder, *, fu
         if sink.done():
             continue  # its caller left: the result is dropped
         resolved += 1
-        if isinstance(result, Exception):
+        if result.__class__ is Retry:  # (not tried again: the batcher has no retry policy)
+            result = result.outcome()
+        if isinstance(result, BaseException):
             sink.set_exception(result)
             recorder.failed += 1
         else:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from async_batcher._core.batch import Batch, current_batch
 from async_batcher._core.execution import Runner
-from async_batcher._core.sinks import END, as_results
+from async_batcher._core.sinks import END, Retry, as_results
 from async_batcher.exceptions import BatcherStoppedError
 
 if TYPE_CHECKING:
@@ -222,6 +222,9 @@ class StreamRunner(Runner):
                 continue  # its consumer left, or it already ended: the part is dropped
             if part is END:
                 sink.end()
+            elif part.__class__ is Retry:  # (a stream's items are not tried again: its error ends the stream)
+                self.recorder.failed += 1
+                sink.set_exception(part.outcome("a streaming process_batch is not retried"))
             elif isinstance(part, Exception):
                 self.recorder.failed += 1
                 sink.set_exception(part)
@@ -265,7 +268,7 @@ class StreamRunner(Runner):
 
 
 def _compact(batch: Batch) -> None:
-    """Keep, in place, only the items whose streams are still open (and their weights)."""
+    """Keep, in place, only the items whose streams are still open (and their weights and deadlines)."""
     if any(sink.done() for sink in batch.sinks):
         kept = [i for i, sink in enumerate(batch.sinks) if not sink.done()]
         batch.items[:] = [batch.items[i] for i in kept]
@@ -273,3 +276,5 @@ def _compact(batch: Batch) -> None:
         batch.contexts[:] = [batch.contexts[i] for i in kept]
         if batch.weights is not None:
             batch.weights[:] = [batch.weights[i] for i in kept]
+        if batch.deadlines is not None:
+            batch.deadlines[:] = [batch.deadlines[i] for i in kept]

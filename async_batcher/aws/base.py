@@ -127,7 +127,7 @@ class AwsBatcher(AsyncBatcher[T, R]):
         self.endpoint_url = endpoint_url
         self.config = config
         self.aioboto3_session = aioboto3_session if aioboto3_session is not None else aioboto3.Session()
-        self.retry = retry if retry is not None else RetryPolicy()
+        self._aws_retry = retry if retry is not None else RetryPolicy()
         # Waits between attempts; replaceable so tests can observe them.
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         self._client: Any = None
@@ -136,6 +136,13 @@ class AwsBatcher(AsyncBatcher[T, R]):
         # (the list, its items as given, their outcomes): a process_batch that reorders or empties its list must not
         # change which item an outcome belongs to.
         self._batches: dict[int, tuple[list[Any], tuple[Any, ...], Outcomes[Any]]] = {}
+
+    @property
+    def retry(self) -> RetryPolicy:  # type: ignore[override]
+        """How this batcher retries throttling and partial results within each batch: its own
+        :class:`~async_batcher.aws.retry.RetryPolicy` (``retry=`` of an AWS batcher is this, not the core's
+        :class:`async_batcher.failures.RetryPolicy`)."""
+        return self._aws_retry
 
     @property
     def client(self) -> Any:
@@ -167,7 +174,7 @@ class AwsBatcher(AsyncBatcher[T, R]):
         return Delivery(
             send=send,
             fail=fail,
-            policy=self.retry,
+            policy=self._aws_retry,
             operation=operation,
             split=split,
             sleep=self._sleep,

@@ -1,0 +1,92 @@
+"""The batch size that fits, per batch key, as out-of-memory splits teach it (private; state: the engine owns the
+lanes, and changes a lane's ceiling only as the runner reports a call's end through the engine's methods).
+
+A call of ``n`` items that runs out of memory lowers its lane's ceiling to ``n // 2`` (multiplicative decrease);
+``grow_after`` calls in a row that succeed at the ceiling raise it by a step (additive increase), and once it
+reaches the size that failed it is lifted. With ``item_weight``, the same in weight units. What the ceiling is
+compared with, as a batch forms: :meth:`~async_batcher._core.dispatch.Dispatch._dispatch`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from async_batcher._core.lane import Lane
+
+__all__: list[str] = []
+
+# A lane's ceiling when there is none (policy.UNLIMITED).
+NONE = sys.maxsize
+# A success at this share of a weight ceiling counts as "at the ceiling" (items of every weight rarely fill it).
+_FULL_WEIGHT = 0.75
+
+
+class Capacity:
+    """What a lane's out-of-memory splits taught: the largest size (or weight) that failed, the step of the ceiling's
+    increase, and the successes in a row at the ceiling."""
+
+    __slots__ = ("peak", "step", "successes")
+
+    def __init__(self) -> None:
+        self.peak = 0.0
+        self.step = 1.0
+        self.successes = 0
+
+
+def lower(lane: Lane, size: int, weight: float, *, weighted: bool, grow_by: float | None) -> float:
+    """A call of ``size`` items (``weight``) ran out of memory: its lane's ceiling is half that, if lower. Returns
+    the ceiling (in weight units when ``weighted``)."""
+    capacity = lane.capacity
+    if capacity is None:
+        capacity = lane.capacity = Capacity()
+    measure = weight if weighted else float(size)
+    capacity.peak = max(capacity.peak, measure)
+    capacity.step = grow_by if grow_by is not None else max(1.0, capacity.peak / 16)
+    capacity.successes = 0
+    if weighted:
+        lane.weight_ceiling = min(lane.weight_ceiling, weight / 2)
+        return lane.weight_ceiling
+    lane.ceiling = min(lane.ceiling, max(1, size // 2))
+    return float(lane.ceiling)
+
+
+def held(lane: Lane, size: int, weight: float, *, weighted: bool, grow_after: int) -> None:
+    """A call of ``size`` items (``weight``) succeeded: after ``grow_after`` in a row at the ceiling, raise it a
+    step; lift it at the size that failed."""
+    capacity = lane.capacity
+    if capacity is None:
+        return
+    ceiling = lane.weight_ceiling if weighted else float(lane.ceiling)
+    if ceiling == math.inf or ceiling >= NONE:
+        return
+    if (weight if weighted else size) < (ceiling * _FULL_WEIGHT if weighted else ceiling):
+        return  # a smaller batch says nothing of the ceiling
+    capacity.successes += 1
+    if capacity.successes < grow_after:
+        return
+    capacity.successes = 0
+    raised = ceiling + capacity.step
+    if weighted:
+        lane.weight_ceiling = math.inf if raised >= capacity.peak else raised
+    else:
+        lane.ceiling = NONE if raised >= capacity.peak else max(lane.ceiling + 1, int(raised))
+
+
+def settle(lane: Lane, size: int, weight: float, *, weighted: bool) -> None:
+    """A batch's splits are over, the largest of its parts that succeeded being ``size`` items (``weight``): the
+    ceiling is at least that (a part that failed alone, too big on its own, must not keep it lower)."""
+    if weighted:
+        if weight > 0 and lane.weight_ceiling < weight:
+            lane.weight_ceiling = weight
+    elif size > 0 and lane.ceiling < size:
+        lane.ceiling = size
+
+
+def ceiling_of(lane: Lane, *, weighted: bool) -> float | None:
+    """The lane's ceiling now (weight units when ``weighted``), or ``None`` if it has none."""
+    if weighted:
+        return None if lane.weight_ceiling == math.inf else lane.weight_ceiling
+    return None if lane.ceiling >= NONE else float(lane.ceiling)
