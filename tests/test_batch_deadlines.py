@@ -16,13 +16,15 @@ from tests.batchers import Recording, idle_and_clean
 pytestmark = pytest.mark.virtual_time
 
 # The next batch forms the moment one ends (no turns of the loop first, in which the timeouts' timer would fire).
-NO_TURNS = Deadline(0.0, turns=0)
+def no_turns() -> Deadline:
+    """A plain greedy policy, the loop's turns off (a policy serves one batcher: a new one each)."""
+    return Deadline(0.0, turns=0)
 
 
 class Stalling(Recording):
     """Its first batch moves the (virtual) clock on by ``stall`` seconds without letting the loop run: the timers
     that fall due meanwhile (the callers' timeouts) fire only after the batch has ended and the next one formed
-    (with :data:`NO_TURNS`)."""
+    (with :func:`no_turns`)."""
 
     def __init__(self, *, stall: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -37,7 +39,7 @@ class Stalling(Recording):
 
 
 async def test_an_item_whose_deadline_passed_while_it_waited_is_never_sent() -> None:
-    b = Stalling(stall=10.0, concurrency=1, policy=NO_TURNS)
+    b = Stalling(stall=10.0, concurrency=1, policy=no_turns())
     first = asyncio.ensure_future(b.process(1))
     await asyncio.sleep(0)
     late = asyncio.ensure_future(b.process(2, timeout=1.0))
@@ -53,7 +55,7 @@ async def test_an_item_whose_deadline_passed_while_it_waited_is_never_sent() -> 
 
 
 async def test_a_process_many_call_past_its_deadline_is_never_sent() -> None:
-    b = Stalling(stall=10.0, concurrency=1, policy=NO_TURNS)
+    b = Stalling(stall=10.0, concurrency=1, policy=no_turns())
     first = asyncio.ensure_future(b.process(1))
     await asyncio.sleep(0)
     late = asyncio.ensure_future(b.process_many([2, 3], timeout=1.0))
@@ -72,7 +74,7 @@ class KeyedStalling(Stalling):
 
 
 async def test_a_keyed_process_many_call_past_its_deadline_is_never_sent() -> None:
-    b = KeyedStalling(stall=10.0, concurrency=1, policy=NO_TURNS)
+    b = KeyedStalling(stall=10.0, concurrency=1, policy=no_turns())
     first = asyncio.ensure_future(b.process(1))
     await asyncio.sleep(0)
     late = asyncio.ensure_future(b.process_many([2, 3, 4], timeout=1.0))
@@ -86,7 +88,7 @@ async def test_a_keyed_process_many_call_past_its_deadline_is_never_sent() -> No
 
 
 async def test_a_default_timeout_is_each_items_deadline() -> None:
-    b = Stalling(stall=10.0, concurrency=1, policy=NO_TURNS, default_timeout=1.0)
+    b = Stalling(stall=10.0, concurrency=1, policy=no_turns(), default_timeout=1.0)
     first = asyncio.ensure_future(b.process(1))
     await asyncio.sleep(0)
     late = asyncio.ensure_future(b.process(2))
