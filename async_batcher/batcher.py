@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import copy
 from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Sequence
 from contextvars import copy_context
 from functools import partial
@@ -167,6 +168,29 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         Called once per item, at submission, when overridden or when ``max_batch_weight`` is set.
         """
         return 1.0
+
+    def dedup_key(self, item: T) -> Hashable | None:
+        """Overridable hook: single flight. Items with the same key (under the same ``batch_key``) share one row of
+        one batch and one result while the first of them waits or is in flight: the next ones do not take a row, do
+        not count toward ``max_batch_size``, and their callers get the row's result (each a copy, but the first:
+        :meth:`copy_result`) or its exception. A caller that leaves does not take the row from the others; the
+        row goes only when all have left. Nothing is kept once the row resolves (an exception never is), unless
+        ``result_cache`` is set.
+
+        The key must say everything the result depends on: every parameter of the item, and its tenant when
+        results differ by tenant (``batch_key`` already separates keys). ``None``: this item shares nothing. Called
+        once per item, at submission (``process`` and ``process_sync``; ``process_many`` and ``stream`` calls are
+        not shared). Not overridden: never called, every item takes its own row.
+        """
+        return None
+
+    def copy_result(self, result: R) -> R:
+        """Overridable hook: the copy of a shared row's result (:meth:`dedup_key`) that each of its callers but the
+        first gets, so that a caller that mutates its result does not change another's. ``copy.copy`` by default
+        (shallow: a list, a dict, a numpy array are copied, their elements are not); return ``result`` itself for
+        results nobody mutates (no copy at all), or ``copy.deepcopy(result)`` for nested ones. Called on the event
+        loop: it must be quick."""
+        return copy.copy(result)
 
     async def on_start(self) -> None:
         """Overridable hook (an ``async def``): runs once each time the batcher starts; the first batch waits for it.
@@ -359,7 +383,11 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         if engine is None:
             return self._recorder.snapshot(self.name, queued=0, awaiting_room=0, in_flight=0)
         return self._recorder.snapshot(
-            self.name, queued=engine.queue.waiting, awaiting_room=engine.room.awaiting, in_flight=engine.in_flight
+            self.name,
+            queued=engine.queue.waiting,
+            awaiting_room=engine.room.awaiting,
+            in_flight=engine.in_flight,
+            queue_weight=engine.room.held,
         )
 
     def __repr__(self) -> str:

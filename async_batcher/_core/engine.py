@@ -31,6 +31,7 @@ from async_batcher._core.policy import UNLIMITED, DispatchPolicy
 from async_batcher._core.queue import Queue
 from async_batcher._core.queue import violations as queue_violations
 from async_batcher._core.room import Room
+from async_batcher._core.room import violations as room_violations
 from async_batcher._core.sinks import Bulk, fail_sinks
 from async_batcher._core.state import State
 from async_batcher.exceptions import AsyncBatchException, ReentrantCallError
@@ -160,6 +161,7 @@ class Engine(Dispatch):
         slot_limit: int,
         room_limit: int,
         queue_size: int | None,
+        queue_weight_limit: float,
         weight_limit: float,
         priority_wait: float,
         policy: DispatchPolicy,
@@ -170,6 +172,7 @@ class Engine(Dispatch):
         self.runner.stall_limit = stall_limit
         self.batch_limit, self.slot_limit, self.weight_limit = batch_limit, slot_limit, weight_limit
         self.room.limit, self.room.size, self.priority_wait = room_limit, queue_size, priority_wait
+        self.room.weight_limit = queue_weight_limit
         if policy is not self.policy:
             self.policy = policy
             policy.bind(self)
@@ -352,10 +355,7 @@ class Engine(Dispatch):
 def violations(engine: Engine) -> list[str]:
     """The invariants of :class:`Engine` (and of its queue, room and deadlines) that do not hold now, described (for
     the tests)."""
-    found = queue_violations(engine.queue) + deadline_violations(engine.deadlines)
+    found = queue_violations(engine.queue) + deadline_violations(engine.deadlines) + room_violations(engine.room)
     if engine.in_flight != len(engine.batches):
         found.append(f"in_flight {engine.in_flight}, but {plural(len(engine.batches), 'batch', 'batches')} in flight")
-    room = engine.room
-    if not 0 <= room.reserved <= room.awaiting:
-        found.append(f"reserved {room.reserved} outside 0..awaiting={room.awaiting}")
     return found
