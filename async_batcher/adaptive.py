@@ -57,23 +57,11 @@ class AdaptiveWaitState:
 class AdaptiveWait:
     """The policy's state: one per batcher. Not thread-safe; used from the batcher's event loop only."""
 
-    __slots__ = (
-        "_last_submitted",
-        "_last_time",
-        "_n",
-        "_nn",
-        "_nt",
-        "_t",
-        "_tt",
-        "_w",
-        "max_latency",
-        "observations",
-        "rate",
-    )
+    __slots__ = ("_last_submitted", "_last_time", "_n", "_nn", "_nt", "_t", "_w", "max_latency", "observations", "rate")
 
     def __init__(self, max_latency: float) -> None:
         self.max_latency = seconds("max_latency", max_latency, positive=True)
-        self._w = self._n = self._t = self._nn = self._nt = self._tt = 0.0
+        self._w = self._n = self._t = self._nn = self._nt = 0.0
         self.observations = 0
         self.rate = 0.0
         self._last_time: float | None = None
@@ -87,7 +75,6 @@ class AdaptiveWait:
         self._t = self._t * keep + seconds
         self._nn = self._nn * keep + size * size
         self._nt = self._nt * keep + size * seconds
-        self._tt = self._tt * keep + seconds * seconds
         self.observations += 1
 
     def note_arrivals(self, submitted: int, now: float) -> None:
@@ -118,16 +105,6 @@ class AdaptiveWait:
         if b < 0:
             return max(mean_t / mean_n, 0.0), 0.0
         return a, b
-
-    def spread(self) -> float:
-        """How far one batch's time strays from the fit: the standard deviation of the recent batches' times about
-        ``a·n + b``, in seconds (0 before the first batch)."""
-        if self._w == 0:
-            return 0.0
-        a, b = self.model()
-        w = self._w
-        squares = self._tt - 2 * a * self._nt - 2 * b * self._t + a * a * self._nn + 2 * a * b * self._n + b * b * w
-        return math.sqrt(max(squares / w, 0.0))
 
     def keeps_up_size(self, concurrency: int) -> float:
         """``n*``: the size that batches formed while slots are busy settle at (``inf`` if none keeps up)."""

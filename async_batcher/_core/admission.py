@@ -309,7 +309,7 @@ class Admission:
         budget = self.budget(deadline, now)
         if budget is None:
             return
-        prediction = lateness.predict(engine, now, n - 1)
+        prediction = lateness.predict(engine, now, engine.arrivals + self.recorder.rejected, n - 1)
         if prediction is None or not prediction.misses(budget):
             return
         if waited:
