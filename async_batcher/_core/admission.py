@@ -289,41 +289,42 @@ class Admission:
             self.recorder.add_observer(self.lateness.observe)
         return self.lateness
 
-    def budget(self, deadline: float | None, now: float) -> float | None:
-        """The seconds an item arriving now may take: to its call's deadline, and within ``max_latency``."""
-        budget = None if deadline is None else deadline - now
+    def deadline_of(self, deadline: float | None, now: float) -> float:
+        """By when an item arriving now is due: its call's deadline, and within ``max_latency`` (``inf``: never)."""
+        due = math.inf if deadline is None else deadline
         policy = find(self.settings.policy, LatencyBudget)
-        if policy is not None and (budget is None or policy.max_latency < budget):
-            budget = policy.max_latency
-        return budget
+        if policy is not None:
+            due = min(due, now + policy.max_latency)
+        return due
 
     def refuse_if_late(self, engine: Engine, n: int, deadline: float | None, *, waited: bool = False) -> None:
-        """With ``refuse_late``: refuse ``n`` items (a call's) predicted to be answered after their deadline
-        (:class:`LateRefusalError`, with when to try again). ``waited``: they waited in line for room, and count as
-        submitted (then failed), not as rejected."""
+        """With ``refuse_late``: refuse ``n`` items (a call's) predicted to be answered after their deadline, or to
+        make the items ahead of them in their batch late (:class:`LateRefusalError`, with when to try again); else
+        note their deadline. ``waited``: they waited in line for room, and count as submitted (then failed), not as
+        rejected."""
         if not self.settings.refuse_late:
             return
         lateness = self.measure_lateness()
         assert lateness is not None
         now = engine.loop.time()
-        budget = self.budget(deadline, now)
-        if budget is None:
-            return
-        prediction = lateness.predict(engine, now, engine.arrivals + self.recorder.rejected, n - 1)
-        if prediction is None or not prediction.misses(budget):
+        due = self.deadline_of(deadline, now)
+        prediction = None if due == math.inf else lateness.predict(engine, now, n)
+        if prediction is None or prediction.late_by(now, due) <= 0:
+            lateness.admitted(engine, n, due)
             return
         if waited:
             self.recorder.exited += n
             self.recorder.failed += n
         else:
             self.recorder.reject(n, "late")
-        late = prediction.seconds + prediction.margin - budget
+        late = prediction.late_by(now, due)
+        whose = "its deadline" if due <= prediction.tail else "the deadline of the items ahead of it in its batch"
         raise LateRefusalError(
             f"{self.name}: refused: predicted to be answered in {prediction.seconds * 1e3:.1f} ms (margin "
-            f"{prediction.margin * 1e3:.1f} ms; {_checks.plural(engine.queue.waiting, 'item')} queued ahead), past "
-            f"its deadline in {max(budget, 0.0) * 1e3:.1f} ms; retry after {late:.3f} s",
+            f"{prediction.margin * 1e3:.1f} ms; {_checks.plural(engine.queue.waiting, 'item')} queued ahead), "
+            f"{late * 1e3:.1f} ms past {whose}; retry after {late:.3f} s",
             predicted=prediction.seconds,
-            budget=budget,
+            budget=due - now,
             retry_after=late,
         )
 

@@ -8,24 +8,29 @@ after
 
 - the wait for a slot: none while one is free, else until the first batch in flight is predicted to end;
 - the ``ahead // N`` full batches before its own, ``c`` at a time;
-- its own batch: the ``ahead % N + 1`` items up to it, and those that arrive until it goes, up to ``N``: at the rate
-  items are *offered* (refused ones included), not the rate admitted, which comes in bursts past saturation (all
-  admitted until the queue is long enough, then all refused): the rate admitted over the last quarter second would
-  say too few, and admit items whose batch fills behind them.
+- its own batch: the ``ahead % N`` items ahead of it that the full batches leave (the *tail* batch), and itself.
 
-**The margin.** A batch's time strays from the fit (jitter, a busy loop), the more the longer it is; the
-prediction is a sum of a few batch times, and its own batch's size depends on what arrives until it goes. The
-margin is ``Z`` standard deviations of the prediction, those errors taken as independent: each batch time's, the
-measured relative spread of the batches' times about the fit times that batch's time, and the arrivals' (Poisson: as
-many items as the square root of those expected) times the cost of an item.
+**The tail.** Items that arrive after it may join its batch until the batch goes, and make it longer: an item
+admitted "just in time" would then be late. So an item is admitted only if *its batch* (the tail it joins) is still
+predicted to end before the earliest deadline of the items already in it, not only before its own: the items behind
+it are held to the deadlines of those ahead, and the prediction of its own batch needs no guess of the arrivals to
+come. (Past saturation that is what limits a batch: it closes, in effect, when the next item would make its first
+one late, and the items after that are refused until it goes.)
+
+**The margin.** A batch's time strays from the fit (jitter, a busy loop), the more the longer it is; the prediction
+is a sum of a few batch times. The margin is ``Z`` standard deviations of the prediction, the batches' errors taken
+as independent, each the measured relative spread of the batches' times about the fit, times that batch's time.
 
 **Safeguards** (the pitfalls of BentoML's fitted dispatcher, which cancelled requests while doing no work): the fit
-is never negative (:meth:`AdaptiveWait.model`) and is bounded by what was seen (a batch is never predicted to cost
-more than the longest of the recent batches, nor an item more than the dearest per item), nothing is refused
-before :data:`WARMUP` batches were measured, and an item that finds the batcher idle (nothing queued, nothing in
-flight) is never refused: the head of the queue is always served, so batches keep going and keep the fit true even
-if it went wild. (An item that finds the queue empty but a batch in flight is judged: it may have to wait for that
-batch, and its own batch fills behind it.)
+is never negative (:meth:`AdaptiveWait.model`) and is bounded by what was seen (its cost per batch by the longest of
+the recent batches, its cost per item by the dearest of them per item: one stall does not make every prediction
+wild), nothing is refused before :data:`WARMUP` batches were measured, and an item that finds the batcher idle
+(nothing queued, nothing in flight) is never refused: the head of the queue is always served, so batches keep going
+and keep the fit true even if it went wild. (An item that finds the queue empty but a batch in flight is judged: it
+waits for that batch.)
+
+The queue is seen as one first-come-first-served line: with several keys (``batch_key``) or priorities the
+prediction counts every queued item as ahead (pessimistic), and the tail is the last batch of the whole queue.
 """
 
 from __future__ import annotations
@@ -44,9 +49,9 @@ __all__: list[str] = []
 
 #: Batches measured before anything is refused.
 WARMUP = 8
-#: The margin, in standard deviations of the prediction. Three: errors come in groups (a batch that runs long makes
-#: every item admitted behind it late together), so that 2.33 (1 % of a normal error) let 1 % through on the
-#: virtual-clock runs of a model with 20 % jitter past saturation; 3 let 0.3 % through, for 4 % less goodput.
+#: The margin, in standard deviations of the prediction. Three, not 2.33 (1 % of a normal error): the errors come
+#: in groups (a batch that runs long makes every item behind it late together); on the virtual clock, with a model of
+#: 20 % jitter at twice its capacity, 2.33 let 1 % of the answers through late, 3 let 0.3 %, for 1 % less goodput.
 Z = 3.0
 #: The recent batches that bound the fit.
 RECENT = 64
@@ -55,28 +60,32 @@ _DECAY = 0.05
 
 
 class Prediction:
-    """An item's predicted wait for its answer, from now, and the margin of that prediction (seconds)."""
+    """An item's predicted wait for its answer, from now, the margin of that prediction (seconds), and the earliest
+    deadline (on the loop's clock) of the items already in the batch it joins (``inf``: none)."""
 
-    __slots__ = ("margin", "seconds")
+    __slots__ = ("margin", "seconds", "tail")
 
-    def __init__(self, seconds: float, margin: float) -> None:
+    def __init__(self, seconds: float, margin: float, tail: float) -> None:
         self.seconds = seconds
         self.margin = margin
+        self.tail = tail
 
-    def misses(self, budget: float) -> bool:
-        """Whether an item with ``budget`` seconds left is predicted to be answered too late."""
-        return self.seconds + self.margin > budget
+    def late_by(self, now: float, deadline: float) -> float:
+        """How much too late an item due by ``deadline`` (or the items ahead of it in its batch) would be answered,
+        margin included: a refusal if positive."""
+        return now + self.seconds + self.margin - min(deadline, self.tail)
 
 
 class Lateness:
     """What one batcher measures of its batches to predict when an item would be answered (module docstring)."""
 
-    __slots__ = ("fit", "recent", "spread2")
+    __slots__ = ("fit", "recent", "spread2", "tail_deadline")
 
     def __init__(self) -> None:
         self.fit = AdaptiveWait(1.0)  # (its fit only: the budget is not used)
         self.recent: deque[tuple[int, float]] = deque(maxlen=RECENT)
         self.spread2 = 0.0  # the mean square of the batches' relative errors about the fit, as it stood before each
+        self.tail_deadline = math.inf  # the earliest deadline of the items admitted to the queue's last batch
 
     def observe(self, size: int, waited: float, elapsed: float) -> None:
         """A batch of ``size`` items ended, ``elapsed`` seconds after it went (a batch observer of the recorder)."""
@@ -99,15 +108,13 @@ class Lateness:
         dearest = max(t / n for n, t in self.recent)
         return min(a, dearest), min(b, longest)
 
-    def predict(self, engine: Engine, now: float, offered: int, behind: int = 0) -> Prediction | None:
-        """When an item that arrives now would be answered (the last of a call's, ``behind`` the others);
-        ``None``: admit it without asking (the warm-up, or an idle batcher: the head of the queue is always
-        served). ``offered``: the items offered so far, refused ones included (the rate that fills its batch)."""
-        fit = self.fit
-        fit.note_arrivals(offered, now)
-        if (not engine.queue.waiting and not engine.in_flight) or fit.observations < WARMUP:
+    def predict(self, engine: Engine, now: float, count: int = 1) -> Prediction | None:
+        """When the last of ``count`` items (a call's) that arrive now would be answered, and by when their batch
+        must be, for the items already in it; ``None``: admit them without asking (the warm-up, or an idle batcher:
+        the head of the queue is always served)."""
+        waiting = engine.queue.waiting
+        if (not waiting and not engine.in_flight) or self.fit.observations < WARMUP:
             return None
-        ahead = engine.queue.waiting + behind
         a, b = self.model()
         size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
         slots = math.inf if engine.slot_limit == UNLIMITED else engine.slot_limit
@@ -118,23 +125,27 @@ class Lateness:
             took = b + a * first.size
             wait = max(0.0, first.started + took - now)
             squares += took * took
-        rest = ahead
+        total = waiting + count  # the items up to its last, in order
+        ahead = 0  # full batches before its last one's
+        own = total
         if size < math.inf:
-            full, rest = divmod(ahead, int(size))
-            if full:
-                rounds = full / slots
-                took = b + a * size
-                wait += rounds * took
-                squares += math.ceil(rounds) * took * took
-        # Its batch: the items ahead of it that the full batches leave, itself, and those that arrive until it goes
-        # (as many as the rate says on average, give or take the square root of that: Poisson's spread). While it
-        # is not full, a wait longer than predicted makes it larger too: each second more brings rate·a seconds.
-        rate = fit.rate
-        arriving = rate * wait
-        own = min(size, rest + 1 + arriving)
+            ahead = (total - 1) // int(size)
+            own = total - ahead * int(size)
+        if ahead:
+            rounds = ahead / slots
+            took = b + a * size
+            wait += rounds * took
+            squares += math.ceil(rounds) * took * took
         took = b + a * own
-        variance = self.spread2 * (took * took + squares)
-        if own < size:
-            grows = 1.0 + a * rate
-            variance = self.spread2 * (took * took + grows * grows * squares) + a * a * arriving
-        return Prediction(wait + took, Z * math.sqrt(variance))
+        tail = self.tail_deadline if waiting % size else math.inf  # (a tail batch of items already queued)
+        return Prediction(wait + took, Z * math.sqrt(self.spread2 * (squares + took * took)), tail)
+
+    def admitted(self, engine: Engine, count: int, deadline: float) -> None:
+        """``count`` items (a call's) are admitted, to be answered by ``deadline`` (``inf``: whenever): the earliest
+        deadline of the tail batch, as it will be with them."""
+        size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
+        rest = engine.queue.waiting % size
+        if not rest or rest + count > size:  # they start a tail batch of their own
+            self.tail_deadline = deadline
+        elif deadline < self.tail_deadline:
+            self.tail_deadline = deadline
