@@ -319,13 +319,14 @@ class Admission:
             self.recorder.reject(n, "late")
         late = prediction.late_by(now, due)
         whose = "its deadline" if due <= prediction.tail else "the deadline of the items ahead of it in its batch"
+        retry = prediction.retry(due - now)
         raise LateRefusalError(
             f"{self.name}: refused: predicted to be answered in {prediction.seconds * 1e3:.1f} ms (margin "
             f"{prediction.margin * 1e3:.1f} ms; {_checks.plural(engine.queue.waiting, 'item')} queued ahead), "
-            f"{late * 1e3:.1f} ms past {whose}; retry after {late:.3f} s",
+            f"{late * 1e3:.1f} ms past {whose}; retry after {retry:.3f} s",
             predicted=prediction.seconds,
             budget=due - now,
-            retry_after=late,
+            retry_after=retry,
         )
 
     # ------------------------------------------------------------------ checks

@@ -60,15 +60,23 @@ _DECAY = 0.05
 
 
 class Prediction:
-    """An item's predicted wait for its answer, from now, the margin of that prediction (seconds), and the earliest
-    deadline (on the loop's clock) of the items already in the batch it joins (``inf``: none)."""
+    """An item's predicted wait for its answer, from now, the margin of that prediction (seconds), the earliest
+    deadline (on the loop's clock) of the items already in the batch it joins (``inf``: none), and when the same
+    call, made again later with nothing else arriving meanwhile, would be in time (``retry``: seconds from now
+    until the work ahead of it has drained enough: its batch would then be its own)."""
 
-    __slots__ = ("margin", "seconds", "tail")
+    __slots__ = ("alone", "drained", "margin", "seconds", "tail")
 
-    def __init__(self, seconds: float, margin: float, tail: float) -> None:
+    def __init__(self, seconds: float, margin: float, tail: float, drained: float, alone: float) -> None:
         self.seconds = seconds
         self.margin = margin
         self.tail = tail
+        self.drained = drained  # seconds until the work ahead of it is done (its tail batch's items included)
+        self.alone = alone  # seconds its items would take in a batch of their own
+
+    def retry(self, budget: float) -> float:
+        """Seconds until the same call, with ``budget`` seconds, would be in time, if nothing else arrives."""
+        return max(0.0, self.drained + self.alone + self.margin - budget)
 
     def late_by(self, now: float, deadline: float) -> float:
         """How much too late an item due by ``deadline`` (or the items ahead of it in its batch) would be answered,
@@ -138,7 +146,10 @@ class Lateness:
             squares += math.ceil(rounds) * took * took
         took = b + a * own
         tail = self.tail_deadline if waiting % size else math.inf  # (a tail batch of items already queued)
-        return Prediction(wait + took, Z * math.sqrt(self.spread2 * (squares + took * took)), tail)
+        margin = Z * math.sqrt(self.spread2 * (squares + took * took))
+        others = own - min(own, count)  # the items of its batch ahead of its own
+        drained = wait + (b + a * others if others else 0.0)
+        return Prediction(wait + took, margin, tail, drained, b + a * min(own, count))
 
     def admitted(self, engine: Engine, count: int, deadline: float) -> None:
         """``count`` items (a call's) are admitted, to be answered by ``deadline`` (``inf``: whenever): the earliest
