@@ -100,7 +100,7 @@ async def test_every_outcome_gives_the_weight_back() -> None:
     stuck = asyncio.ensure_future(b.process(20))
     await until(lambda: b.stats.in_flight == 1)
     await b.stop(force=True)
-    with pytest.raises(Exception, match="stop|cancel"):
+    with pytest.raises(Exception, match=r"stop|cancel"):
         await stuck
     assert engine_of(b).room.held == 0
     idle_and_clean(b)
@@ -211,7 +211,7 @@ async def test_without_item_weight_each_item_weighs_one_in_flight_included() -> 
 
 async def test_a_too_heavy_item_for_max_batch_weight_is_an_oversized_item_error_and_a_value_error() -> None:
     b = Weighed(max_batch_weight=5)
-    with pytest.raises(ValueError, match="max_batch_weight=5.0") as info:
+    with pytest.raises(ValueError, match=r"max_batch_weight=5\.0") as info:
         await b.process(6)
     assert isinstance(info.value, OversizedItemError) and info.value.limit == 5
     await b.stop()

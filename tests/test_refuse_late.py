@@ -122,7 +122,7 @@ async def test_a_refusal_says_why_and_when_to_retry_and_the_retry_is_admitted() 
     assert refusal.predicted > refusal.budget == pytest.approx(0.03)
     assert 0 < refusal.retry_after < refusal.predicted
     assert "39 items queued ahead" in str(refusal) and f"retry after {refusal.retry_after:.3f} s" in str(refusal)
-    assert dict(b.stats.rejected_reasons) == {"late": 1} and 99 not in sum(map(list, [b.sizes]), [])
+    assert dict(b.stats.rejected_reasons) == {"late": 1}
     await asyncio.sleep(refusal.retry_after + 0.001)  # nothing else came: the backlog has drained that much
     assert await b.process(99, timeout=0.03) == 99
     await asyncio.gather(in_flight, *queued)
