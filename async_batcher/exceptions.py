@@ -47,13 +47,21 @@ class LateRefusalError(QueueFullException):
     throughput measured, would take longer than it may wait. Refused at once, it costs no queue slot, no row of a
     batch and not its caller's whole timeout.
 
-    ``predicted``: seconds from its arrival to its predicted answer; ``budget``: seconds it had; ``retry_after``:
-    seconds until the backlog ahead of it is predicted to have drained enough for the same call to be admitted.
+    An item is also refused when its deadline is far but it would join a batch whose items are due sooner and make
+    them late: the items behind are held to the deadlines of those ahead.
+
+    ``predicted``: seconds from its arrival to its predicted answer; ``margin``: seconds added to the prediction
+    for its error; ``budget``: seconds it had (or the earliest due of the items ahead of it in its batch, if
+    sooner); ``retry_after``: seconds until the backlog ahead of it is predicted to have drained enough for the same
+    call to be admitted.
     """
 
-    def __init__(self, message: str, *, predicted: float, budget: float, retry_after: float) -> None:
+    def __init__(
+        self, message: str, *, predicted: float, margin: float = 0.0, budget: float, retry_after: float
+    ) -> None:
         super().__init__(message, retry_after=retry_after)
         self.predicted = predicted
+        self.margin = margin
         self.budget = budget
 
 

@@ -191,6 +191,9 @@ class Admission:
         """:meth:`submit` with ``dedup_key``: join the row of an identical item waiting or in flight, else open one
         (admitted as any item is), and wait for its result on a future of this caller's own."""
         key, weight = self.key_and_weight(engine, item, 1)
+        if weight > engine.room.weight_limit:  # refused as it would be alone, even if a twin is in flight
+            self.recorder.reject(1, "oversized")
+            raise engine.room.never_fits(1, weight)
         tag = self.dedup_tag(item)
         if tag is None:  # this item shares nothing: the plain long path
             entry = await self._entry(engine, item, deadline, engine.new_future(), (key, weight))
@@ -319,13 +322,15 @@ class Admission:
             self.recorder.reject(n, "late")
         late = prediction.late_by(now, due)
         whose = "its deadline" if due <= prediction.tail else "the deadline of the items ahead of it in its batch"
+        budget = min(due, prediction.tail) - now
         retry = prediction.retry(due - now)
         raise LateRefusalError(
             f"{self.name}: refused: predicted to be answered in {prediction.seconds * 1e3:.1f} ms (margin "
             f"{prediction.margin * 1e3:.1f} ms; {_checks.plural(engine.queue.waiting, 'item')} queued ahead), "
             f"{late * 1e3:.1f} ms past {whose}; retry after {retry:.3f} s",
             predicted=prediction.seconds,
-            budget=due - now,
+            margin=prediction.margin,
+            budget=budget,
             retry_after=retry,
         )
 
