@@ -228,7 +228,7 @@ def justified(run: Run, sent: float, refusal: LateRefusalError, max_batch_size: 
         index = 0
     if index >= len(later):
         return  # nothing ran after it: its batch would have been the next, at least a batch's time away
-    start, end, _ = later[index]
+    _, end, _ = later[index]
     if any(sent <= t <= end for t in run.left_at):
         return  # a caller left, or a stop came, meanwhile: the prediction could not know
     end += PER_ITEM  # with it, its batch would have been one row longer
