@@ -65,7 +65,11 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
        stop; from inside :meth:`on_stop`, a stop.
     5. **Admission.** With ``max_queue_size`` set, :meth:`process` on a full queue raises
        :class:`QueueFullException` at once, or, with ``wait_when_full=True``, waits its turn for room (first
-       come, first served).
+       come, first served); ``max_queue_weight`` bounds the weight admitted and not yet answered alike, and an
+       item heavier than it alone is refused at once (:class:`OversizedItemError`). With ``refuse_late=True``, an
+       item predicted to miss its deadline is refused at admission (:class:`LateRefusalError`), unless it finds
+       the batcher idle. With :meth:`dedup_key`, identical items waiting or in flight share one row and one
+       result.
     6. **Cancellation and timeouts.** A caller cancelled before its item is sent withdraws the item: it never
        reaches ``process_batch``. Cancelled after, its result is dropped and no other caller is affected.
        ``process(item, timeout=s)`` raises the built-in ``TimeoutError`` after ``s`` seconds (waiting for room
@@ -100,10 +104,11 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
     Args:
         **options: The settings (:class:`~async_batcher.BatcherOptions`), all keyword-only and optional:
             ``limits`` (:class:`~async_batcher.Limits`: ``max_batch_size``, ``max_batch_weight``, ``concurrency``,
-            ``max_queue_size``; ``None`` is no limit), ``policy`` (when a batch goes: a
+            ``max_queue_size``, ``max_queue_weight``; ``None`` is no limit), ``policy`` (when a batch goes: a
             :class:`~async_batcher.policies.DispatchPolicy`, ``Deadline(max_queue_time=0.01)`` by default),
-            ``streaming`` (:class:`~async_batcher.Streaming`), ``executor``, ``wait_when_full``,
-            ``default_timeout``, ``max_priority_wait`` and ``name``. Each field of a group may be given on its own
+            ``streaming`` (:class:`~async_batcher.Streaming`), ``executor``, ``wait_when_full``, ``refuse_late``,
+            ``result_cache`` (:class:`~async_batcher.ResultCache`), ``default_timeout``, ``max_priority_wait``
+            and ``name``. Each field of a group may be given on its own
             instead (``max_batch_size=64``, ``max_queue_time=0.002``, ``max_latency=``, ``max_hold_time=``,
             ``preferred_batch_sizes=``, ``stream_buffer=``, ``stream_stall_timeout=``), as in earlier versions;
             the dispatch keywords build the policy. async-batcher 0.2.2's ``batch_size`` (``max_batch_size``),
@@ -225,10 +230,12 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
                 over for longer than ``max_priority_wait`` seconds.
 
         Raises:
-            QueueFullException: ``max_queue_size`` items are waiting (and ``wait_when_full`` is off).
+            QueueFullException: ``max_queue_size`` items are waiting, or ``max_queue_weight`` is admitted (and
+                ``wait_when_full`` is off); :class:`LateRefusalError` (one): ``refuse_late`` predicts it late.
+            OversizedItemError: the item alone weighs more than ``max_queue_weight`` or ``max_batch_weight``.
             BatcherStoppedError: the batcher is stopping or stopped, or the item was abandoned by a forced stop.
             TimeoutError: ``timeout`` seconds passed first; an item not yet sent is withdrawn.
-            ValueError: the item alone weighs more than ``max_batch_weight``, or a bad ``timeout``/``priority``.
+            ValueError: a bad ``timeout``/``priority``.
             ReentrantCallError: called from inside this batcher's ``process_batch`` with every slot taken.
             BatchSizeMismatchError: ``process_batch`` returned the wrong number of results.
             Exception: whatever ``process_batch`` raised, or the ``Exception`` it returned for this item.

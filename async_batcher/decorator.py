@@ -126,37 +126,28 @@ def _batcher_class(
     if key is None and weight is None and dedup is None and copy_result is None and not continuous:
         return base  # the core can tell that the hooks are not overridden, and skip them
     namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": base.__qualname__}
-    if dedup is not None:
-        _check_callable("dedup", dedup)
-
-        def dedup_key(self: Any, item: Any) -> Hashable | None:
-            return dedup(item)
-
-        namespace["dedup_key"] = dedup_key
-    if copy_result is not None:
-        _check_callable("copy_result", copy_result)
-
-        def copy_result_hook(self: Any, result: Any) -> Any:
-            return copy_result(result)
-
-        namespace["copy_result"] = copy_result_hook
     if continuous:
         namespace["continuous_batching"] = True
-    if key is not None:
-        _check_callable("key", key)
-
-        def batch_key(self: Any, item: Any) -> Hashable:
-            return key(item)
-
-        namespace["batch_key"] = batch_key
-    if weight is not None:
-        _check_callable("weight", weight)
-
-        def item_weight(self: Any, item: Any) -> float:
-            return weight(item)
-
-        namespace["item_weight"] = item_weight
+    hooks: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
+        "batch_key": ("key", key),
+        "item_weight": ("weight", weight),
+        "dedup_key": ("dedup", dedup),
+        "copy_result": ("copy_result", copy_result),
+    }
+    for hook, (option, given) in hooks.items():
+        if given is not None:
+            _check_callable(option, given)
+            namespace[hook] = _method(given)
     return type(base.__name__, (base,), namespace)
+
+
+def _method(func: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    """A hook of the batcher's class that calls ``func`` with its one argument (an item, or a result)."""
+
+    def hook(self: Any, value: Any) -> Any:
+        return func(value)
+
+    return hook
 
 
 @functools.cache

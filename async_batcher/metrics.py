@@ -12,6 +12,8 @@ batcher and turns it into metric families, all labelled ``batcher="<name>"``:
 - ``async_batcher_batches_total{reason}``: batches sent to ``process_batch``, by why each went;
 - ``async_batcher_items_total{outcome=...}``: items ``submitted``, ``processed``, ``failed``, ``cancelled``,
   ``timed_out``, ``rejected``;
+- ``async_batcher_rejected_items_total{reason=...}``: the rejected items by why (``stats.rejected_reasons``:
+  ``queue_full``, ``queue_weight``, ``oversized``, ``late``, ``stopped``, ``reentrant``);
 - ``async_batcher_batch_size_mean``: items per batch, over the batcher's life;
 - ``async_batcher_queue_wait_seconds`` and ``async_batcher_process_time_seconds``: summaries with the 0.5, 0.95
   and 0.99 quantiles over the recent batches (``NaN`` before the first) and ``_count``, the batches so far (no
@@ -69,6 +71,7 @@ OUTCOMES = ("submitted", "processed", "failed", "cancelled", "timed_out", "rejec
 QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
 HELD_HELP = "Batches a hold (max_hold_time) kept back for the callers their lane's last batch answered."
 PROBES_HELP = "Of the held batches, the probes: holds tried while the hold is off."
+REJECTED_HELP = "Items refused at once, never submitted, by why (reason)."
 
 #: Seconds, for the queue wait and the processing time: 0.1 ms to 10 s.
 DEFAULT_TIME_BUCKETS: tuple[float, ...] = (
@@ -165,7 +168,10 @@ class BatcherCollector(Collector):
         in_flight = GaugeMetricFamily(f"{ns}_in_flight_batches", "Batches being processed.", labels=["batcher"])
         held = CounterMetricFamily(f"{ns}_held_batches", HELD_HELP, labels=["batcher"])
         probes = CounterMetricFamily(f"{ns}_hold_probes", PROBES_HELP, labels=["batcher"])
+        rejected = CounterMetricFamily(f"{ns}_rejected_items", REJECTED_HELP, labels=["batcher", "reason"])
         for s in snapshots:
+            for reason, count in s.rejected_reasons.items():
+                rejected.add_metric([s.name, reason], count)
             for reason, count in s.reasons.items():
                 batches.add_metric([s.name, reason], count)
             for outcome in OUTCOMES:
@@ -177,7 +183,7 @@ class BatcherCollector(Collector):
             in_flight.add_metric([s.name], s.in_flight)
             held.add_metric([s.name], s.held)
             probes.add_metric([s.name], s.probes)
-        yield from (batches, items, size, wait, process, queued, in_flight, held, probes)
+        yield from (batches, items, size, wait, process, queued, in_flight, held, probes, rejected)
 
 
 def _add_summary(family: SummaryMetricFamily, name: str, summary: LatencySummary, count: int) -> None:
