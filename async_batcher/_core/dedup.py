@@ -18,6 +18,7 @@ sink is the batcher's own future, which no caller holds: each caller awaits a fu
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,9 @@ class Shared(asyncio.Future[Any]):
         self.rows = rows
         self.key = key
         self.callers: list[asyncio.Future[Any]] = []
+        # Each caller's context (a snapshot, as an entry keeps its caller's): the first is the row's entry's, the
+        # others are the callers that joined it, which a batch's trace links too (async_batcher.opentelemetry).
+        self.contexts: list[contextvars.Context] = []
         self.entry: Entry | None = None  # its row in the queue, once queued
         self.add_done_callback(rows.answer)
 
@@ -47,6 +51,7 @@ class Shared(asyncio.Future[Any]):
         """A caller's own future for this row's result."""
         fut: asyncio.Future[Any] = self.rows.engine.new_future()
         self.callers.append(fut)
+        self.contexts.append(contextvars.copy_context())
         return fut
 
     def leave(self) -> None:
@@ -131,8 +136,11 @@ class Rows:
     def answer(self, row: Shared) -> None:
         """A row resolved: its callers still waiting get its outcome (a copy of its result each, but the first);
         each is counted as its own item, the row's own count (by the batch that answered it) taken back."""
-        if self.rows.get(row.key) is row:
-            del self.rows[row.key]  # never kept: the next item of this key takes a row of its own
+        try:
+            if self.rows.get(row.key) is row:
+                del self.rows[row.key]  # never kept: the next item of this key takes a row of its own
+        except Exception:  # a key whose hash or comparison fails now: the callers are answered all the same
+            self.rows = {key: other for key, other in self.rows.items() if other is not row}
         if row.cancelled():
             return  # every caller had left, each counted as it left
         waiting = [fut for fut in row.callers if not fut.done()]
