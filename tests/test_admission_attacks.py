@@ -97,6 +97,7 @@ async def test_a_huge_item_in_line_waits_for_everything_held_and_a_stop_refuses_
     await stopping
     assert outcomes[0] == 9.99 and outcomes[1] == 0.01
     assert all(isinstance(o, BatcherStoppedError) for o in outcomes[2:])  # still in line when the stop came
+    assert await asyncio.gather(*small) == [1.0] * 5
     assert engine_of(b).room.held == 0.0
     idle_and_clean(b)
 
