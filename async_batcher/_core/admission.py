@@ -300,21 +300,20 @@ class Admission:
             due = min(due, now + policy.max_latency)
         return due
 
-    def refuse_if_late(self, engine: Engine, n: int, deadline: float | None, *, waited: bool = False) -> None:
+    def refuse_if_late(self, engine: Engine, n: int, deadline: float | None, *, waited: bool = False) -> float | None:
         """With ``refuse_late``: refuse ``n`` items (a call's) predicted to be answered after their deadline, or to
         make the items ahead of them in their batch late (:class:`LateRefusalError`, with when to try again); else
-        note their deadline. ``waited``: they waited in line for room, and count as submitted (then failed), not as
-        rejected."""
+        return their deadline (``inf``: none), to note once they are admitted. ``waited``: they waited in line for
+        room, and count as submitted (then failed), not as rejected."""
         if not self.settings.refuse_late:
-            return
+            return None
         lateness = self.measure_lateness()
         assert lateness is not None
         now = engine.loop.time()
         due = self.deadline_of(deadline, now)
         prediction = None if due == math.inf else lateness.predict(engine, now, n)
         if prediction is None or prediction.late_by(now, due) <= 0:
-            lateness.admitted(engine, n, due)
-            return
+            return due
         if waited:
             self.recorder.exited += n
             self.recorder.failed += n
@@ -392,16 +391,17 @@ class Admission:
         if weight > room.weight_limit:
             self.recorder.reject(n, "oversized")
             raise room.never_fits(n, weight)
-        self.refuse_if_late(engine, n, deadline)
-        if not room.no_room(n, weight):
-            return
-        await self.wait_for_room(engine, n, deadline, weight)
-        if self.settings.refuse_late:  # time passed in line: still in time?
-            try:
-                self.refuse_if_late(engine, n, deadline, waited=True)
-            except LateRefusalError:
-                room.wake()  # the room it was given goes to the next in line
-                raise
+        due = self.refuse_if_late(engine, n, deadline)
+        if room.no_room(n, weight):
+            await self.wait_for_room(engine, n, deadline, weight)
+            if self.settings.refuse_late:  # time passed in line: still in time?
+                try:
+                    due = self.refuse_if_late(engine, n, deadline, waited=True)
+                except LateRefusalError:
+                    room.wake()  # the room it was given goes to the next in line
+                    raise
+        if due is not None and self.lateness is not None:
+            self.lateness.admitted(engine, n, due)  # (admitted now: the tail it joins is held to its deadline)
 
     def hold(self, room: Room, sink: asyncio.Future[Any], weight: float) -> None:
         """With ``max_queue_weight`` set: ``weight`` is held from now until ``sink`` (the call's future, or its
