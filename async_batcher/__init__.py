@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from async_batcher._core.current import CurrentBatch, current_batch
 from async_batcher._core.options import BatcherOptions
-from async_batcher._core.settings import Limits, Streaming
+from async_batcher._core.settings import Limits, ResultCache, Streaming
 from async_batcher._core.sinks import END
 from async_batcher._version import __version__
 from async_batcher.adaptive import AdaptiveWaitState
@@ -14,7 +14,9 @@ from async_batcher.exceptions import (
     AsyncBatchException,
     BatcherStoppedError,
     BatchSizeMismatchError,
+    LateRefusalError,
     OutcomeUnknownError,
+    OversizedItemError,
     ProcessBatchCancelledError,
     QueueFullException,
     ReentrantCallError,
@@ -34,12 +36,15 @@ __all__ = [
     "BatcherStats",
     "CurrentBatch",
     "Limits",
+    "ResultCache",
     "Streaming",
     "LatencySummary",
     "BatchSizeMismatchError",
     "BatcherStoppedError",
     "END",
+    "LateRefusalError",
     "OutcomeUnknownError",
+    "OversizedItemError",
     "ProcessBatchCancelledError",
     "QueueFullException",
     "ReentrantCallError",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import copy
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Sequence
 from contextvars import copy_context
@@ -69,7 +70,11 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
        stop; from inside :meth:`on_stop`, a stop.
     5. **Admission.** With ``max_queue_size`` set, :meth:`process` on a full queue raises
        :class:`QueueFullException` at once, or, with ``wait_when_full=True``, waits its turn for room (first
-       come, first served).
+       come, first served); ``max_queue_weight`` bounds the weight admitted and not yet answered alike, and an
+       item heavier than it alone is refused at once (:class:`OversizedItemError`). With ``refuse_late=True``, an
+       item predicted to miss its deadline is refused at admission (:class:`LateRefusalError`), unless it finds
+       the batcher idle. With :meth:`dedup_key`, identical items waiting or in flight share one row and one
+       result.
     6. **Cancellation and timeouts.** A caller cancelled before its item is sent withdraws the item: it never
        reaches ``process_batch``. Cancelled after, its result is dropped and no other caller is affected.
        ``process(item, timeout=s)`` raises the built-in ``TimeoutError`` after ``s`` seconds (waiting for room
@@ -106,15 +111,16 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
     Args:
         **options: The settings (:class:`~async_batcher.BatcherOptions`), all keyword-only and optional:
             ``limits`` (:class:`~async_batcher.Limits`: ``max_batch_size``, ``max_batch_weight``, ``concurrency``,
-            ``max_queue_size``; ``None`` is no limit), ``policy`` (when a batch goes: a
+            ``max_queue_size``, ``max_queue_weight``; ``None`` is no limit), ``policy`` (when a batch goes: a
             :class:`~async_batcher.policies.DispatchPolicy`, ``Deadline(max_queue_time=0.01)`` by default),
-            ``streaming`` (:class:`~async_batcher.Streaming`), ``executor``, ``wait_when_full``,
-            ``default_timeout``, ``max_priority_wait``, ``name``, and what a failed batch leads to (each off by
-            default, :mod:`async_batcher.failures`): ``retry``, ``on_batch_error``, ``split_on``. Each field of a
-            group may be given on its own instead (``max_batch_size=64``, ``max_queue_time=0.002``, ``max_latency=``,
-            ``max_hold_time=``, ``preferred_batch_sizes=``, ``stream_buffer=``, ``stream_stall_timeout=``), as in
-            earlier versions; the dispatch keywords build the policy. async-batcher 0.2.2's ``batch_size``
-            (``max_batch_size``), ``sleep_time`` and ``buffering_time`` (ignored) warn.
+            ``streaming`` (:class:`~async_batcher.Streaming`), ``executor``, ``wait_when_full``, ``refuse_late``,
+            ``result_cache`` (:class:`~async_batcher.ResultCache`), ``default_timeout``, ``max_priority_wait``,
+            ``name``, and what a failed batch leads to (each off by default, :mod:`async_batcher.failures`):
+            ``retry``, ``on_batch_error``, ``split_on``. Each field of a group may be given on its own
+            instead (``max_batch_size=64``, ``max_queue_time=0.002``, ``max_latency=``, ``max_hold_time=``,
+            ``preferred_batch_sizes=``, ``stream_buffer=``, ``stream_stall_timeout=``), as in earlier versions;
+            the dispatch keywords build the policy. async-batcher 0.2.2's ``batch_size`` (``max_batch_size``),
+            ``sleep_time`` and ``buffering_time`` (ignored) warn.
     """
 
     def __init__(self, **options: Unpack[BatcherOptions]) -> None:
@@ -181,6 +187,29 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         """
         return 1.0
 
+    def dedup_key(self, item: T) -> Hashable | None:
+        """Overridable hook: single flight. Items with the same key (under the same ``batch_key``) share one row of
+        one batch and one result while the first of them waits or is in flight: the next ones do not take a row, do
+        not count toward ``max_batch_size``, and their callers get the row's result (each a copy, but the first:
+        :meth:`copy_result`) or its exception. A caller that leaves does not take the row from the others; the
+        row goes only when all have left. Nothing is kept once the row resolves (an exception never is), unless
+        ``result_cache`` is set.
+
+        The key must say everything the result depends on: every parameter of the item, and its tenant when
+        results differ by tenant (``batch_key`` already separates keys). ``None``: this item shares nothing. Called
+        once per item, at submission (``process`` and ``process_sync``; ``process_many`` and ``stream`` calls are
+        not shared). Not overridden: never called, every item takes its own row.
+        """
+        return None
+
+    def copy_result(self, result: R) -> R:
+        """Overridable hook: the copy of a shared row's result (:meth:`dedup_key`) that each of its callers but the
+        first gets, so that a caller that mutates its result does not change another's. ``copy.copy`` by default
+        (shallow: a list, a dict, a numpy array are copied, their elements are not); return ``result`` itself for
+        results nobody mutates (no copy at all), or ``copy.deepcopy(result)`` for nested ones. Called on the event
+        loop: it must be quick."""
+        return copy.copy(result)
+
     async def on_start(self) -> None:
         """Overridable hook (an ``async def``): runs once each time the batcher starts; the first batch waits for it.
 
@@ -214,10 +243,12 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
                 over for longer than ``max_priority_wait`` seconds.
 
         Raises:
-            QueueFullException: ``max_queue_size`` items are waiting (and ``wait_when_full`` is off).
+            QueueFullException: ``max_queue_size`` items are waiting, or ``max_queue_weight`` is admitted (and
+                ``wait_when_full`` is off); :class:`LateRefusalError` (one): ``refuse_late`` predicts it late.
+            OversizedItemError: the item alone weighs more than ``max_queue_weight`` or ``max_batch_weight``.
             BatcherStoppedError: the batcher is stopping or stopped, or the item was abandoned by a forced stop.
             TimeoutError: ``timeout`` seconds passed first; an item not yet sent is withdrawn.
-            ValueError: the item alone weighs more than ``max_batch_weight``, or a bad ``timeout``/``priority``.
+            ValueError: a bad ``timeout``/``priority``.
             ReentrantCallError: called from inside this batcher's ``process_batch`` with every slot taken.
             BatchSizeMismatchError: ``process_batch`` returned the wrong number of results.
             Exception: whatever ``process_batch`` raised, or the ``Exception`` it returned for this item.
@@ -375,6 +406,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             awaiting_room=engine.room.awaiting,
             in_flight=engine.in_flight,
             ceilings=engine.ceilings() if engine.split is not None else None,
+            queue_weight=engine.room.held,
         )
 
     def __repr__(self) -> str:

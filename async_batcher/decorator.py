@@ -109,9 +109,11 @@ def _batcher_class(
     weight: Callable[[Any], float] | None,
     *,
     continuous: bool,
+    dedup: Callable[[Any], Hashable | None] | None = None,
+    copy_result: Callable[[Any], Any] | None = None,
 ) -> type[_FunctionBatcher]:
-    """The batcher class for ``func``: async, streaming or sync ``process_batch``, with the ``key`` / ``weight``
-    hooks and continuous batching."""
+    """The batcher class for ``func``: async, streaming or sync ``process_batch``, with the ``key`` / ``weight`` /
+    ``dedup`` / ``copy_result`` hooks and continuous batching."""
     base: type[_FunctionBatcher]
     if inspect.isasyncgenfunction(func) or inspect.isasyncgenfunction(type(func).__call__):
         base = _StreamFunctionBatcher
@@ -121,36 +123,41 @@ def _batcher_class(
         base = _SyncFunctionBatcher
     if continuous and base is not _StreamFunctionBatcher:
         raise TypeError(f"@batch(continuous=True) needs an async generator function; {_qualname(func)!r} is not one")
-    if key is None and weight is None and not continuous:
+    if key is None and weight is None and dedup is None and copy_result is None and not continuous:
         return base  # the core can tell that the hooks are not overridden, and skip them
     namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": base.__qualname__}
     if continuous:
         namespace["continuous_batching"] = True
-    if key is not None:
-        _check_callable("key", key)
-
-        def batch_key(self: Any, item: Any) -> Hashable:
-            return key(item)
-
-        namespace["batch_key"] = batch_key
-    if weight is not None:
-        _check_callable("weight", weight)
-
-        def item_weight(self: Any, item: Any) -> float:
-            return weight(item)
-
-        namespace["item_weight"] = item_weight
+    hooks: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
+        "batch_key": ("key", key),
+        "item_weight": ("weight", weight),
+        "dedup_key": ("dedup", dedup),
+        "copy_result": ("copy_result", copy_result),
+    }
+    for hook, (option, given) in hooks.items():
+        if given is not None:
+            _check_callable(option, given)
+            namespace[hook] = _method(given)
     return type(base.__name__, (base,), namespace)
+
+
+def _method(func: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    """A hook of the batcher's class that calls ``func`` with its one argument (an item, or a result)."""
+
+    def hook(self: Any, value: Any) -> Any:
+        return func(value)
+
+    return hook
 
 
 @functools.cache
 def _options() -> frozenset[str]:
     """The options ``@batch(...)`` takes: the keywords of ``AsyncBatcher()`` (:class:`BatcherOptions`, the one
-    definition both share), and its own ``key``, ``weight`` and ``continuous``."""
+    definition both share), and its own ``key``, ``weight``, ``dedup``, ``copy_result`` and ``continuous``."""
     return OPTIONS | _OWN_OPTIONS
 
 
-_OWN_OPTIONS = frozenset({"key", "weight", "continuous"})
+_OWN_OPTIONS = frozenset({"key", "weight", "dedup", "copy_result", "continuous"})
 
 
 def _check_flag(what: str, value: object) -> bool:
@@ -369,6 +376,8 @@ class BatchDecorator:
         *,
         key: Callable[[Any], Hashable] | None = ...,
         weight: Callable[[Any], float] | None = ...,
+        dedup: Callable[[Any], Hashable | None] | None = ...,
+        copy_result: Callable[[Any], Any] | None = ...,
         continuous: bool = ...,
         **options: Unpack[BatcherOptions],
     ) -> BatchDecorator: ...
@@ -384,8 +393,11 @@ class BatchDecorator:
                 (:class:`~async_batcher.BatcherOptions`: ``limits``, ``policy``, ``max_batch_size``,
                 ``max_queue_time``, ...; ``name``: the function's qualified name by default),
                 ``key`` / ``weight``: callables of one item that become the batcher's ``batch_key`` (items with
-                different keys never share a batch) and ``item_weight`` hooks, and ``continuous``: for an async
-                generator function, let waiting items join a running batch between its steps.
+                different keys never share a batch) and ``item_weight`` hooks; ``dedup``: a callable of one item
+                that becomes its ``dedup_key`` (identical items waiting or in flight share one row and one result),
+                and ``copy_result``: its ``copy_result`` (each sharing caller's copy of the result; ``copy.copy`` by
+                default); and ``continuous``: for an async generator function, let waiting items join a running
+                batch between its steps.
         """
         if len(args) > 1:
             raise TypeError(f"batch() takes the function to decorate and keyword settings; got {args!r}")
@@ -402,9 +414,11 @@ class BatchDecorator:
             )
         key = merged.pop("key", None)
         weight = merged.pop("weight", None)
+        dedup = merged.pop("dedup", None)
+        copy_result = merged.pop("copy_result", None)
         continuous = _check_flag("continuous", merged.pop("continuous", False))
         merged.setdefault("name", _qualname(func))
-        cls = _batcher_class(func, key, weight, continuous=continuous)
+        cls = _batcher_class(func, key, weight, continuous=continuous, dedup=dedup, copy_result=copy_result)
         # Build a batcher now even for a method, so that bad settings fail at the decorator, not at first call.
         probe = cls(func, None, **merged)
         required = _required_positionals(func)

@@ -12,7 +12,9 @@ __all__ = [
     "AsyncBatchException",
     "BatchSizeMismatchError",
     "BatcherStoppedError",
+    "LateRefusalError",
     "OutcomeUnknownError",
+    "OversizedItemError",
     "ProcessBatchCancelledError",
     "QueueFullException",
     "ReentrantCallError",
@@ -25,7 +27,66 @@ class AsyncBatchException(Exception):
 
 
 class QueueFullException(AsyncBatchException):
-    """The batcher's queue holds ``max_queue_size`` items and the item was refused."""
+    """The item was refused for want of room: the queue holds ``max_queue_size`` items, or ``max_queue_weight`` of
+    weight is admitted and not yet answered (and ``wait_when_full`` is off). Try again later.
+
+    ``retry_after``: seconds after which a new try may be admitted, when the batcher can tell (``None``: it cannot;
+    :func:`async_batcher.fastapi.add_batcher_exception_handlers` then sends its default ``Retry-After``).
+    """
+
+    def __init__(self, *args: object, retry_after: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple[object, ...]:  # (pickled with its keywords: a worker process may raise it)
+        return _rebuild, (type(self), self.args, vars(self))
+
+
+class LateRefusalError(QueueFullException):
+    """``refuse_late=True``: the item was refused at admission because it is predicted to be answered after its
+    deadline (its call's ``timeout``, ``default_timeout``, or ``max_latency``): the work queued ahead of it, at the
+    throughput measured, would take longer than it may wait. Refused at once, it costs no queue slot, no row of a
+    batch and not its caller's whole timeout.
+
+    An item is also refused when its deadline is far but it would join a batch whose items are due sooner and make
+    them late: the items behind are held to the deadlines of those ahead.
+
+    ``predicted``: seconds from its arrival to its predicted answer; ``margin``: seconds added to the prediction
+    for its error; ``budget``: seconds it had (or the earliest due of the items ahead of it in its batch, if
+    sooner); ``retry_after``: seconds until the backlog ahead of it is predicted to have drained enough for the same
+    call to be admitted.
+    """
+
+    def __init__(
+        self, message: str, *, predicted: float, margin: float = 0.0, budget: float, retry_after: float
+    ) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.predicted = predicted
+        self.margin = margin
+        self.budget = budget
+
+
+class OversizedItemError(AsyncBatchException, ValueError):
+    """The item (or a ``process_many`` call's items together) weighs more than ``max_queue_weight`` or, alone,
+    more than ``max_batch_weight``: it can never be admitted, so it is refused at once, never left waiting for room
+    that cannot come. A ``ValueError``, as the too heavy item always was; not a :class:`QueueFullException`: trying
+    again will not help (HTTP 413, not 503)."""
+
+    def __init__(self, message: str, *, weight: float, limit: float) -> None:
+        super().__init__(message)
+        self.weight = weight
+        self.limit = limit
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild, (type(self), self.args, vars(self))
+
+
+def _rebuild(cls: type[BaseException], args: tuple[object, ...], attributes: dict[str, object]) -> BaseException:
+    """An exception with keyword attributes, unpickled: built without its ``__init__``, its state restored."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(attributes)
+    return exc
 
 
 class BatcherStoppedError(AsyncBatchException, RuntimeError):

@@ -16,7 +16,10 @@ them through :func:`batcher_dependency`, and tests or several apps in one proces
 
 A full queue becomes ``503 Service Unavailable`` with a ``Retry-After`` header, the standard signal for a client
 or load balancer to back off and come back, instead of a 500 that reads like a bug. A request that arrives while
-the batchers stop, after the server began shutting down, gets the same answer. A write or a send whose outcome is
+the batchers stop, after the server began shutting down, gets the same answer; one refused as predicted to miss its
+deadline (``refuse_late``) too, with the ``Retry-After`` the batcher computed. An item that can never be admitted
+(heavier than ``max_queue_weight`` or ``max_batch_weight``: :class:`~async_batcher.OversizedItemError`) is ``413
+Content Too Large``: trying again will not help. A write or a send whose outcome is
 unknown (:class:`~async_batcher.OutcomeUnknownError`) is a 500 without ``Retry-After``: it may have been done.
 Needs the ``[fastapi]`` extra.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +41,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from async_batcher.batcher import AsyncBatcher
-from async_batcher.exceptions import BatcherStoppedError, OutcomeUnknownError, QueueFullException
+from async_batcher.exceptions import (
+    BatcherStoppedError,
+    LateRefusalError,
+    OutcomeUnknownError,
+    OversizedItemError,
+    QueueFullException,
+)
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -154,21 +164,34 @@ def _missing(name: str | None, state: Mapping[str, Any], found: Mapping[str, Asy
 
 
 def add_batcher_exception_handlers(app: Starlette, *, retry_after: int = 1) -> None:
-    """Answer ``QueueFullException`` and ``BatcherStoppedError`` with 503 and ``Retry-After: retry_after``: the
-    request was not processed, try again. Answer :class:`~async_batcher.OutcomeUnknownError` (a write or a send
-    cut off by a stop or a lost connection) with 500 and no ``Retry-After``: it may have been processed, and a
-    client that retries it blindly may do it twice."""
+    """Answer ``QueueFullException`` and ``BatcherStoppedError`` with 503 and ``Retry-After``: the request was not
+    processed, try again. ``Retry-After`` is the seconds the exception computed (its ``retry_after``: a
+    :class:`~async_batcher.LateRefusalError`'s, rounded up), else ``retry_after``. Answer
+    :class:`~async_batcher.OversizedItemError` with 413: the item can never be admitted. Answer
+    :class:`~async_batcher.OutcomeUnknownError` (a write or a send cut off by a stop or a lost connection) with 500
+    and no ``Retry-After``: it may have been processed, and a client that retries it blindly may do it twice."""
     if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 0:
         raise ValueError(f"retry_after must be a non-negative int of seconds, got {retry_after!r}")
 
     async def unavailable(request: Request, exc: Exception) -> Response:
-        reason = "queue full" if isinstance(exc, QueueFullException) else "shutting down"
+        seconds = retry_after
+        if isinstance(exc, LateRefusalError):
+            reason = "predicted to miss its deadline"
+        else:
+            reason = "queue full" if isinstance(exc, QueueFullException) else "shutting down"
+        computed = getattr(exc, "retry_after", None)
+        if computed is not None and math.isfinite(computed):
+            seconds = max(0, math.ceil(computed))
         logger.debug("%s %s: 503, %s", request.method, request.url.path, reason)
         return JSONResponse(
             {"detail": f"Service unavailable: {reason}, retry later"},
             status_code=503,
-            headers={"Retry-After": str(retry_after)},
+            headers={"Retry-After": str(seconds)},
         )
+
+    async def too_large(request: Request, exc: Exception) -> Response:
+        logger.debug("%s %s: 413, oversized item", request.method, request.url.path)
+        return JSONResponse({"detail": f"Content too large: {exc}"}, status_code=413)
 
     async def unknown(request: Request, exc: Exception) -> Response:
         logger.debug("%s %s: 500, outcome unknown", request.method, request.url.path)
@@ -179,4 +202,5 @@ def add_batcher_exception_handlers(app: Starlette, *, retry_after: int = 1) -> N
 
     app.add_exception_handler(QueueFullException, unavailable)
     app.add_exception_handler(BatcherStoppedError, unavailable)
+    app.add_exception_handler(OversizedItemError, too_large)
     app.add_exception_handler(OutcomeUnknownError, unknown)

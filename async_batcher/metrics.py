@@ -12,6 +12,8 @@ batcher and turns it into metric families, all labelled ``batcher="<name>"``:
 - ``async_batcher_batches_total{reason}``: batches sent to ``process_batch``, by why each went;
 - ``async_batcher_items_total{outcome=...}``: items ``submitted``, ``processed``, ``failed``, ``cancelled``,
   ``timed_out``, ``rejected``;
+- ``async_batcher_rejected_items_total{reason=...}``: the rejected items by why (``stats.rejected_reasons``:
+  ``queue_full``, ``queue_weight``, ``oversized``, ``late``, ``stopped``, ``reentrant``);
 - ``async_batcher_batch_size_mean``: items per batch, over the batcher's life;
 - ``async_batcher_queue_wait_seconds`` and ``async_batcher_process_time_seconds``: summaries with the 0.5, 0.95
   and 0.99 quantiles over the recent batches (``NaN`` before the first) and ``_count``, the batches so far (no
@@ -77,6 +79,7 @@ ACTIONS_HELP = (
     "at fault alone (isolated), calls split on out-of-memory (split), calls on parts of failed batches (extra_call)."
 )
 CEILING_HELP = "The most items (weight, with item_weight) a batch key's batches take after out-of-memory splits."
+REJECTED_HELP = "Items refused at once, never submitted, by why (reason)."
 
 #: Seconds, for the queue wait and the processing time: 0.1 ms to 10 s.
 DEFAULT_TIME_BUCKETS: tuple[float, ...] = (
@@ -175,11 +178,14 @@ class BatcherCollector(Collector):
         probes = CounterMetricFamily(f"{ns}_hold_probes", PROBES_HELP, labels=["batcher"])
         actions = CounterMetricFamily(f"{ns}_failure_handling", ACTIONS_HELP, labels=["batcher", "action"])
         ceiling = GaugeMetricFamily(f"{ns}_batch_ceiling", CEILING_HELP, labels=["batcher", "key"])
+        rejected = CounterMetricFamily(f"{ns}_rejected_items", REJECTED_HELP, labels=["batcher", "reason"])
         for s in snapshots:
             for action, field in ACTIONS:
                 actions.add_metric([s.name, action], getattr(s, field))
             for key, value in s.ceilings.items():
                 ceiling.add_metric([s.name, key_label(key)], value)
+            for reason, count in s.rejected_reasons.items():
+                rejected.add_metric([s.name, reason], count)
             for reason, count in s.reasons.items():
                 batches.add_metric([s.name, reason], count)
             for outcome in OUTCOMES:
@@ -191,7 +197,7 @@ class BatcherCollector(Collector):
             in_flight.add_metric([s.name], s.in_flight)
             held.add_metric([s.name], s.held)
             probes.add_metric([s.name], s.probes)
-        yield from (batches, items, size, wait, process, queued, in_flight, held, probes, actions, ceiling)
+        yield from (batches, items, size, wait, process, queued, in_flight, held, probes, actions, ceiling, rejected)
 
 
 def key_label(key: object) -> str:

@@ -21,7 +21,8 @@ What goes where:
   before ``prometheus_client`` is imported, which is why it is the launcher's job.
 - **In each worker**, :class:`MultiprocessExporter` writes the batcher's metrics under the same names as the
   single-process :func:`~async_batcher.metrics.register_batcher`: the counters
-  ``async_batcher_batches_total`` and ``async_batcher_items_total{outcome}``, copied from ``batcher.stats``
+  ``async_batcher_batches_total``, ``async_batcher_items_total{outcome}`` and
+  ``async_batcher_rejected_items_total{reason}``, copied from ``batcher.stats``
   every ``interval`` seconds and once more at the end; the gauges ``async_batcher_queued_items`` and
   ``async_batcher_in_flight_batches`` with ``multiprocess_mode="livesum"`` (the sum over the workers alive);
   and the histograms of :class:`~async_batcher.metrics.BatcherHistograms`, observed as each batch ends. The
@@ -67,6 +68,7 @@ from async_batcher.metrics import (
     HELD_HELP,
     OUTCOMES,
     PROBES_HELP,
+    REJECTED_HELP,
     BatcherHistograms,
     _batcher_of,
     key_label,
@@ -194,6 +196,7 @@ class _Metrics:
             registry=None,
             multiprocess_mode="livesum",
         )
+        self.rejected = Counter(f"{namespace}_rejected_items", REJECTED_HELP, ["batcher", "reason"], registry=None)
         self.held = Counter(f"{namespace}_held_batches", HELD_HELP, ["batcher"], registry=None)
         self.probes = Counter(f"{namespace}_hold_probes", PROBES_HELP, ["batcher"], registry=None)
         self.actions = Counter(f"{namespace}_failure_handling", ACTIONS_HELP, ["batcher", "action"], registry=None)
@@ -303,6 +306,10 @@ class MultiprocessExporter:
             for reason, count in stats.reasons.items():
                 key = f"reason:{reason}"
                 m.batches.labels(name, reason).inc(count - copied.get(key, 0))
+                copied[key] = count
+            for reason, count in stats.rejected_reasons.items():
+                key = f"rejected:{reason}"
+                m.rejected.labels(name, reason).inc(count - copied.get(key, 0))
                 copied[key] = count
             for outcome in OUTCOMES:
                 now = getattr(stats, outcome)

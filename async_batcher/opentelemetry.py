@@ -12,7 +12,8 @@ represent one operation done on behalf of many). Its name is ``"<batcher name> b
 
 - ``async_batcher.batcher``: the batcher's name;
 - ``async_batcher.batch.size``: its items (for a stream, as it started; ``async_batcher.batch.joined``: the items
-  that joined it while it ran);
+  that joined it while it ran); with ``dedup_key``, its rows: the callers that share a row are each linked, those
+  that joined it before the batch went (a caller that joins a row in flight has its own events only);
 - ``async_batcher.batch.key``: its ``batch_key``, when the batcher has keys;
 - ``async_batcher.batch.queue_wait``: seconds its oldest item waited in the queue;
 - ``async_batcher.batch.outcome``: ``ok``, ``partial`` (some items got an ``Exception``:
@@ -60,6 +61,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from async_batcher._core.batch import current_batch as _running_batch
 from async_batcher._core.current import CurrentBatch
+from async_batcher._core.dedup import Shared
 from async_batcher._core.policy import UNLIMITED
 from async_batcher._core.sinks import Retry
 from async_batcher._version import __version__
@@ -242,7 +244,9 @@ class _BatchSpan:
         self.batch = batch  # the core's (abandoned: a forced stop cut it off and answered its callers)
         self.current = CurrentBatch(batch)
         contexts = self.current.contexts
-        callers = _caller_spans(contexts)
+        # The callers that share a row of the batch with its first (dedup_key): each links, as its own.
+        joined = [context for sink in batch.sinks if sink.__class__ is Shared for context in sink.contexts[1:]]
+        callers = _caller_spans([*contexts, *joined])
         attributes: dict[str, Any] = {
             _BATCHER: self.name,
             "async_batcher.batch.size": len(contexts),

@@ -125,6 +125,17 @@ class BatcherStats:
     #: The ceiling out-of-memory splits set now, per batch key (``None``: the key of a batcher without keys): the
     #: most items (weight, with ``item_weight``) its batches take. Keys without a ceiling are absent.
     ceilings: Mapping[Hashable, float] = field(default_factory=lambda: MappingProxyType({}))
+    #: Why the items counted in ``rejected`` were refused, a count per reason: ``"queue_full"`` (``max_queue_size``),
+    #: ``"queue_weight"`` (``max_queue_weight``), ``"oversized"`` (heavier than a weight limit alone), ``"late"``
+    #: (``refuse_late``: predicted past its deadline), ``"stopped"`` (the batcher stopping or stopped),
+    #: ``"reentrant"`` (a call that would wait for itself).
+    rejected_reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    #: Weight admitted and not yet resolved now (kept while ``max_queue_weight`` is set; 0.0 otherwise).
+    queue_weight: float = 0.0
+    #: Calls that shared the row of an identical item waiting or in flight (``dedup_key``) instead of taking one.
+    deduplicated: int = 0
+    #: Calls answered from the result cache (``result_cache``), without a row.
+    cache_hits: int = 0
 
 
 class _Recorder:
@@ -139,6 +150,7 @@ class _Recorder:
         "observers",
         "processed",
         "reasons",
+        "refusals",
         "rejected",
         "sized",
         "succeeded",
@@ -162,6 +174,7 @@ class _Recorder:
         # Counts a dispatch policy keeps (its Signals.count): "held", "probes" (BatcherStats.held, .probes).
         self.counts: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()  # why the batches went (BatcherStats.reasons)
+        self.refusals: Counter[str] = Counter()  # why items were rejected (BatcherStats.rejected_reasons)
         # (queue wait of the oldest item, process_batch duration) per recent batch.
         self.window: deque[tuple[float, float]] = deque(maxlen=WINDOW)
         # Callables fed every batch (histograms, say); an empty tuple costs one test per batch. A tuple, replaced
@@ -170,6 +183,11 @@ class _Recorder:
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
+
+    def reject(self, n: int, reason: str) -> None:
+        """``n`` items refused at once, never submitted, for ``reason`` (``BatcherStats.rejected_reasons``)."""
+        self.rejected += n
+        self.refusals[reason] += n
 
     def record_batch(self, size: int, waited: float, elapsed: float, reason: str | None = None) -> None:
         """One call of ``process_batch`` ended: ``size`` items, its oldest item ``waited`` seconds for it, it took
@@ -206,6 +224,7 @@ class _Recorder:
         awaiting_room: int,
         in_flight: int,
         ceilings: Mapping[Hashable, float] | None = None,
+        queue_weight: float = 0.0,
     ) -> BatcherStats:
         window = list(self.window)
         return BatcherStats(
@@ -234,4 +253,8 @@ class _Recorder:
             splits=self.counts["splits"],
             extra_calls=self.counts["extra_calls"],
             ceilings=MappingProxyType(dict(ceilings or {})),
+            rejected_reasons=MappingProxyType(dict(self.refusals)),
+            queue_weight=queue_weight,
+            deduplicated=self.counts["deduplicated"],
+            cache_hits=self.counts["cache_hits"],
         )

@@ -15,6 +15,7 @@ from tests.batchers import Recording, idle_and_clean
 
 pytestmark = pytest.mark.virtual_time
 
+
 # The next batch forms the moment one ends (no turns of the loop first, in which the timeouts' timer would fire).
 def no_turns() -> Deadline:
     """A plain greedy policy, the loop's turns off (a policy serves one batcher: a new one each)."""

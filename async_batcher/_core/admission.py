@@ -4,6 +4,12 @@ running yet), waiting for room, ``process_many`` and ``stream`` (private).
 :meth:`AsyncBatcher.process` takes the short path (:meth:`Engine.put <async_batcher._core.engine.Engine.put>`)
 when it can; everything else comes here. A blocking call is "wait, then the non-blocking call": the caller waits
 for room (:meth:`~async_batcher._core.room.Room.wait`), then queues its items as if there had been room all along.
+
+What is refused, and why, before anything is queued (:meth:`Admission.make_room`): an item heavier than
+``max_queue_weight`` (it could never fit), an item predicted to miss its deadline (``refuse_late``,
+:mod:`~async_batcher._core.late`), and, without ``wait_when_full``, an item for which there is no room. An admitted
+item's weight is held until its call resolves (:meth:`Admission.hold`). With ``dedup_key`` overridden, a call whose
+key matches a row waiting or in flight joins it (:mod:`~async_batcher._core.dedup`).
 """
 
 from __future__ import annotations
@@ -12,16 +18,27 @@ import asyncio
 import math
 from collections.abc import AsyncIterator, Hashable, Iterable
 from contextvars import copy_context
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from async_batcher import _checks
+from async_batcher._core.dedup import Rows, Shared
 from async_batcher._core.engine import Engine
 from async_batcher._core.lane import Entry, WeightedEntry
+from async_batcher._core.late import Lateness
 from async_batcher._core.queue import DEFAULT_KEY
+from async_batcher._core.room import Room
+from async_batcher._core.settings import find
 from async_batcher._core.sinks import END, Bulk
 from async_batcher._core.state import State
 from async_batcher._core.streaming import StreamSink
-from async_batcher.exceptions import BatcherStoppedError, QueueFullException
+from async_batcher._core.waits import LatencyBudget
+from async_batcher.exceptions import (
+    BatcherStoppedError,
+    LateRefusalError,
+    OversizedItemError,
+    QueueFullException,
+)
 
 if TYPE_CHECKING:
     from async_batcher._core.lifecycle import Lifecycle
@@ -36,8 +53,12 @@ class Admission:
     def __init__(self, life: Lifecycle, settings: Settings) -> None:
         self.life = life
         self.settings = settings
-        self.hooks: Any = life.hooks  # (batch_key, item_weight: called only when overridden)
+        self.hooks: Any = life.hooks  # (batch_key, item_weight, dedup_key: called only when overridden)
         self.recorder = life.recorder
+        self.deduplicated = "dedup_key" in life.overridden
+        self.rows: Rows | None = None  # the shared rows of the current run (dedup_key)
+        self.lateness: Lateness | None = None  # what refuse_late measures, from the first time it is on
+        self.measure_lateness()
 
     @property
     def name(self) -> str:
@@ -59,25 +80,26 @@ class Admission:
             raise TypeError(
                 f"{self.name} streams its results (process_batch is an async generator): iterate stream(item)"
             )
+        if self.deduplicated:
+            return await self.submit_shared(engine, item, deadline, priority)
         entry = await self._entry(engine, item, deadline, engine.new_future())
         engine.put_entry(entry, priority)
-        fut = entry.sink
-        expiry = None if deadline is None else engine.deadlines.add(deadline, self._expire, engine, entry)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            engine.left(entry)
-            raise
-        finally:
-            if expiry is not None:
-                engine.deadlines.discard(expiry)
+        return await self._await_entry(engine, entry, deadline)
 
-    async def _entry(self, engine: Engine, item: Any, deadline: float | None, sink: Any) -> Entry:
-        """A single item's entry, once it fits: its key and weight asked, a reentrant call refused, room waited for."""
-        key, weight = self.key_and_weight(engine, item, 1)
+    async def _entry(
+        self,
+        engine: Engine,
+        item: Any,
+        deadline: float | None,
+        sink: Any,
+        key_weight: tuple[Hashable, float] | None = None,
+    ) -> Entry:
+        """A single item's entry, once it fits: its key and weight asked (unless given), a reentrant call refused,
+        room made (or the item refused), its weight held until its call resolves."""
+        key, weight = self.key_and_weight(engine, item, 1) if key_weight is None else key_weight
         self.refuse_if_reentrant(engine, 1)
-        if engine.room.no_room(1):
-            await self.wait_for_room(engine, 1, deadline)
+        await self.make_room(engine, 1, weight, deadline)
+        self.hold(engine.room, sink, weight)
         lane = engine.lane(key)
         if engine.queue.weighted or deadline is not None:  # (the deadline on the entry: a late item is never sent)
             return WeightedEntry(
@@ -103,15 +125,16 @@ class Admission:
             [self.key_and_weight(engine, x, n) for x in batch] if engine.keyed or engine.queue.weighted else None
         )
         if n > engine.room.limit:
-            self.recorder.rejected += n
+            self.recorder.reject(n, "queue_full")
             raise QueueFullException(
                 f"{self.name}: process_many of {_checks.plural(n, 'item')} can never fit in "
                 f"max_queue_size={engine.room.size}"
             )
+        weight = math.fsum(w for _, w in keys_weights) if keys_weights is not None else float(n)
         self.refuse_if_reentrant(engine, n)
-        if engine.room.no_room(n):
-            await self.wait_for_room(engine, n, deadline)
+        await self.make_room(engine, n, weight, deadline)
         fut: asyncio.Future[list[Any]] = engine.loop.create_future()
+        self.hold(engine.room, fut, weight)
         now = engine.clock()
         context = copy_context()
         # Without keys or weights, one queue entry for the whole call, sliced into batches as they go out; else an
@@ -169,6 +192,154 @@ class Admission:
             if expiry is not None:
                 engine.deadlines.discard(expiry)
 
+    # ------------------------------------------------------------------ single flight (dedup_key)
+
+    async def submit_shared(self, engine: Engine, item: Any, deadline: float | None, priority: float) -> Any:
+        """:meth:`submit` with ``dedup_key``: join the row of an identical item waiting or in flight, else open one
+        (admitted as any item is), and wait for its result on a future of this caller's own."""
+        key, weight = self.key_and_weight(engine, item, 1)
+        if weight > engine.room.weight_limit:  # refused as it would be alone, even if a twin is in flight
+            self.recorder.reject(1, "oversized")
+            raise engine.room.never_fits(1, weight)
+        tag = self.dedup_tag(item)
+        if tag is None:  # this item shares nothing: the plain long path
+            entry = await self._entry(engine, item, deadline, engine.new_future(), (key, weight))
+            engine.put_entry(entry, priority)
+            return await self._await_entry(engine, entry, deadline)
+        rows = self.rows_of(engine)
+        shared_key = (key, tag)  # (a dedup key is shared within its batch_key only: never across tenants' lanes)
+        if rows.cache is not None:
+            hit, result = rows.cache.get(shared_key, engine.loop.time())
+            if hit:
+                answer = rows.copy(result)
+                self.recorder.exited += 1
+                self.recorder.succeeded += 1
+                self.recorder.count("cache_hits")
+                return answer
+        row = rows.find(shared_key)
+        if row is None:
+            self.refuse_if_reentrant(engine, 1)
+            await self.make_room(engine, 1, weight, deadline)
+            row = rows.find(shared_key)  # (one may have opened while this call waited for room)
+            if row is not None:
+                engine.room.wake()  # the room it was given goes to the next in line
+            else:
+                row = rows.open(shared_key)
+                self.hold(engine.room, row, weight)
+                lane = engine.lane(key)
+                context = copy_context()
+                if engine.queue.weighted:
+                    row.entry = WeightedEntry(item, row, engine.clock(), lane, context, weight=weight)
+                else:
+                    row.entry = Entry(item, row, engine.clock(), lane, context)
+                engine.put_entry(row.entry, priority)
+                return await self._await_row(engine, row, row.join(), deadline)
+        self.recorder.exited += 1  # (submitted: it never waits in the queue, its row does)
+        self.recorder.count("deduplicated")
+        return await self._await_row(engine, row, row.join(), deadline)
+
+    async def _await_row(self, engine: Engine, row: Shared, fut: asyncio.Future[Any], deadline: float | None) -> Any:
+        """A caller's wait for its shared row's result: leaving (cancelled, timed out) leaves the row to the others."""
+        expiry = None if deadline is None else engine.deadlines.add(deadline, self._expire_shared, row, fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.cancelled():
+                self.recorder.cancelled += 1
+                row.leave()
+            raise
+        finally:
+            if expiry is not None:
+                engine.deadlines.discard(expiry)
+
+    def _expire_shared(self, row: Shared, fut: asyncio.Future[Any]) -> None:
+        if fut.done():
+            return
+        self.recorder.timed_out += 1
+        fut.set_exception(TimeoutError(f"{self.name}: no result within the timeout"))
+        row.leave()
+
+    def rows_of(self, engine: Engine) -> Rows:
+        """The shared rows of ``engine``'s run (a new run starts with none, and an empty cache)."""
+        rows = self.rows
+        if rows is None or rows.engine is not engine:
+            rows = self.rows = Rows(engine, self.recorder, self.hooks.copy_result, self.settings.result_cache)
+        elif rows.cache_settings is not self.settings.result_cache:
+            rows.use_cache(self.settings.result_cache)  # (set anew on a live batcher: empty)
+        return rows
+
+    def dedup_tag(self, item: Any) -> Hashable | None:
+        """Call the ``dedup_key`` hook for an item and check what it returns (``None``: not shared)."""
+        tag: Hashable | None = self.hooks.dedup_key(item)
+        if tag is None:
+            return None
+        if getattr(type(tag), "__await__", None) is not None:
+            close = getattr(tag, "close", None)
+            if close is not None:
+                close()
+            raise TypeError(
+                f"{self.name}: {type(self.hooks).__name__}.dedup_key() returned {tag!r}, an awaitable: it must be a "
+                "plain def that returns the key, not an async def"
+            )
+        try:
+            hash(tag)
+        except TypeError:
+            raise TypeError(
+                f"{self.name}: dedup_key() returned an unhashable key: {tag!r} (a tuple of the item's fields, a "
+                "string or bytes, say)"
+            ) from None
+        return tag
+
+    # ------------------------------------------------------------------ refusing the late (refuse_late)
+
+    def measure_lateness(self) -> Lateness | None:
+        """With ``refuse_late`` on: what is measured of the batches to predict an item's answer, from now on."""
+        if self.lateness is None and self.settings.refuse_late:
+            self.lateness = Lateness()
+            self.recorder.add_observer(self.lateness.observe)
+        return self.lateness
+
+    def deadline_of(self, deadline: float | None, now: float) -> float:
+        """By when an item arriving now is due: its call's deadline, and within ``max_latency`` (``inf``: never)."""
+        due = math.inf if deadline is None else deadline
+        policy = find(self.settings.policy, LatencyBudget)
+        if policy is not None:
+            due = min(due, now + policy.max_latency)
+        return due
+
+    def refuse_if_late(self, engine: Engine, n: int, deadline: float | None, *, waited: bool = False) -> float | None:
+        """With ``refuse_late``: refuse ``n`` items (a call's) predicted to be answered after their deadline, or to
+        make the items ahead of them in their batch late (:class:`LateRefusalError`, with when to try again); else
+        return their deadline (``inf``: none), to note once they are admitted. ``waited``: they waited in line for
+        room, and count as submitted (then failed), not as rejected."""
+        if not self.settings.refuse_late:
+            return None
+        lateness = self.measure_lateness()
+        assert lateness is not None
+        now = engine.loop.time()
+        due = self.deadline_of(deadline, now)
+        prediction = None if due == math.inf else lateness.predict(engine, now, n)
+        if prediction is None or prediction.late_by(now, due) <= 0:
+            return due
+        if waited:
+            self.recorder.exited += n
+            self.recorder.failed += n
+        else:
+            self.recorder.reject(n, "late")
+        late = prediction.late_by(now, due)
+        whose = "its deadline" if due <= prediction.tail else "the deadline of the items ahead of it in its batch"
+        budget = min(due, prediction.tail) - now
+        retry = prediction.retry(due - now)
+        raise LateRefusalError(
+            f"{self.name}: refused: predicted to be answered in {prediction.seconds * 1e3:.1f} ms (margin "
+            f"{prediction.margin * 1e3:.1f} ms; {_checks.plural(engine.queue.waiting, 'item')} queued ahead), "
+            f"{late * 1e3:.1f} ms past {whose}; retry after {retry:.3f} s",
+            predicted=prediction.seconds,
+            margin=prediction.margin,
+            budget=budget,
+            retry_after=retry,
+        )
+
     # ------------------------------------------------------------------ checks
 
     def key_and_weight(self, engine: Engine, item: Any, n: int) -> tuple[Hashable, float]:
@@ -196,10 +367,12 @@ class Admission:
         if not _checks.is_real(weight) or not _checks.is_finite(weight) or weight < 0:
             raise ValueError(f"{self.name}: item_weight() must return a finite number >= 0, got {weight!r}")
         if weight > engine.weight_limit:
-            self.recorder.rejected += n
-            raise ValueError(
+            self.recorder.reject(n, "oversized")
+            raise OversizedItemError(
                 f"{self.name}: an item of weight {weight!r} can never fit in "
-                f"max_batch_weight={self.settings.limits.max_batch_weight!r}"
+                f"max_batch_weight={self.settings.limits.max_batch_weight!r}",
+                weight=float(weight),
+                limit=engine.weight_limit,
             )
         return key, float(weight)
 
@@ -217,15 +390,49 @@ class Admission:
         self.recorder.failed += n
         raise engine.reentrant_error()
 
-    async def wait_for_room(self, engine: Engine, n: int, deadline: float | None) -> None:
-        """Wait, first come first served, until ``n`` items fit in the queue; or refuse at once."""
+    async def make_room(self, engine: Engine, n: int, weight: float, deadline: float | None) -> None:
+        """Admit ``n`` items of ``weight`` (a call's): refuse them if they can never fit, or are predicted to miss
+        their deadline; wait for room (or refuse them, without ``wait_when_full``). On return they may be queued
+        (and their weight :meth:`held <hold>`) without awaiting anything."""
+        room = engine.room
+        if weight > room.weight_limit:
+            self.recorder.reject(n, "oversized")
+            raise room.never_fits(n, weight)
+        due = self.refuse_if_late(engine, n, deadline)
+        if room.no_room(n, weight):
+            await self.wait_for_room(engine, n, deadline, weight)
+            if self.settings.refuse_late:  # time passed in line: still in time?
+                try:
+                    due = self.refuse_if_late(engine, n, deadline, waited=True)
+                except LateRefusalError:
+                    room.wake()  # the room it was given goes to the next in line
+                    raise
+        if due is not None and self.lateness is not None:
+            self.lateness.admitted(engine, n, due)  # (admitted now: the tail it joins is held to its deadline)
+
+    def hold(self, room: Room, sink: asyncio.Future[Any], weight: float) -> None:
+        """With ``max_queue_weight`` set: ``weight`` is held from now until ``sink`` (the call's future, or its
+        stream) resolves, whatever the outcome."""
+        if room.weight_limit < math.inf:
+            room.take(weight)
+            sink.add_done_callback(partial(_release, room, weight))
+
+    async def wait_for_room(self, engine: Engine, n: int, deadline: float | None, weight: float = 0.0) -> None:
+        """Wait, first come first served, until ``n`` items of ``weight`` fit in the queue; or refuse at once."""
+        room = engine.room
         if not self.settings.wait_when_full:
-            self.recorder.rejected += n
+            if room.queue.waiting + room.reserved + n > room.limit or room.putters:
+                self.recorder.reject(n, "queue_full")
+                raise QueueFullException(
+                    f"{self.name}: the queue is full (max_queue_size={engine.room.size}); cannot process more items "
+                    "at the moment"
+                )
+            self.recorder.reject(n, "queue_weight")
             raise QueueFullException(
-                f"{self.name}: the queue is full (max_queue_size={engine.room.size}); cannot process more items at "
-                "the moment"
+                f"{self.name}: the queue's weight is full (max_queue_weight={room.weight_limit:g}, "
+                f"{room.held:g} admitted and not yet answered); cannot admit {weight:g} more at the moment"
             )
-        await engine.room.wait(n, deadline, engine.deadlines, self.recorder, engine.room_wanted_now)
+        await room.wait(n, deadline, engine.deadlines, self.recorder, engine.room_wanted_now, weight)
         if engine.state is not State.RUNNING:  # woken, then a stop began before it could queue
             self.recorder.exited += n
             self.recorder.failed += n
@@ -249,6 +456,23 @@ class Admission:
         self.recorder.timed_out += len(bulk.items)
         bulk.future.set_exception(TimeoutError(f"{self.name}: no results within the timeout"))
         engine.withdraw_bulk(bulk)
+
+    async def _await_entry(self, engine: Engine, entry: Entry, deadline: float | None) -> Any:
+        """A single item's wait for its result, once queued (:meth:`submit`'s)."""
+        fut = entry.sink
+        expiry = None if deadline is None else engine.deadlines.add(deadline, self._expire, engine, entry)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            engine.left(entry)
+            raise
+        finally:
+            if expiry is not None:
+                engine.deadlines.discard(expiry)
+
+
+def _release(room: Room, weight: float, sink: asyncio.Future[Any]) -> None:
+    room.release(weight)
 
 
 def _at(deadline: float | None) -> float:

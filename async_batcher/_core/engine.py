@@ -33,6 +33,7 @@ from async_batcher._core.queue import Queue
 from async_batcher._core.queue import violations as queue_violations
 from async_batcher._core.retrying import Backoffs, Budget, sink_of
 from async_batcher._core.room import Room
+from async_batcher._core.room import violations as room_violations
 from async_batcher._core.sinks import Bulk, fail_sinks
 from async_batcher._core.state import DISPATCHING, State
 from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ReentrantCallError
@@ -173,6 +174,7 @@ class Engine(Dispatch):
         slot_limit: int,
         room_limit: int,
         queue_size: int | None,
+        queue_weight_limit: float,
         weight_limit: float,
         priority_wait: float,
         policy: DispatchPolicy,
@@ -190,7 +192,7 @@ class Engine(Dispatch):
             for lane in self.queue.lanes.values():  # split_on turned off: no ceiling left
                 lane.ceiling, lane.weight_ceiling, lane.capacity = UNLIMITED, math.inf, None
         self.batch_limit, self.slot_limit, self.weight_limit = batch_limit, slot_limit, weight_limit
-        self.room.set_limit(room_limit, queue_size)
+        self.room.set_limit(room_limit, queue_size, queue_weight_limit)
         self.priority_wait = priority_wait
         if policy is not self.policy:
             policy.bind(self)  # (before it is switched in: one whose bind() raises is not)
@@ -467,10 +469,7 @@ class Engine(Dispatch):
 def violations(engine: Engine) -> list[str]:
     """The invariants of :class:`Engine` (and of its queue, room and deadlines) that do not hold now, described (for
     the tests)."""
-    found = queue_violations(engine.queue) + deadline_violations(engine.deadlines)
+    found = queue_violations(engine.queue) + deadline_violations(engine.deadlines) + room_violations(engine.room)
     if engine.in_flight != len(engine.batches):
         found.append(f"in_flight {engine.in_flight}, but {plural(len(engine.batches), 'batch', 'batches')} in flight")
-    room = engine.room
-    if not 0 <= room.reserved <= room.awaiting:
-        found.append(f"reserved {room.reserved} outside 0..awaiting={room.awaiting}")
     return found

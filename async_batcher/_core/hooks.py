@@ -8,7 +8,7 @@ from typing import Any
 __all__: list[str] = []
 
 #: The hooks a subclass may override; a hook left alone costs nothing: it is never called.
-HOOKS = ("batch_key", "item_weight", "on_start", "on_stop", "abandoned_error")
+HOOKS = ("batch_key", "item_weight", "dedup_key", "copy_result", "on_start", "on_stop", "abandoned_error")
 #: The hooks the batcher awaits (an ``async def``); the others it calls without awaiting (a plain ``def``).
 AWAITED = ("on_start", "on_stop")
 

@@ -89,7 +89,7 @@ class Lifecycle(Stopping):
         if run.loop is loop and run.state is State.RUNNING:
             startup = run.startup
             if startup is not None and not startup.done() and self.inside_hook(run, "on_start"):
-                self.recorder.rejected += n
+                self.recorder.reject(n, "reentrant")
                 raise ReentrantCallError(
                     f"{self.name}: an item submitted from inside on_start() would wait for on_start() forever (the "
                     "first batch waits for it); warm up by calling process_batch() directly"
@@ -97,7 +97,7 @@ class Lifecycle(Stopping):
             return run
         if run.state is State.NEW or run.state is State.RUNNING:
             return self.bind(loop)  # (which refuses another loop that still runs)
-        self.recorder.rejected += n
+        self.recorder.reject(n, "stopped")
         raise BatcherStoppedError(f"{self.name} is {run.state.value}; start() it again to submit items")
 
     def inside_hook(self, run: Run, hook: str) -> bool:
@@ -155,7 +155,7 @@ class Lifecycle(Stopping):
             name=self.name,
             # The hooks cost a call per item: they are only called when overridden (or weights are limited).
             keyed="batch_key" in self.overridden,
-            weighted="item_weight" in self.overridden or settings.limits.max_batch_weight is not None,
+            weighted="item_weight" in self.overridden or settings.weighted,
         )
         if started is not None:
             run.startup = loop.create_task(run_hook(run, "on_start", started), context=run.context.copy())
@@ -187,24 +187,27 @@ class Lifecycle(Stopping):
             slot_limit=settings.slot_limit,
             room_limit=settings.room_limit,
             queue_size=settings.limits.max_queue_size,
+            queue_weight_limit=settings.queue_weight_limit,
             weight_limit=settings.weight_limit,
             priority_wait=settings.max_priority_wait,
             policy=settings.policy,
-            weighted=settings.limits.max_batch_weight is not None,
+            weighted=settings.weighted,
             recovery=settings.recovery,
         )
         self.choose_fast_path(run)
 
     def choose_fast_path(self, run: Run) -> None:
         """Whether :meth:`AsyncBatcher.process` may take its short path: running, no key, no weight, no default
-        timeout, on_start() done (each of those needs the long path; a call from inside on_start() is refused
-        there)."""
+        timeout, no late refusal, no dedup, on_start() done (each of those needs the long path; a call from inside
+        on_start() is refused there)."""
         engine = run.engine
         plain = (
             engine is not None
             and not engine.keyed
             and not engine.queue.weighted
             and self.settings.default_timeout is None
+            and not self.settings.refuse_late
+            and "dedup_key" not in self.overridden
             and not engine.runner.is_stream
         )
         started = run.startup is None or run.startup.done()

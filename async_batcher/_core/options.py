@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, overload
 from async_batcher import _checks
 from async_batcher._core.failures import ErrorMatcher, Isolate, RetryPolicy, SplitOn
 from async_batcher._core.policy import DispatchPolicy
-from async_batcher._core.settings import DISPATCH_KEYWORDS, Limits, Settings, Streaming, build_policy, find
+from async_batcher._core.settings import (
+    DISPATCH_KEYWORDS,
+    Limits,
+    ResultCache,
+    Settings,
+    Streaming,
+    build_policy,
+    find,
+)
 from async_batcher._core.waits import LatencyBudget
 from async_batcher.adaptive import AdaptiveWaitState
 
@@ -44,6 +52,12 @@ class BatcherOptions(TypedDict, total=False):
     executor: Executor | None
     #: On a full queue, wait for room instead of raising :class:`~async_batcher.QueueFullException`.
     wait_when_full: bool
+    #: Refuse at admission an item predicted to be answered after its deadline (its ``timeout``, ``default_timeout``
+    #: or ``max_latency``), with :class:`~async_batcher.LateRefusalError`. Default False.
+    refuse_late: bool
+    #: Keep the results of deduplicated items (``dedup_key``) for a while: :class:`~async_batcher.ResultCache`.
+    #: Default ``None``: nothing is kept once a row resolves.
+    result_cache: ResultCache | None
     #: Seconds every item may take at most (waiting for room included) when its call gives no ``timeout=``.
     default_timeout: float | None
     #: The most seconds an item is passed over for items of a better priority. Default 1.
@@ -69,6 +83,7 @@ class BatcherOptions(TypedDict, total=False):
     concurrency: int | None
     #: ``Limits.max_queue_size``, given alone: the most items waiting for a batch (``None``: no limit).
     max_queue_size: int | None
+    max_queue_weight: float | None
     #: The policy's wait, a :class:`~async_batcher.policies.Deadline`: the most seconds the oldest item waits for
     #: its batch to fill once a slot is free. Default 0.01.
     max_queue_time: float
@@ -96,7 +111,7 @@ class BatcherOptions(TypedDict, total=False):
 
 
 OPTIONS = frozenset(BatcherOptions.__annotations__)
-_LIMITS = ("max_batch_size", "max_batch_weight", "concurrency", "max_queue_size")
+_LIMITS = ("max_batch_size", "max_batch_weight", "concurrency", "max_queue_size", "max_queue_weight")
 _STREAMING = {"stream_buffer": "buffer", "stream_stall_timeout": "stall_timeout"}
 
 
@@ -116,6 +131,8 @@ def settings_from(options: dict[str, Any], where: str) -> tuple[Settings, str | 
             raise TypeError(f"{where}: pass {group}= or {', '.join(f'{key}=' for key in both)}, not both")
     settings.executor = _checks.executor(options.get("executor"))
     settings.wait_when_full = _checks.flag("wait_when_full", options.get("wait_when_full", False))
+    settings.refuse_late = _checks.flag("refuse_late", options.get("refuse_late", False))
+    settings.result_cache = result_cache(options.get("result_cache"))
     limits = options.get("limits")
     if limits is None:
         limits = Limits(**{key: options[key] for key in _LIMITS if key in options})
@@ -140,6 +157,12 @@ def settings_from(options: dict[str, Any], where: str) -> tuple[Settings, str | 
     settings.set_on_batch_error(options.get("on_batch_error"))
     settings.set_split_on(options.get("split_on"))
     return settings, options.get("name")
+
+
+def result_cache(value: object) -> ResultCache | None:
+    if value is not None and not isinstance(value, ResultCache):
+        raise TypeError(f"result_cache must be an async_batcher.ResultCache or None, got {value!r}")
+    return value
 
 
 def _deprecated(options: dict[str, Any]) -> None:
@@ -226,6 +249,9 @@ class SettingsView:
     max_queue_size: _Setting[int | None] = _limit(
         "max_queue_size", "The most items waiting (batches in flight not counted); ``None``: no limit."
     )
+    max_queue_weight: _Setting[float | None] = _limit(
+        "max_queue_weight", "The most total ``item_weight`` admitted and not yet answered; ``None``: no limit."
+    )
     max_queue_time: _Setting[float] = _dispatch(
         "max_queue_time", "The most seconds the oldest waiting item waits for its batch to fill, once a slot is free."
     )
@@ -247,6 +273,14 @@ class SettingsView:
     )
     wait_when_full: _Setting[bool] = _plain(
         "wait_when_full", lambda v: _checks.flag("wait_when_full", v), "On a full queue, wait for room (else raise)."
+    )
+    refuse_late: _Setting[bool] = _plain(
+        "refuse_late",
+        lambda v: _checks.flag("refuse_late", v),
+        "Refuse at admission an item predicted to miss its deadline (:class:`~async_batcher.LateRefusalError`).",
+    )
+    result_cache: _Setting[ResultCache | None] = _plain(
+        "result_cache", result_cache, "The cache of deduplicated items' results; ``None``: none."
     )
     max_priority_wait: _Setting[float] = _plain(
         "max_priority_wait",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import sys
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -23,7 +24,7 @@ from async_batcher._core.policy import UNLIMITED, DispatchPolicy
 from async_batcher._core.recovery import Recovery
 from async_batcher._core.waits import Deadline, LatencyBudget
 
-__all__ = ["Limits", "Streaming"]
+__all__ = ["Limits", "ResultCache", "Streaming"]
 
 
 def _limit(name: str, value: object, *, zero: bool = False) -> int | None:
@@ -44,23 +45,55 @@ class Limits:
         concurrency: The most batches processed at once.
         max_queue_size: The most items waiting for a batch (batches in flight not counted); past it a call raises
             :class:`~async_batcher.QueueFullException` or waits (``wait_when_full``).
+        max_queue_weight: The most total :meth:`~async_batcher.AsyncBatcher.item_weight` admitted and not yet
+            answered (waiting *and* in flight: an item's weight is released when its call resolves); past it a call
+            raises :class:`~async_batcher.QueueFullException` or waits its turn (``wait_when_full``). An item
+            heavier than the limit alone is refused at once (:class:`~async_batcher.OversizedItemError`).
     """
 
     max_batch_size: int | None = None
     max_batch_weight: float | None = None
     concurrency: int | None = 1
     max_queue_size: int | None = None
+    max_queue_weight: float | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "max_batch_size", _limit("max_batch_size", self.max_batch_size))
         set_(self, "concurrency", _limit("concurrency", self.concurrency))
         set_(self, "max_queue_size", _limit("max_queue_size", self.max_queue_size, zero=True))
-        weight = self.max_batch_weight
-        if weight is not None:
-            if not _checks.is_real(weight) or not _checks.is_finite(weight) or weight <= 0:
-                raise ValueError(f"max_batch_weight must be None or a finite number > 0, got {weight!r}")
-            set_(self, "max_batch_weight", float(weight))
+        for name in ("max_batch_weight", "max_queue_weight"):
+            weight = getattr(self, name)
+            if weight is not None:
+                if not _checks.is_real(weight) or not _checks.is_finite(weight) or weight <= 0:
+                    raise ValueError(f"{name} must be None or a finite number > 0, got {weight!r}")
+                set_(self, name, float(weight))
+
+
+@dataclass(frozen=True, slots=True)
+class ResultCache:
+    """A small cache of the results of deduplicated items (``dedup_key``), by key, for ``ttl`` seconds.
+
+    Off by default. A result is served from it to a later call of the same key for up to ``ttl`` seconds after it
+    was computed: **stale** by up to that much if what it was computed from changed meanwhile. Only results are
+    kept, never an exception; the cache holds at most ``max_bytes`` (as ``sizeof`` measures each result, least
+    recently used first out; a result larger than that is not kept). Each hit is a copy (``copy_result``).
+
+    Args:
+        ttl: Seconds a result is served after it was computed (on the event loop's clock).
+        max_bytes: The most bytes of results kept.
+        sizeof: A result's size in bytes; ``sys.getsizeof`` by default (shallow: give your own for containers).
+    """
+
+    ttl: float
+    max_bytes: int
+    sizeof: Callable[[Any], int] = sys.getsizeof
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ttl", _checks.seconds("ttl", self.ttl, positive=True))
+        object.__setattr__(self, "max_bytes", _checks.count("max_bytes", self.max_bytes, unlimited=False))
+        if not callable(self.sizeof):
+            raise TypeError(f"sizeof must be a callable of one result, got {self.sizeof!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +165,8 @@ class Settings:
         self.from_keywords = True  # the policy was built from the dispatch keywords (not given as policy=)
         self.max_queue_time = 0.01  # what max_queue_time says when the policy has no Deadline (a latency budget)
         self.wait_when_full = False
+        self.refuse_late = False  # refuse at admission an item predicted to miss its deadline
+        self.result_cache: ResultCache | None = None
         self.default_timeout: float | None = None
         self.max_priority_wait = 1.0
         self.executor: concurrent.futures.Executor | None = None
@@ -162,6 +197,17 @@ class Settings:
     def weight_limit(self) -> float:
         weight = self.limits.max_batch_weight
         return math.inf if weight is None else weight
+
+    @property
+    def queue_weight_limit(self) -> float:
+        weight = self.limits.max_queue_weight
+        return math.inf if weight is None else weight
+
+    @property
+    def weighted(self) -> bool:
+        """Items have weights to keep: a weight limit is set (``item_weight`` overridden is the lifecycle's to
+        know)."""
+        return self.limits.max_batch_weight is not None or self.limits.max_queue_weight is not None
 
     @property
     def stall_limit(self) -> float:
@@ -203,8 +249,11 @@ class Settings:
         if not isinstance(limits, Limits):
             raise TypeError(f"limits must be an async_batcher.Limits, got {limits!r}")
         _check_sizes(limits, self.policy, limits_changed=True)
-        weights = limits.max_batch_weight is not None and self.limits.max_batch_weight is None
-        room = (limits.max_queue_size or UNLIMITED) > (self.limits.max_queue_size or UNLIMITED)
+        old = self.limits
+        weights = (limits.max_batch_weight, limits.max_queue_weight) != (None, None) and not self.weighted
+        room = (limits.max_queue_size or UNLIMITED) > (old.max_queue_size or UNLIMITED) or (
+            limits.max_queue_weight or math.inf
+        ) > (old.max_queue_weight or math.inf)
         self.limits = limits
         self.changed(weights=weights, room=room)
 

@@ -1,0 +1,273 @@
+"""``refuse_late=True`` (issue 46): an item predicted to be answered after its deadline is refused at admission."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from async_batcher import AsyncBatcher, LateRefusalError, QueueFullException
+from async_batcher._core.late import WARMUP
+from tests.batchers import idle_and_clean, until
+
+pytestmark = pytest.mark.virtual_time
+
+
+class Model(AsyncBatcher[int, int]):
+    """A batch of ``n`` takes ``per_batch + per_item·n`` seconds on the loop's clock (``stall``: once, that long)."""
+
+    def __init__(self, *, per_batch: float = 0.010, per_item: float = 0.001, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.per_batch = per_batch
+        self.per_item = per_item
+        self.stall: float | None = None
+        self.sizes: list[int] = []
+
+    async def process_batch(self, batch: list[int]) -> list[int]:
+        self.sizes.append(len(batch))
+        took, self.stall = (self.stall, None) if self.stall is not None else (None, None)
+        await asyncio.sleep(took if took is not None else self.per_batch + self.per_item * len(batch))
+        return batch
+
+
+async def warm_up(b: Model, sizes: tuple[int, ...] = (1, 2, 4, 8, 3, 5, 7, 6, 2, 1)) -> None:
+    """Batches of several sizes (the fit learns both its terms), one after the other, none late."""
+    for n in sizes:
+        await asyncio.gather(*(b.process(i) for i in range(n)))
+    assert len(b.sizes) >= WARMUP
+
+
+async def open_loop(b: Model, rate: float, seconds: float, timeout: float, seed: int = 1) -> list[tuple[float, Any]]:
+    """Poisson arrivals at ``rate`` for ``seconds``, each ``process(i, timeout=timeout)``: (arrival, outcome), the
+    outcome being how long its answer took, or the exception."""
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    start = loop.time()
+
+    async def one(i: int) -> tuple[float, Any]:
+        sent = loop.time()
+        try:
+            await b.process(i, timeout=timeout)
+        except Exception as exc:
+            return sent - start, exc
+        return sent - start, loop.time() - sent
+
+    calls = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            break
+        await asyncio.sleep(start + t - loop.time())
+        calls.append(asyncio.ensure_future(one(len(calls))))
+    return list(await asyncio.gather(*calls))
+
+
+async def after_time(predicate: Any, step: float = 0.001) -> None:
+    """Let the virtual clock run until ``predicate()`` holds (``until`` lets no time pass)."""
+    for _ in range(1_000_000):
+        if predicate():
+            return
+        await asyncio.sleep(step)
+    raise AssertionError("never")
+
+
+def tally(outcomes: list[tuple[float, Any]], after: float, deadline: float) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for sent, outcome in outcomes:
+        if sent < after:
+            continue
+        if isinstance(outcome, LateRefusalError):
+            counts["refused"] += 1
+        elif isinstance(outcome, BaseException):
+            counts[type(outcome).__name__] += 1
+        else:
+            counts["in time" if outcome <= deadline else "late"] += 1
+    return counts
+
+
+@pytest.mark.parametrize("load", [1.3, 2.0])
+async def test_past_saturation_the_late_are_refused_and_the_admitted_answered_in_time(load: float) -> None:
+    capacity = 64 / (0.010 + 0.064)  # full batches of 64, one at a time
+    results = {}
+    for refuse in (False, True):
+        b = Model(refuse_late=refuse, max_batch_size=64, max_queue_time=0.002)
+        results[refuse] = tally(await open_loop(b, load * capacity, 6.0, timeout=0.1), after=1.0, deadline=0.1)
+        await b.stop()
+        idle_and_clean(b)
+        if refuse:
+            assert b.stats.rejected == b.stats.rejected_reasons["late"] > 0
+    without, with_refusal = results[False], results[True]
+    # Without: the queue holds 100 ms of arrivals, and nearly everything times out behind it.
+    assert without["TimeoutError"] > 10 * without["in time"]
+    # With: what is admitted is answered in time (the warm-up's second aside), the rest refused at once.
+    assert with_refusal["TimeoutError"] + with_refusal["late"] <= 0.01 * with_refusal["in time"]
+    assert with_refusal["in time"] >= 1.5 * without["in time"] and with_refusal["refused"] > 0
+
+
+async def test_a_refusal_says_why_and_when_to_retry_and_the_retry_is_admitted() -> None:
+    b = Model(refuse_late=True, max_batch_size=64, max_queue_time=0)
+    await warm_up(b)
+    in_flight = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    queued = [asyncio.ensure_future(b.process(i)) for i in range(1, 40)]  # 49 ms behind a 11 ms batch
+    await until(lambda: b.stats.in_flight == 1 and b.stats.queued == 39)
+    with pytest.raises(LateRefusalError) as info:
+        await b.process(99, timeout=0.03)
+    refusal = info.value
+    assert isinstance(refusal, QueueFullException)
+    assert refusal.predicted > refusal.budget == pytest.approx(0.03)
+    assert 0 < refusal.retry_after < refusal.predicted
+    assert "39 items queued ahead" in str(refusal) and f"retry after {refusal.retry_after:.3f} s" in str(refusal)
+    assert dict(b.stats.rejected_reasons) == {"late": 1}
+    await asyncio.sleep(refusal.retry_after + 0.001)  # nothing else came: the backlog has drained that much
+    assert await b.process(99, timeout=0.03) == 99
+    await asyncio.gather(in_flight, *queued)
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_nothing_is_refused_during_the_warm_up_nor_without_a_deadline() -> None:
+    b = Model(refuse_late=True, per_batch=1.0, per_item=0.0, max_queue_time=0)
+    outcomes = await asyncio.gather(*(b.process(i, timeout=0.5) for i in range(3)), return_exceptions=True)
+    assert all(isinstance(o, TimeoutError) for o in outcomes)  # late, but admitted: nothing measured yet
+    for _ in range(WARMUP):
+        await b.process(0)
+    # No deadline (no timeout, no default_timeout, no max_latency): never refused, however long the queue.
+    assert await asyncio.gather(*(b.process(i) for i in range(5))) == list(range(5))
+    assert b.stats.rejected == 0
+    await b.stop()
+
+
+async def test_an_item_that_finds_the_batcher_idle_is_admitted_even_if_predicted_late() -> None:
+    b = Model(refuse_late=True, per_batch=1.0, per_item=0.0, max_queue_time=0)
+    for _ in range(WARMUP):
+        await b.process(0)
+    with pytest.raises(TimeoutError):  # not refused: the head of the queue is always served
+        await b.process(1, timeout=0.5)
+    await after_time(lambda: b.stats.in_flight == 0)
+    busy = asyncio.ensure_future(b.process(2))
+    await after_time(lambda: b.stats.in_flight == 1)
+    with pytest.raises(LateRefusalError):  # a batch in flight ahead of it: judged, and refused
+        await b.process(3, timeout=0.5)
+    assert await busy == 2
+    await b.stop()
+
+
+async def test_a_later_item_that_would_make_an_earlier_one_late_is_refused_though_its_own_deadline_is_far() -> None:
+    b = Model(refuse_late=True, per_batch=0.010, per_item=0.010, max_batch_size=64, max_queue_time=0)
+    await warm_up(b)
+    first = asyncio.ensure_future(b.process(0))  # in flight for 20 ms
+    await after_time(lambda: b.stats.in_flight == 1)
+    tight = asyncio.ensure_future(b.process(1, timeout=0.045))  # 20 ms + its batch of 1 (20 ms): in time
+    await until(lambda: b.stats.queued == 1)
+    with pytest.raises(LateRefusalError, match="past the deadline of the items ahead of it in its batch"):
+        await b.process(2, timeout=10)  # its batch of 2 would take 30 ms: the tight one would be late
+    assert await asyncio.gather(first, tight) == [0, 1]
+    assert await b.process(2, timeout=10) == 2  # its own batch now
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_a_fit_gone_wild_does_not_refuse_for_long() -> None:
+    b = Model(refuse_late=True, max_batch_size=64, max_queue_time=0.002)
+    await warm_up(b)
+    b.stall = 30.0  # one batch stalls for 30 s, the fit knows nothing of it until it ends
+    stalled = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    with pytest.raises(TimeoutError):
+        await b.process(1, timeout=1.0)  # predicted in time: admitted, and late
+    await stalled
+    busy = asyncio.ensure_future(b.process(2))
+    await after_time(lambda: b.stats.in_flight == 1)
+    with pytest.raises(LateRefusalError):  # the fit has seen a batch of one take 30 s
+        await b.process(3, timeout=1.0)
+    await busy
+    # Half the capacity, afterwards: the batches go on (an idle batcher admits), and the fit forgets the stall.
+    outcomes = await open_loop(b, 0.5 * 64 / 0.074, 8.0, timeout=0.1)
+    assert tally(outcomes, after=0.0, deadline=0.1)["refused"] > 0
+    counts = tally(outcomes, after=4.0, deadline=0.1)
+    assert counts["refused"] == 0 and counts["TimeoutError"] == 0 and counts["in time"] > 1000
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_max_latency_is_a_deadline_and_the_tightest_deadline_counts() -> None:
+    b = Model(refuse_late=True, max_latency=0.025, max_batch_size=64)
+    await warm_up(b)
+    in_flight = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    # Up to 11 ms in flight, then a batch of n takes 10 + n ms: within 25 ms, a few items (their timeouts are far).
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    outcomes = await asyncio.gather(*(b.process(i, timeout=60) for i in range(1, 11)), return_exceptions=True)
+    assert loop.time() - start <= 0.025
+    answered = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, LateRefusalError)]
+    assert answered == list(range(1, len(answered) + 1)) and 2 <= len(answered) <= 4
+    assert len(refused) == 10 - len(answered)
+    assert all(r.budget == pytest.approx(0.025) for r in refused)
+    assert await in_flight == 0
+    await b.stop()
+
+
+async def test_process_many_is_refused_whole() -> None:
+    b = Model(refuse_late=True, max_batch_size=8, max_queue_time=0)
+    await warm_up(b)
+    in_flight = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    with pytest.raises(LateRefusalError):
+        await b.process_many(range(40), timeout=0.03)  # five batches of 8: 90 ms
+    assert b.stats.rejected_reasons["late"] == 40 and b.stats.queued == 0
+    assert await b.process_many(range(4), timeout=0.1) == [0, 1, 2, 3]
+    await in_flight
+    await b.stop()
+
+
+async def test_refused_after_waiting_for_room_counts_as_submitted_and_failed() -> None:
+    gate = asyncio.Event()
+
+    class Held(Model):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            if 100 in batch:
+                await gate.wait()
+            return await super().process_batch(batch)
+
+    b = Held(refuse_late=True, max_batch_size=4, max_queue_size=4, wait_when_full=True, max_queue_time=0)
+    await warm_up(b, (1, 2, 3, 4, 1, 2, 3, 4, 2))
+    held = asyncio.ensure_future(b.process(100))
+    await after_time(lambda: b.stats.in_flight == 1)
+    queued = [asyncio.ensure_future(b.process(i)) for i in range(4)]
+    await until(lambda: b.stats.queued == 4)
+    waiting = asyncio.ensure_future(b.process(5, timeout=0.5))  # admitted to the line: the held batch has no end yet
+    await until(lambda: b.stats.awaiting_room == 1)
+    await asyncio.sleep(0.45)
+    gate.set()  # room comes with 50 ms left: too little for the 4 items ahead and its own batch
+    with pytest.raises(LateRefusalError):
+        await waiting
+    await asyncio.gather(held, *queued)
+    await b.stop()
+    s = b.stats
+    assert s.rejected == 0 and s.failed == 1
+    idle_and_clean(b)
+
+
+async def test_turned_on_live_it_starts_measuring_and_the_short_path_closes() -> None:
+    b = Model(max_batch_size=64, max_queue_time=0)
+    await b.process(0)
+    assert b._life.run.fast is not None
+    b.refuse_late = True
+    assert b._life.run.fast is None
+    await warm_up(b)
+    assert b._admission.lateness is not None and b._admission.lateness.fit.observations >= WARMUP
+    with pytest.raises(TypeError, match="refuse_late must be True or False"):
+        b.refuse_late = 1  # type: ignore[assignment]
+    await b.stop()
+
+
+def test_refuse_late_is_a_flag() -> None:
+    with pytest.raises(TypeError, match="refuse_late must be True or False, got 'yes'"):
+        Model(refuse_late="yes")  # type: ignore[arg-type]
