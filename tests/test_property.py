@@ -49,7 +49,8 @@ from async_batcher import (
 from async_batcher._run import violations
 from tests.loops import LOOP_FACTORIES, VirtualClockLoop
 
-EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "1000"))
+# The Hypothesis profile's examples (tests/conftest.py: a few hundred, 1000 in make test-all), or PROPERTY_EXAMPLES.
+EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES") or settings().max_examples)
 # Every wait of a schedule is bounded on the loop's clock, so that a hang fails the example instead of the suite:
 # the whole schedule (HANG), and, before the final stop, the callers' wait for their outcomes on a running batcher
 # (SETTLE: every batch ends within a second, every deadline comes, so each caller has its outcome by then).

@@ -8,9 +8,14 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from sqlalchemy import CheckConstraint, String, event, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# The parameter that picks PostgreSQL, a server beyond Python: the tests on it are the full tier's
+# (tests/conftest.py); those on SQLite are the fast tier's too.
+POSTGRESQL = pytest.param("postgresql", marks=pytest.mark.integration)
 
 
 def person_model(*, generated_ids: bool = False) -> Any:

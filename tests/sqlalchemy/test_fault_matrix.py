@@ -32,6 +32,7 @@ from sqlalchemy.exc import DBAPIError
 from async_batcher import BatcherStoppedError, OutcomeUnknownError
 from async_batcher.sqlalchemy import AsyncSqlalchemyWriteBatcher, CommitUnknownError
 from tests.sqlalchemy.faults import Blocker, PostgresBlocker, SqliteBlocker, check_outcomes, fault_table, settled
+from tests.sqlalchemy.helpers import POSTGRESQL
 from tools.postgres import PostgresServer
 
 pytestmark = [pytest.mark.single_loop, pytest.mark.timeout(120)]
@@ -41,7 +42,7 @@ ROWS = [{"id": i, "v": f"v{i}"} for i in range(4)]
 QUICK = 0.05
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+@pytest.fixture(params=[POSTGRESQL, "sqlite"])
 async def blocker(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Blocker]:
     made: Blocker
     if request.param == "postgresql":
@@ -67,7 +68,7 @@ async def pg(postgres: PostgresServer) -> AsyncIterator[PostgresBlocker]:
 
 
 @pytest.fixture(scope="module")
-def killable() -> Iterator[PostgresServer]:
+def killable(postgres_binaries: Path) -> Iterator[PostgresServer]:
     """A server of its own, to kill and restart."""
     with PostgresServer() as server:
         yield server

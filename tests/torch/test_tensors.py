@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.requires import require
+
+torch = require("torch", "make test-all installs its CPU build (mk/torch.mk)")
 
 from async_batcher.ml.torch import Batch, collate, split_outputs  # noqa: E402
 

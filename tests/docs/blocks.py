@@ -1,7 +1,9 @@
 """Run the ```python blocks of a markdown page where the page says to run them.
 
-``python -m tests.docs_blocks PAGE.md`` (what tests/test_docs.py runs, one process per page). A page is one of two
-kinds, and says which to its reader:
+``python -m tests.docs.blocks RESULTS PAGE.md...`` runs the pages one after another in one interpreter, and writes
+one line of JSON per page to the file RESULTS: how many blocks ran, or the error. tests/docs/test_pages.py runs the
+pages that need nothing beyond the fast tier so, and tests/docs/frameworks/ those that import TensorFlow, PyTorch or
+scikit-learn (:func:`frameworks`). A page is one of two kinds, and says which to its reader:
 
 - **A session page** says, before its first block, that its blocks run "in one `python -m asyncio` session" (the
   sentence of :data:`SESSION`). Its blocks are lines typed (or pasted) one after another into ``python -m asyncio``:
@@ -17,7 +19,7 @@ kinds, and says which to its reader:
 In both, a block that is only ``--8<-- "docs/snippets/<name>.py"`` (pymdownx.snippets) is a script whose
 ``if __name__ == "__main__":`` part needs a server or data: here its definitions run (it is imported, under another
 name), and the snippet's own test runs it whole with what it needs. A block right after a line
-``<!-- not-run: <reason> -->`` is a fragment and is not run (keep these rare: tests/test_docs.py counts them).
+``<!-- not-run: <reason> -->`` is a fragment and is not run (keep these rare: tests/docs/test_pages.py counts them).
 """
 
 from __future__ import annotations
@@ -26,20 +28,30 @@ import ast
 import asyncio
 import code
 import inspect
+import json
 import os
 import re
 import runpy
+import subprocess
 import sys
 import tempfile
+import traceback
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+# The pages whose blocks the tests run: the README (PyPI's page too) and the documentation site's.
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+# Where .github/workflows/docs.yml publishes the site (GitHub Pages).
+SITE = "https://hussein-awala.github.io/async-batcher/"
 SESSION = "in one `python -m asyncio` session"
 _FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
 _SNIPPET = re.compile(r'^--8<-- "([^"]+)"\s*$')
 _NOT_RUN = re.compile(r"<!--\s*not-run:\s*(.+?)\s*-->\s*$")
+# The frameworks of the full tier (make test-all) that a page's blocks may import: such a page runs there.
+FRAMEWORKS = frozenset({"keras", "sklearn", "tensorflow", "torch"})
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,20 @@ def blocks(page: Path) -> list[Block]:
             code = (ROOT / snippet).read_text()
         found.append(Block(line=line, code=code, not_run=reason, snippet=snippet))
     return found
+
+
+def frameworks(page: Path) -> frozenset[str]:
+    """The :data:`FRAMEWORKS` the page's blocks import (each block that is run, snippets resolved)."""
+    found = set()
+    for block in blocks(page):
+        if block.not_run is not None:
+            continue
+        for node in ast.walk(ast.parse(block.code)):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return frozenset(found & FRAMEWORKS)
 
 
 def is_session_page(page: Path) -> bool:
@@ -178,5 +204,37 @@ def run(page: Path) -> int:
     return run_session(page) if is_session_page(page) else run_scripts(page)
 
 
+def run_in_one_interpreter(pages: list[Path], results: Path) -> dict[Path, dict[str, object]]:
+    """Run the pages in one new interpreter (``python -m tests.docs.blocks``); each page's outcome, as
+    :func:`run_pages` writes it, or, for a page the interpreter never reached, what it printed."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = [sys.executable, "-m", "tests.docs.blocks", str(results), *map(str, pages)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    outcomes = {
+        Path(o["page"]): o for o in map(json.loads, results.read_text().splitlines() if results.exists() else [])
+    }
+    missing = {"error": f"not run (exit status {done.returncode}):\n{done.stdout}{done.stderr}"}
+    return {page: outcomes.get(page, missing) for page in pages}
+
+
+def check_ran(page: Path, outcome: dict[str, object]) -> None:
+    """Fail unless ``outcome`` (of :func:`run_in_one_interpreter`) says that every block of ``page`` to run ran."""
+    assert "error" not in outcome, outcome["error"]
+    assert outcome["ran"] == sum(1 for block in blocks(page) if block.not_run is None), outcome
+
+
+def run_pages(results: Path, pages: list[Path]) -> None:
+    """Run each page, one after another in this interpreter; write a line of JSON per page to ``results``:
+    ``{"page", "ran"}``, or ``{"page", "error"}`` with the traceback (the next page runs all the same)."""
+    with results.open("w") as out:
+        for page in pages:
+            try:
+                outcome: dict[str, object] = {"ran": run(page)}
+            except (Exception, SystemExit):
+                outcome = {"error": traceback.format_exc()}
+            out.write(json.dumps({"page": str(page), **outcome}) + "\n")
+            out.flush()
+
+
 if __name__ == "__main__":
-    print(f"{run(Path(sys.argv[1]))} blocks ran")
+    run_pages(Path(sys.argv[1]), [Path(arg) for arg in sys.argv[2:]])

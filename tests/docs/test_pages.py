@@ -1,9 +1,12 @@
-"""The README and the documentation site: every python block runs, the site builds strictly, links hold on PyPI."""
+"""The README and the documentation site's pages: every python block runs, links hold on PyPI.
+
+The blocks of the pages that import no framework of the full tier run here, all in one interpreter; those of the
+pages that do, in tests/docs/frameworks/; the site's strict build, in tests/docs/site/.
+"""
 
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import subprocess
 import sys
@@ -13,31 +16,43 @@ from pathlib import Path
 import pytest
 
 from async_batcher import AsyncBatcher
-from tests.docs_blocks import SESSION, blocks, is_session_page, run, session_sentence_before_first_block
+from tests.docs.blocks import (
+    PAGES,
+    README,
+    ROOT,
+    SESSION,
+    SITE,
+    blocks,
+    check_ran,
+    frameworks,
+    is_session_page,
+    run,
+    session_sentence_before_first_block,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
-# Where .github/workflows/docs.yml publishes the site (GitHub Pages).
-SITE = "https://hussein-awala.github.io/async-batcher/"
-PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 # Fragments marked <!-- not-run: ... --> in all the pages together: a few at most, each for a reason.
 MOST_NOT_RUN = 3
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
-def test_every_python_block_of_the_page_runs(page: Path) -> None:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.docs_blocks", str(page)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    expected = sum(1 for block in blocks(page) if block.not_run is None)
-    assert done.stdout.strip().endswith(f"{expected} blocks ran"), done.stdout
+# The pages whose blocks import nothing of the full tier's frameworks: run here, all in one interpreter.
+RUN = [page for page in PAGES if not frameworks(page)]
+
+
+@pytest.mark.parametrize("page", RUN, ids=[str(p.relative_to(ROOT)) for p in RUN])
+def test_every_python_block_of_the_page_runs(page: Path, ran: dict[Path, dict[str, object]]) -> None:
+    check_ran(page, ran[page])
+
+
+def test_the_pages_that_need_a_framework_are_few_and_run_in_the_full_tier() -> None:
+    # What tests/docs/frameworks/ runs (make test-all): the pages that show Keras, PyTorch or scikit-learn models.
+    needing = sorted(str(page.relative_to(ROOT)) for page in PAGES if frameworks(page))
+    assert needing == [
+        "README.md",
+        "docs/guides/fastapi.md",
+        "docs/guides/numpy-keras.md",
+        "docs/guides/sklearn.md",
+        "docs/guides/torch.md",
+    ]
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if is_session_page(p)], ids=lambda p: str(p.relative_to(ROOT)))
@@ -84,7 +99,8 @@ def test_fragments_are_rare_and_say_why() -> None:
 def test_every_snippet_file_is_shown_and_tested() -> None:
     snippets = sorted(p for p in (ROOT / "docs" / "snippets").glob("*.py") if p.name != "__init__.py")
     shown = {block.snippet for page in PAGES for block in blocks(page)}
-    tests = "".join(path.read_text() for path in (ROOT / "tests").rglob("test_*.py") if path.name != "test_docs.py")
+    here = Path(__file__)
+    tests = "".join(path.read_text() for path in (ROOT / "tests").rglob("test_*.py") if path != here)
     for snippet in snippets:
         name = str(snippet.relative_to(ROOT))
         assert name in shown, f"{name} is in no page"
@@ -130,39 +146,6 @@ def test_readme_links_are_absolute_so_they_work_on_pypi() -> None:
     assert targets
     relative = [t for t in targets if not t.startswith(("https://", "#"))]
     assert not relative, relative
-
-
-def test_the_site_builds_strictly(tmp_path: Path) -> None:
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    reference = (tmp_path / "site" / "reference" / "core" / "index.html").read_text()
-    assert "process_batch" in reference and "max_queue_time" in reference  # generated from the docstrings
-    # The reference as tools/griffe_reference.py and the options of mkdocs.yml make it: signatures formatted one
-    # parameter a line (ruff), no private base class, the contract a link, docstrings' examples highlighted.
-    assert '<span class="nf">AsyncBatcher</span><span class="p">(</span>\n    <span class="o">*</span>' in reference
-    assert "async_batcher._settings" not in reference
-    assert 'href="../../guarantees/#guarantees">the guarantees page</a>' in reference
-    assert "1. <strong>Dispatch.</strong>" not in reference and "<strong>Dispatch.</strong>" not in reference
-    integrations = (tmp_path / "site" / "reference" / "integrations" / "index.html").read_text()
-    assert '<span class="n">predictor</span> <span class="o">=</span>' in integrations
-    assert "::</p>" not in integrations and "code-block" not in integrations
-    # The README (PyPI's page too) links into the published site: each link is a page of this build, and each
-    # #anchor one of its headings' ids.
-    links = re.findall(r"\]\((" + re.escape(SITE) + r"[^)\s]*)\)", README.read_text())
-    assert len(links) >= 10, links
-    for link in links:
-        path, _, anchor = link.removeprefix(SITE).partition("#")
-        page = tmp_path / "site" / path / "index.html"
-        assert page.is_file(), f"README links to {link}: no such page in the site"
-        assert not anchor or f'id="{anchor}"' in page.read_text(), f"README links to {link}: no such anchor"
 
 
 def test_the_site_is_where_the_readme_and_the_package_say() -> None:

