@@ -17,6 +17,7 @@ tests (:data:`EVERY_LOOP_FOLDERS`), or for all with ``--every-loop`` (``make tes
 
 - ``@pytest.mark.virtual_time``: the test runs on :class:`~tests.loops.VirtualClockLoop` only, whose clock jumps
   straight to the next timer whenever nothing else can run.
+- ``@pytest.mark.real_loop``: on real loops, even in a module whose tests run on virtual time.
 - ``@pytest.mark.single_loop``: the default asyncio loop only (slow integration tests).
 
 What pytest-asyncio leaves silent fails the test here (the smallest hand-written piece that does it):
@@ -62,7 +63,7 @@ SERVERS = {
     "dynamodb_local_jar": "DynamoDB Local: Java 17 and Node.js",
 }
 # The folders whose async tests run on uvloop too in the fast tier: the core's (every folder with --every-loop).
-EVERY_LOOP_FOLDERS = {""}
+EVERY_LOOP_FOLDERS = {"core"}
 
 # Examples per property: `fast` by default, `full` with --hypothesis-profile=full (make test-all).
 settings.register_profile("fast", max_examples=200)
@@ -154,7 +155,7 @@ def _watched(factory: Callable[[], asyncio.AbstractEventLoop]) -> Callable[[], a
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
-    if item.get_closest_marker("virtual_time"):
+    if item.get_closest_marker("virtual_time") and not item.get_closest_marker("real_loop"):
         kinds = ["virtual"]
     elif item.get_closest_marker("single_loop") or not (
         config.getoption("every_loop") or folder(item.path) in EVERY_LOOP_FOLDERS

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
-from async_batcher import BatcherStoppedError, QueueFullException
+from async_batcher import (
+    BatcherStoppedError,
+    QueueFullException,
+)
 from async_batcher.exceptions import AsyncBatchException
-from tests.batchers import Recording, until
+from tests.batchers import Recording, Sleepy, outcome, settled, until
 
 pytestmark = pytest.mark.virtual_time
 
@@ -231,7 +236,8 @@ async def test_a_bad_timeout_is_refused_naming_it(bad: object) -> None:
     await b.stop()
 
 
-def settled(b: Recording) -> bool:
+def counted(b: Recording) -> bool:
+    """Every submitted item counted once, as succeeded, failed, cancelled or timed out."""
     s = b.stats
     return s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out
 
@@ -249,7 +255,7 @@ async def test_callers_in_line_for_room_are_counted_submitted_and_each_outcome_o
     gate.set()
     assert await in_line[0] == 20 and await asyncio.gather(first, *waiting) == [-2, 0]
     s = b.stats
-    assert (s.submitted, s.succeeded, s.cancelled, s.timed_out) == (5, 3, 1, 1) and settled(b)
+    assert (s.submitted, s.succeeded, s.cancelled, s.timed_out) == (5, 3, 1, 1) and counted(b)
     for _ in range(3):  # refusals add up
         with pytest.raises(QueueFullException):
             await b.process_many(range(2))
@@ -269,7 +275,7 @@ async def test_a_caller_woken_for_room_then_cancelled_passes_the_room_on() -> No
     await until(lambda: b.stats.queued == 2)  # the room went to c
     gate.set()
     assert await c == 22 and await asyncio.gather(first, *waiting) == [-2, 0]
-    assert 10 not in b.sent and settled(b)
+    assert 10 not in b.sent and counted(b)
     await b.stop()
 
 
@@ -304,7 +310,7 @@ async def test_a_default_timeout_applies_to_calls_without_their_own() -> None:
         await own
     assert loop.time() == 5.0 and b.sent == []  # each was withdrawn before its batch went
     s = b.stats
-    assert s.timed_out == 4 and settled(b)
+    assert s.timed_out == 4 and counted(b)
     b.default_timeout = None
     b.max_queue_time = 0
     assert await b.process(5) == 10  # (and the short path of process() is back)
@@ -321,7 +327,7 @@ async def test_a_default_timeout_does_not_recall_a_batch_already_sent() -> None:
     assert loop.time() == 1.0
     await asyncio.sleep(5)
     assert b.batches == [[1]]  # it ran to its end; its result went to no one
-    assert b.stats.timed_out == 1 and settled(b)
+    assert b.stats.timed_out == 1 and counted(b)
     await b.stop()
 
 
@@ -338,7 +344,7 @@ async def test_a_caller_leaving_the_queue_makes_room_for_the_one_in_line() -> No
     await until(lambda: b.stats.queued == 1)  # their room went to the caller in line, with no other event
     gate.set()
     assert await in_line == 20 and await first == -2
-    assert settled(b)
+    assert counted(b)
     await b.stop()
 
 
@@ -355,7 +361,7 @@ async def test_a_queued_caller_timing_out_makes_room_for_the_one_in_line(bulk: b
     await until(lambda: b.stats.queued == 1)  # the one in line took its place, with no batch ending
     gate.set()
     assert await in_line == 20 and await first == -2
-    assert b.sent == [-1, 10] and settled(b)
+    assert b.sent == [-1, 10] and counted(b)
     await b.stop()
 
 
@@ -373,7 +379,7 @@ async def test_queued_process_many_calls_cancelled_make_room_and_are_each_counte
     await until(lambda: b.stats.queued == 2)  # the call in line took their room, with no batch ending
     gate.set()
     assert await in_line == [20, 22] and await first == -2
-    assert b.sent == [-1, 10, 11] and settled(b)
+    assert b.sent == [-1, 10, 11] and counted(b)
     await b.stop()
 
 
@@ -396,7 +402,7 @@ async def test_the_rest_of_a_failed_process_many_makes_room_for_the_one_in_line(
     with pytest.raises(ValueError, match="no"):
         await failing
     assert await in_line == [20, 22] and await first == -2
-    assert b.stats.failed == 3 and settled(b)
+    assert b.stats.failed == 3 and counted(b)
     await b.stop()
 
 
@@ -427,7 +433,7 @@ async def test_the_caller_of_a_failed_process_many_withdraws_what_the_dispatcher
         await failing
     assert b.batches[-1] == [0] and b.stats.queued == 2  # 0 in flight; the call in line let in as 101 and 102 left
     assert await one == 0 and await two == [2, 4] and await first == -2
-    assert b.sent == [-1, 100, 0, 1, 2] and b.stats.failed == 3 and settled(b)
+    assert b.sent == [-1, 100, 0, 1, 2] and b.stats.failed == 3 and counted(b)
     await b.stop()
 
 
@@ -470,7 +476,7 @@ async def test_callers_in_line_that_give_up_are_each_counted() -> None:
     assert b.stats.cancelled == 4  # both calls' items, each counted once
     gate.set()
     await asyncio.gather(first, *waiting)
-    assert settled(b)
+    assert counted(b)
     await b.stop()
 
 
@@ -500,7 +506,7 @@ async def test_a_caller_woken_for_room_as_a_stop_begins_is_refused_and_counted()
     await stopping
     await asyncio.gather(first, *waiting)
     s = b.stats
-    assert (s.submitted, s.failed) == (6, 3) and settled(b)
+    assert (s.submitted, s.failed) == (6, 3) and counted(b)
 
 
 async def test_lowering_max_queue_size_refuses_the_callers_in_line_that_can_never_fit_and_serves_the_rest() -> None:
@@ -543,3 +549,61 @@ async def test_the_callers_behind_one_that_can_never_fit_get_the_room_there_is_a
         gate.set()
         assert await small == 40 and await first == -2 and await asyncio.gather(*waiting) == [0, 2]
     await b.stop()
+
+
+# ---------------------------------------------------------------------- room in the queue, changed live
+
+
+WAIT = 1000.0
+
+
+@pytest.mark.parametrize(
+    ("changes", "served"),
+    [
+        ([5], {"eight": "QueueFullException", "one": 99, "stream": [66], "three": 3}),
+        ([8], {"eight": 8, "one": 99, "stream": [66], "three": 3}),
+        ([1], {"eight": "QueueFullException", "one": 99, "stream": [66], "three": "QueueFullException"}),
+        ([0], {"eight": 8, "one": 99, "stream": [66], "three": 3}),
+        ([-1], {"eight": 8, "one": 99, "stream": [66], "three": 3}),
+        # Refused as the limit was lowered: raising it again does not bring it back; the others are served.
+        ([5, 100], {"eight": "QueueFullException", "one": 99, "stream": [66], "three": 3}),
+        ([100, 5], {"eight": 8, "one": 99, "stream": [66], "three": 3}),
+    ],
+)
+async def test_max_queue_size_changed_under_callers_waiting_for_room(
+    changes: list[int], served: dict[str, Any]
+) -> None:
+    b = Sleepy(max_queue_size=10, wait_when_full=True, max_batch_size=10, max_queue_time=0)
+    running = asyncio.ensure_future(b.process_many(range(10)))
+    await asyncio.sleep(0.01)
+    queued = asyncio.ensure_future(b.process_many(range(10, 20)))
+    await asyncio.sleep(0.01)
+    waiting = {
+        "eight": asyncio.ensure_future(b.process_many(range(20, 28), return_exceptions=True)),
+        "one": asyncio.ensure_future(b.process(99, timeout=50)),
+        "stream": asyncio.ensure_future(_collect(b.stream(66))),
+        "three": asyncio.ensure_future(b.process_many(range(30, 33))),
+    }
+    await asyncio.sleep(0.01)
+    assert b._run.awaiting_room == 13
+    for size in changes:
+        b.max_queue_size = size
+        await asyncio.sleep(0)
+    async with asyncio.timeout(WAIT):
+        got = await asyncio.gather(running, queued, *waiting.values(), return_exceptions=True)
+        await b.stop()
+
+    def shown(name: str, result: Any) -> Any:  # a process_many's results by their number
+        return len(result) if isinstance(result, list) and name != "stream" else outcome(result)
+
+    assert [shown("", r) for r in got[:2]] == [10, 10]
+    assert {name: shown(name, r) for name, r in zip(waiting, got[2:], strict=True)} == served
+    refused = [name for name, value in served.items() if value == "QueueFullException"]
+    s = b.stats
+    assert s.failed == sum({"eight": 8, "three": 3}[name] for name in refused) and settled(b)
+    sent = [x for batch in b.batches for x in batch]
+    assert len(sent) == len(set(sent)) == s.processed == 33 - s.failed  # each item sent once, the refused never
+
+
+async def _collect(stream: AsyncIterator[Any]) -> list[Any]:
+    return [part async for part in stream]

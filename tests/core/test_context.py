@@ -4,7 +4,7 @@ On every path (``async def``, a plain ``def`` in its executor, an async generato
 context of the ``start()`` that started its run (an empty one when a caller's first call started it), in a fresh
 copy: nothing a caller set is there, and nothing it sets reaches a caller or the next batch. ``on_start`` and
 ``on_stop`` run in a copy of that context too. (What each caller's context held is the batch's through
-``current_batch()``: tests/test_current_batch.py.)
+``current_batch()``: tests/core/test_current_batch.py.)
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""Keyed lanes that keep their history (``Queue.drop_empty_lanes``, ``KEEP_IDLE``) under attack, on the virtual clock.
+"""Keyed lanes that keep their history (``Queue.drop_empty_lanes``, ``KEEP_IDLE``), on the loop's virtual clock.
 
 The change: an idle ``batch_key`` lane (empty, no batch in flight, no hold) is no longer forgotten at the next
 dispatch; the ``KEEP_IDLE`` (16) idle lanes whose last batch ended last stay, with their history, so that a keyed
-cohort gets the regather's turns as the default lane's does. Attacked from the outside: keys that misbehave once
+cohort gets the regather's turns as the default lane's does. Checked from the outside: keys that misbehave once
 kept, callers who leave a kept lane, priorities, weights turned on live, fairness with one slot, thousands of keys
 churning with holds, ``process_many`` across keys, the adaptive wait, stops and restarts, a long idle spell.
 
-Found here, and mended in ``Queue.drop_empty_lanes`` (each now a test):
+Found by these tests, and mended in ``Queue.drop_empty_lanes`` (each now a test):
 
 - A kept lane kept the queue entries of its callers who left (timed out, cancelled): a withdrawn entry stays in
   its lane's deque until the dispatcher reaches it, which for an idle kept lane was never. Each held the item, the

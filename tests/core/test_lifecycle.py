@@ -12,13 +12,14 @@ import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 import async_batcher
 from async_batcher import AsyncBatcher, BatcherStoppedError
 from async_batcher.batcher import AsyncBatcher as AsyncBatcherFromModule
 from async_batcher.exceptions import AsyncBatchException, QueueFullException
-from tests.batchers import Recording, until
+from tests.batchers import Recording, settled, until
 
 ANOTHER_LOOP = r"^Recording is running on another event loop; stop it there before using it here$"
 
@@ -731,3 +732,130 @@ def test_a_loop_that_is_not_running_on_this_thread_never_gets_an_item_from_anoth
         first.run_until_complete(b.stop())
     finally:
         first.close()
+
+
+# ---------------------------------------------------------------------- stops, statistics, validation, errors
+
+
+WAIT = 10.0
+
+
+class Echo(AsyncBatcher[int, int]):
+    async def process_batch(self, batch: list[int]) -> list[int]:
+        return batch
+
+
+async def test_a_bulk_call_cancelled_while_queued_then_a_forced_stop_neither_spins_nor_miscounts() -> None:
+    for pause in (0.01, 0):  # (a pause let the loop spin forever; none left queued == -3)
+        b = Echo(max_queue_time=10)
+        task = asyncio.ensure_future(b.process_many([1, 2, 3]))
+        await asyncio.sleep(pause)
+        task.cancel()
+        await asyncio.wait_for(b.stop(force=True), WAIT)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert b.stats.queued == 0 and settled(b)
+
+
+async def test_the_items_withdrawn_when_a_bulk_call_fails_are_counted() -> None:
+    b = Recording(max_batch_size=1, max_queue_time=0, answer=lambda batch: [ValueError("first")])
+    with pytest.raises(ValueError, match="first"):
+        await b.process_many(range(5))
+    await until(lambda: b.stats.queued == 0)
+    assert b.stats.submitted == 5 and b.stats.failed == 5 and settled(b)
+    await b.stop()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "named"),
+    [
+        ({"wait_when_full": "no"}, TypeError, "'no'"),
+        ({"wait_when_full": float("nan")}, TypeError, "nan"),
+        ({"executor": "3"}, TypeError, "'3'"),
+        ({"executor": object()}, TypeError, "object"),
+        ({"name": 123}, TypeError, "123"),
+        ({"max_batch_size": 2.5}, ValueError, "2.5"),
+        ({"max_queue_time": float("inf")}, ValueError, "inf"),
+    ],
+)
+def test_bad_flags_executors_names_and_numbers_are_refused_naming_the_value(
+    kwargs: dict[str, Any], error: type, named: str
+) -> None:
+    with pytest.raises(error, match=named):
+        Recording(**kwargs)
+
+
+async def test_numpy_numbers_are_numbers_and_bools_are_not_priorities() -> None:
+    b = Recording(max_batch_size=np.int64(8), max_queue_size=np.int32(100), concurrency=np.int64(2), max_queue_time=0)
+    assert (b.max_batch_size, b.max_queue_size, b.concurrency) == (8, 100, 2)
+    assert await b.process(1, priority=np.int64(-1)) == 2
+    assert await b.process(2, priority=np.float32(0.5)) == 4
+    for flag in (True, False):
+        with pytest.raises(ValueError, match=str(flag)):
+            await b.process(3, priority=flag)
+    await b.stop()
+
+
+async def test_process_batch_may_name_its_parameter_anything() -> None:
+    class Items(AsyncBatcher[int, int]):
+        async def process_batch(self, items: list[int]) -> list[int]:  # not "batch": passed by position
+            return [x + 1 for x in items]
+
+    class KeywordOnly(AsyncBatcher[int, int]):
+        async def process_batch(self, *, batch: list[int]) -> list[int]:  # type: ignore[override]
+            return [x + 2 for x in batch]
+
+    class SyncItems(AsyncBatcher[int, int]):
+        def process_batch(self, rows: list[int]) -> list[int]:
+            return [x + 3 for x in rows]
+
+    for cls, offset in ((Items, 1), (KeywordOnly, 2), (SyncItems, 3)):
+        b = cls(max_queue_time=0)
+        assert await b.process(1) == 1 + offset
+        await b.stop()
+
+
+async def test_the_errors_a_caller_gets_say_what_happened_and_name_the_batcher() -> None:
+    gate = asyncio.Event()
+    b = Recording(max_queue_time=0, max_queue_size=2, wait_when_full=True, gate=gate, name="namer")
+    first = asyncio.ensure_future(b.process(0))
+    await until(lambda: b.batches)
+    queued = asyncio.ensure_future(b.process_many([1, 11]))
+    await until(lambda: b.stats.queued == 2)
+    with pytest.raises(TimeoutError, match="no room in the queue within the timeout"):
+        await b.process(2, timeout=0.01)
+    with pytest.raises(TimeoutError, match="no room in the queue within the timeout"):
+        await b.process_many([3, 4], timeout=0.01)  # the timeout covers process_many's wait for room too
+    b.max_queue_size = 10
+    with pytest.raises(TimeoutError, match="namer: no result within the timeout"):
+        await b.process(5, timeout=0.01)
+    with pytest.raises(TimeoutError, match="namer: no results within the timeout"):
+        await b.process_many([6, 7], timeout=0.01)
+    assert b.stats.timed_out == 6
+    stopping = asyncio.ensure_future(b.stop(force=True))
+    with pytest.raises(BatcherStoppedError, match="namer was stopped with force=True"):
+        await first
+    with pytest.raises(BatcherStoppedError, match="namer was stopped with force=True"):
+        await queued
+    await stopping
+    with pytest.raises(BatcherStoppedError, match="namer is stopped; start"):
+        await b.process(8)
+    for _ in range(2):
+        with pytest.raises(BatcherStoppedError):
+            await b.process_many([9, 10])
+    assert b.stats.rejected == 5  # every refused item, counted once
+
+
+async def test_a_caller_leaving_during_a_stop_lets_the_stop_finish() -> None:
+    b = Recording(max_queue_time=100, max_batch_size=10, delay=0.05)
+    held = asyncio.ensure_future(b.process_many(range(10)))  # in flight
+    await until(lambda: b.batches)
+    queued = asyncio.ensure_future(b.process(50, timeout=0.01))  # leaves while the stop drains
+    many = asyncio.ensure_future(b.process_many([60, 61]))
+    await asyncio.sleep(0)
+    stopping = asyncio.ensure_future(b.stop())
+    many.cancel()
+    with pytest.raises(TimeoutError):
+        await queued
+    await asyncio.wait_for(stopping, WAIT)
+    assert await held == [2 * i for i in range(10)] and settled(b)

@@ -5,20 +5,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from async_batcher import (
     AsyncBatcher,
     AsyncBatchException,
+    BatcherStoppedError,
     BatchSizeMismatchError,
     OutcomeUnknownError,
     ProcessBatchCancelledError,
     _forming,
 )
 from async_batcher._queue import Queue
-from tests.batchers import Recording, SyncRecording, until
+from tests.batchers import Recording, SyncRecording, settled, until
 
 
 async def test_none_gives_every_caller_none() -> None:
@@ -291,4 +294,122 @@ async def test_a_batch_whose_task_is_cancelled_from_outside_answers_its_callers_
     ]
     assert (b.stats.batches, b.stats.in_flight, b.stats.failed) == (1, 0, 2)
     assert await b.process(5) == 10
+    await b.stop()
+
+
+# ---------------------------------------------------------------------- what process_batch may do and return
+
+
+WAIT = 10.0
+
+
+@pytest.mark.parametrize("mutate", ["clear", "pad"])
+async def test_process_batch_may_change_its_batch_list(mutate: str) -> None:
+    class Mutating(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            results = [x * 2 for x in batch]
+            if mutate == "clear":
+                batch.clear()
+            else:
+                batch.extend([0] * (8 - len(batch)))  # padded in place to a bucket size
+            return results
+
+    b = Mutating(max_batch_size=8, max_queue_time=0)
+    assert await asyncio.gather(*(b.process(i) for i in range(5))) == [0, 2, 4, 6, 8]
+    await b.stop()
+
+
+async def test_return_exceptions_puts_a_failed_batchs_error_in_its_items_places() -> None:
+    def answer(batch: list[int]) -> Any:
+        if 4 in batch:
+            raise ValueError("this batch failed")
+        if 7 in batch:
+            return batch[:-1]  # the wrong number of results
+        return [x * 2 for x in batch]
+
+    b = Recording(max_batch_size=3, max_queue_time=0, answer=answer)
+    results = await b.process_many(range(9), return_exceptions=True)
+    assert results[:3] == [0, 2, 4]
+    assert all(isinstance(r, ValueError) for r in results[3:6])
+    assert all(isinstance(r, BatchSizeMismatchError) for r in results[6:9])
+    assert settled(b) and b.stats.failed == 6 and b.stats.succeeded == 3
+    await b.stop()
+
+
+@pytest.mark.parametrize(
+    ("returned", "named"),
+    [
+        (lambda batch: {x: x for x in batch}, "dict"),
+        (lambda batch: set(batch), "set"),
+        (lambda batch: 3, "int"),
+        (lambda batch: "abc", "str"),
+    ],
+    ids=["dict", "set", "int", "str"],
+)
+async def test_results_with_no_order_or_no_items_are_refused_naming_what_was_returned(
+    returned: Any, named: str
+) -> None:
+    b = Recording(max_queue_time=0, answer=returned)
+    calls = await asyncio.gather(*(b.process(i) for i in range(3)), return_exceptions=True)
+    for call in calls:
+        assert isinstance(call, TypeError)
+        assert str(call) == (
+            f"process_batch returned {named}; expected a sequence of 3 results in the order of the batch (a list, a "
+            "tuple, a numpy array, a generator), or None"
+        )
+    assert settled(b)
+    await b.stop()
+
+
+async def test_a_forgotten_await_is_named_and_the_coroutine_closed() -> None:
+    async def real(batch: list[int]) -> list[int]:
+        return batch
+
+    class Forgetful(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> Any:
+            return real(batch)  # not awaited
+
+    b = Forgetful(max_queue_time=0)
+    with pytest.raises(TypeError) as info:
+        await b.process(1)
+    assert str(info.value) == (
+        "process_batch returned coroutine (an async process_batch must await what it returns); expected a sequence "
+        "of 1 results in the order of the batch (a list, a tuple, a numpy array, a generator), or None"
+    )
+    await b.stop()  # (a coroutine left unclosed would warn, and warnings fail the suite)
+
+
+async def test_ordered_iterables_are_taken_and_an_endless_one_does_not_freeze_the_loop() -> None:
+    def endless(batch: list[int]) -> Iterator[int]:
+        while True:
+            yield 1
+
+    b = Recording(max_queue_time=0, answer=lambda batch: np.array(batch) * 3)
+    assert await asyncio.gather(*(b.process(i) for i in range(3))) == [0, 3, 6]
+    b.answer = lambda batch: (x for x in batch)
+    assert await b.process(5) == 5
+    b.answer = endless
+    calls = await asyncio.wait_for(asyncio.gather(*(b.process(i) for i in range(3)), return_exceptions=True), WAIT)
+    assert all(isinstance(c, BatchSizeMismatchError) and "more than 3" in str(c) for c in calls), calls
+    await b.stop()
+
+
+@pytest.mark.parametrize("kind", [GeneratorExit, type("Custom", (BaseException,), {})])
+async def test_a_base_exception_from_process_batch_reaches_the_callers_and_nothing_else(kind: type) -> None:
+    class Raising(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            raise kind()
+
+    b = Raising(max_queue_time=0)
+    with pytest.raises(AsyncBatchException, match=kind.__name__) as info:
+        await b.process(1)
+    assert isinstance(info.value.__cause__, kind) and not isinstance(info.value, BatcherStoppedError)
+    assert await b.is_running()  # it serves on; the harness fails the test on "exception never retrieved"
+    await b.stop()
+
+
+async def test_return_exceptions_must_be_a_flag() -> None:
+    b = Recording(max_queue_time=0)
+    with pytest.raises(TypeError, match="return_exceptions must be True or False, got 'yes'"):
+        await b.process_many([1], return_exceptions="yes")  # type: ignore[arg-type]
     await b.stop()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from async_batcher._queue import KEEP_IDLE
-from tests.batchers import Recording, until
+from tests.batchers import Recording, Sleepy, Tens, outcome, settled, until
 
 pytestmark = pytest.mark.virtual_time
 
@@ -336,3 +336,65 @@ async def test_the_key_served_longest_ago_goes_first_whatever_order_the_keys_cam
     # At 3 both are full: key 2, served at 1, goes before key 1, served at 2 (and came first).
     assert b.batches[:4] == [[900, 901], [200, 201], [100, 101], [202, 203]]
     await b.stop()
+
+
+# ---------------------------------------------------------------------- weights and keys that misbehave
+
+
+WAIT = 1000.0
+
+
+async def test_max_batch_weight_lowered_under_queued_items_sends_each_too_heavy_one_alone() -> None:
+    class Weighed(Sleepy):
+        def item_weight(self, item: int) -> float:
+            return item % 4 + 1
+
+    b = Weighed(max_queue_size=4, wait_when_full=True, max_batch_size=4, max_queue_time=0, max_batch_weight=10)
+    calls = [asyncio.ensure_future(b.process(x)) for x in range(12)]  # 1 batch in flight, 4 queued, 7 waiting
+    await asyncio.sleep(0.5)
+    b.max_batch_weight = 2
+    async with asyncio.timeout(WAIT):
+        assert await asyncio.gather(*calls) == list(range(12))
+        await b.stop()
+    assert all(len(batch) == 1 or sum(x % 4 + 1 for x in batch) <= 2 for batch in b.batches[1:])
+    assert settled(b) and b.stats.processed == 12
+
+
+def _plain_wrapper(hook: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:  # (no functools.wraps: nothing tells it wraps an async def)
+        return hook(*args, **kwargs)
+
+    return wrapper
+
+
+async def test_an_async_batch_key_hidden_behind_a_plain_wrapper_is_refused_naming_it() -> None:
+    """Where the class-definition check cannot see the ``async def`` (a decorator without ``functools.wraps``), the
+    key it returns is a coroutine: hashable, so every item would get a batch of its own, silently. Refused."""
+
+    class Keyed(Tens):
+        @_plain_wrapper
+        async def batch_key(self, item: int) -> int:
+            return item % 2
+
+    b = Keyed(max_queue_time=0.1)
+    async with asyncio.timeout(WAIT):
+        results = await asyncio.gather(*(b.process(x) for x in range(4)), return_exceptions=True)
+        await b.stop()
+    assert [outcome(r) for r in results] == ["TypeError"] * 4
+    assert "Keyed.batch_key() returned <coroutine object" in str(results[0]) and b.batches == []
+    assert settled(b) and b.stats.submitted == 0
+
+
+async def test_a_weight_too_large_for_a_float_is_refused_naming_it() -> None:
+    class Heavy(Tens):
+        def item_weight(self, item: int) -> float:
+            return 10**400
+
+    with pytest.raises(ValueError, match="max_batch_weight must be None or a finite number > 0, got 1000000"):
+        Heavy(max_batch_weight=10**400)
+    b = Heavy(max_queue_time=0)
+    async with asyncio.timeout(WAIT):
+        with pytest.raises(ValueError, match=r"item_weight\(\) must return a finite number >= 0, got 1000000"):
+            await b.process(1)
+        await b.stop()
+    assert settled(b) and b.stats.submitted == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,10 +22,12 @@ from async_batcher import (
     ReentrantCallError,
     batch,
 )
-from tests.batchers import until
+from tests.batchers import settled, until
 
 # Every wait of these tests is bounded on the loop's (virtual) clock: a batcher that hangs fails the test.
 WAIT = 1000.0
+# The tests on a real loop (real_loop): a hang fails them in seconds.
+REAL_WAIT = 10.0
 
 pytestmark = pytest.mark.virtual_time
 
@@ -56,11 +59,6 @@ class Counter(AsyncBatcher[int, str]):
 
 async def collect(stream: AsyncIterator[Any]) -> list[Any]:
     return [part async for part in stream]
-
-
-def settled(b: AsyncBatcher[Any, Any]) -> bool:
-    s = b.stats
-    return s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out and s.queued == s.in_flight == 0
 
 
 async def test_each_caller_gets_its_own_parts_in_order_and_its_stream_ends() -> None:
@@ -822,3 +820,277 @@ async def test_a_streaming_batch_is_never_followed_by_a_hold() -> None:
         assert await collect(b.stream(4)) == [4]
         assert loop.time() - sent == pytest.approx(1.0)  # its one step, not the hold's 100 s on top
         await b.stop()
+
+
+# ---------------------------------------------------------------------- streams that stall, resume, leave
+
+
+class Parts(AsyncBatcher[int, str]):
+    """Item ``n`` streams ``"n.0"``, ``"n.1"``, ... one part a second, forever; records each step's batch."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.steps: list[list[int]] = []
+
+    async def process_batch(self, batch: list[int]) -> AsyncIterator[list[str]]:
+        sent: dict[int, int] = {}
+        while True:
+            self.steps.append(list(batch))
+            await asyncio.sleep(1)
+            parts = []
+            for n in batch:
+                k = sent.get(n, 0)
+                sent[n] = k + 1
+                parts.append(f"{n}.{k}")
+            yield parts
+
+
+@pytest.mark.parametrize(("idle", "dropped"), [(4.999, False), (5.0, False), (5.001, True), (6.0, True)])
+async def test_a_consumer_is_dropped_only_after_the_stall_timeout_and_then_gets_exactly_its_buffered_parts(
+    idle: float, dropped: bool
+) -> None:
+    b = Parts(max_queue_time=0, stream_buffer=2, stream_stall_timeout=5)
+    stalled = b.stream(1)
+    other = b.stream(2)
+    async with asyncio.timeout(WAIT):
+        got = [await anext(stalled)]  # at 1; 1.1 and 1.2 fill its buffer at 3: the step waits until 8
+        mine = asyncio.ensure_future(_collect_until(other, 12))
+        await asyncio.sleep(2 + idle)
+        try:
+            async for part in stalled:
+                got.append(part)
+                if len(got) == 6:
+                    break
+        except TimeoutError as error:
+            got.append(type(error).__name__)
+            assert "took none of its 2 buffered parts within stream_stall_timeout=5" in str(error)
+        await stalled.aclose()  # type: ignore[attr-defined]
+        assert await mine == [f"2.{k}" for k in range(12)]  # the other stream never waited longer, nor mixed
+        await b.stop()
+    assert got == (["1.0", "1.1", "1.2", "TimeoutError"] if dropped else [f"1.{k}" for k in range(6)])
+    assert b.stats.timed_out == dropped and settled(b)
+
+
+async def _collect_until(stream: AsyncIterator[Any], n: int) -> list[Any]:
+    async with contextlib.aclosing(stream) as parts:  # type: ignore[type-var]
+        got = []
+        async for part in parts:
+            got.append(part)
+            if len(got) == n:
+                break
+        return got
+
+
+async def test_a_dropped_stream_with_a_timeout_of_its_own_is_counted_once() -> None:
+    b = Parts(max_queue_time=0, stream_buffer=1, stream_stall_timeout=2)
+    stalled = b.stream(1, timeout=6)
+    async with asyncio.timeout(WAIT):
+        assert await anext(stalled) == "1.0"
+        await asyncio.sleep(10)  # dropped at 4 (buffer full at 2), then its own timeout passes at 6
+        assert await anext(stalled) == "1.1"
+        with pytest.raises(TimeoutError, match="stream_stall_timeout"):
+            await anext(stalled)
+        await b.stop()
+    s = b.stats
+    assert (s.timed_out, s.cancelled, s.failed, s.succeeded) == (1, 0, 0, 0) and settled(b)
+
+
+class Lengths(AsyncBatcher[tuple[int, int], str]):
+    """Item ``(i, n)`` streams ``"i.0"`` ... ``"i.(n-1)"``, then ends; continuous; steps of random length."""
+
+    continuous_batching = True
+
+    def __init__(self, rng: random.Random, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rng = rng
+        self.sizes: list[int] = []
+
+    async def process_batch(self, batch: list[tuple[int, int]]) -> AsyncIterator[list[Any]]:
+        sent: dict[tuple[int, int], int] = {}
+        while batch:
+            self.sizes.append(len(batch))
+            await asyncio.sleep(self.rng.choice([0, 0.5, 1]))
+            parts: list[Any] = []
+            for item in batch:
+                k = sent.get(item, 0)
+                sent[item] = k + 1
+                parts.append(END if k >= item[1] else f"{item[0]}.{k}")
+            yield parts
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_continuous_streams_that_stall_break_leave_and_join_each_get_only_their_own_parts(seed: int) -> None:
+    rng = random.Random(seed)
+    b = Lengths(rng, max_queue_time=rng.choice([0, 0.5]), max_batch_size=4, stream_buffer=2, stream_stall_timeout=3)
+    b.concurrency = 2
+    kept: list[AsyncIterator[Any]] = []  # streams left by a break and still referenced: the stall timeout drops them
+
+    async def consumer(i: int, kind: str) -> tuple[str, list[Any], str]:
+        await asyncio.sleep(rng.uniform(0, 20))
+        n = rng.randint(0, 12)
+        stream = b.stream((i, n))
+        got: list[Any] = []
+        try:
+            async for part in stream:
+                got.append(part)
+                if kind == "stall" and len(got) == 1:
+                    await asyncio.sleep(rng.choice([1, 2.9, 3, 3.1, 10]))
+                elif kind == "slow":
+                    await asyncio.sleep(rng.uniform(0, 2))
+                elif kind == "break" and len(got) == 2:
+                    kept.append(stream)
+                    return kind, got, "left"
+                elif kind == "close" and len(got) == 2:
+                    await stream.aclose()  # type: ignore[attr-defined]
+                    return kind, got, "left"
+            assert got == [f"{i}.{k}" for k in range(n)]  # a stream that ends has all its parts
+            return kind, got, "ended"
+        except TimeoutError:
+            return kind, got, "dropped"
+
+    kinds = [rng.choice(["fast", "slow", "stall", "break", "close"]) for _ in range(40)]
+    async with asyncio.timeout(WAIT):
+        ends = await asyncio.gather(*(consumer(i, kind) for i, kind in enumerate(kinds)))
+        await b.stop()
+        dropped_after_break = 0
+        for stream in kept:  # the rest of what a consumer that broke off had buffered, then its end or its drop
+            try:
+                async for _ in stream:
+                    pass
+            except TimeoutError:
+                dropped_after_break += 1
+    for i, (kind, got, how) in enumerate(ends):
+        assert got == [f"{i}.{k}" for k in range(len(got))], (kind, got)  # its own parts, in order, no gap
+        assert how != "dropped" or kind in ("stall", "slow")
+    s = b.stats
+    assert s.timed_out == sum(how == "dropped" for _, _, how in ends) + dropped_after_break
+    assert max(b.sizes) <= 4 and s.mean_batch_size <= 4 and settled(b)
+
+
+@pytest.mark.parametrize("value", [True, False, -0.5, float("nan"), float("inf"), float("-inf"), "1", []])
+def test_a_bad_stall_timeout_is_refused_naming_it_and_the_old_value_stays(value: Any) -> None:
+    b = Parts(stream_stall_timeout=7)
+    with pytest.raises((ValueError, TypeError)) as refused:
+        b.stream_stall_timeout = value
+    assert "stream_stall_timeout" in str(refused.value) and repr(value)[:20] in str(refused.value)
+    assert b.stream_stall_timeout == 7.0
+
+
+async def test_a_generator_that_never_ends_a_stream_is_ended_by_a_stop_with_a_timeout() -> None:
+    loop = asyncio.get_running_loop()
+    b = Parts(max_queue_time=0, stream_buffer=100)
+    got: list[Any] = []
+
+    async def read() -> None:
+        try:
+            async for part in b.stream(1):
+                got.append(part)
+        except BatcherStoppedError as error:
+            got.append(type(error).__name__)
+
+    reader = asyncio.ensure_future(read())
+    await asyncio.sleep(3.5)
+    async with asyncio.timeout(WAIT):
+        await b.stop(timeout=5)
+        await reader
+    assert loop.time() == 8.5 and got == [f"1.{k}" for k in range(8)] + ["BatcherStoppedError"]
+    assert settled(b) and b.stats.failed == 1
+
+
+async def test_a_stall_timeout_lowered_live_reaches_the_step_already_waiting() -> None:
+    """The stall timeout applies to the wait in progress: lowered (from ``None`` too) under a stalled consumer,
+    the step waits only as long as the new value allows, counted from when it began to wait; a stop does not
+    hang on it."""
+    loop = asyncio.get_running_loop()
+    for before, after, dropped_at in ((None, 5.0, 11.0), (None, 0.0, 11.0), (100.0, 20.0, 23.0)):
+        b = Parts(max_queue_time=0, stream_buffer=2, stream_stall_timeout=before)
+        began = loop.time()
+        stalled = b.stream(1)
+        async with asyncio.timeout(WAIT):
+            assert await anext(stalled) == "1.0"  # at 1; its buffer is full at 3, where the step begins to wait
+            await asyncio.sleep(10)
+            b.stream_stall_timeout = after  # at 11
+            await b.stop()  # it ends as its one stream is dropped
+        assert loop.time() - began == dropped_at, (before, after)
+        assert [part async for part in _until_error(stalled)] == ["1.1", "1.2", "TimeoutError"]
+        assert b.stats.timed_out == 1 and settled(b)
+
+
+async def _until_error(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    try:
+        async for part in stream:
+            yield part
+    except Exception as error:
+        yield type(error).__name__
+
+
+async def test_the_stall_error_says_how_many_parts_its_consumer_left_unread() -> None:
+    b = Parts(max_queue_time=0, stream_buffer=2, stream_stall_timeout=3)
+    stalled = b.stream(1)
+    async with asyncio.timeout(WAIT):
+        assert await anext(stalled) == "1.0"
+        b.stream_buffer = 50  # for the streams to come: this one buffers 2
+        await asyncio.sleep(10)
+        await b.stop()
+        assert await anext(stalled) == "1.1" and await anext(stalled) == "1.2"
+        with pytest.raises(TimeoutError) as dropped:
+            await anext(stalled)
+    assert "took none of its 2 buffered parts within stream_stall_timeout=3" in str(dropped.value)
+
+
+@pytest.mark.parametrize("setting", ["stream_stall_timeout", "max_queue_time", "max_hold_time", "default_timeout"])
+def test_a_number_of_seconds_too_large_for_a_float_is_refused_naming_it(setting: str) -> None:
+    b = Parts()
+    with pytest.raises(ValueError, match=f"{setting} must be a finite number of seconds >= 0, got 1000000"):
+        setattr(b, setting, 10**400)
+
+
+# ---------------------------------------------------------------------- consumers on a real loop
+
+
+class Lockstep(AsyncBatcher[int, int]):
+    """Streams ``0..49`` to every item with no pause between steps: its consumers have only the loop's turns."""
+
+    continuous_batching = True
+
+    async def process_batch(self, batch: list[int]) -> AsyncIterator[list[Any]]:
+        sent: dict[int, int] = {}
+        while batch:
+            parts: list[Any] = []
+            for x in batch:
+                k = sent.get(x, 0)
+                sent[x] = k + 1
+                parts.append(k if k < 50 else END)
+            yield parts
+
+
+@pytest.mark.real_loop
+async def test_consumers_that_keep_up_are_never_dropped_even_with_a_stall_timeout_of_zero() -> None:
+    b = Lockstep(max_queue_time=0, stream_buffer=1, stream_stall_timeout=0, max_batch_size=8)
+
+    async def read(x: int) -> list[int]:
+        return [p async for p in b.stream(x)]
+
+    results = await asyncio.wait_for(asyncio.gather(*(read(x) for x in range(20))), REAL_WAIT)
+    assert all(r == list(range(50)) for r in results)
+    assert b.stats.timed_out == 0 and b.stats.succeeded == 20
+    await asyncio.wait_for(b.stop(), REAL_WAIT)
+
+
+@pytest.mark.real_loop
+async def test_a_consumer_that_stops_reading_on_a_real_loop_is_dropped_and_the_others_finish() -> None:
+    b = Lockstep(max_queue_time=0, stream_buffer=2, stream_stall_timeout=0.05, max_batch_size=8)
+    stuck = b.stream(0)
+    assert await asyncio.wait_for(anext(stuck), REAL_WAIT) == 0  # then it reads no more, and is kept
+
+    async def read(x: int) -> list[int]:
+        return [p async for p in b.stream(x)]
+
+    assert await asyncio.wait_for(asyncio.gather(*(read(x) for x in range(1, 5))), REAL_WAIT) == [list(range(50))] * 4
+    await asyncio.wait_for(b.stop(), REAL_WAIT)
+    assert b.stats.timed_out == 1
+    got = []
+    with pytest.raises(TimeoutError, match="stream_stall_timeout"):
+        async for p in stuck:
+            got.append(p)
+    assert got == [1, 2]  # its buffered parts, then the error

@@ -19,7 +19,7 @@ from packaging.version import Version
 
 from async_batcher import __version__
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 FOLDERS = sorted(p for p in EXAMPLES.iterdir() if p.is_dir() and any(p.glob("*.py")))
 # Examples that serve the benchmark's model and run from a clone of the repository, as their docstrings say.
