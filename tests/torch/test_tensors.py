@@ -307,3 +307,15 @@ def test_import_without_torch_names_the_extra() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert "pip install 'async-batcher[torch]'" in out.stdout
+
+
+# ---------------------------------------------------------------------- empty batches and negative sizes
+
+
+def test_empty_batches_and_negative_sizes() -> None:
+    with pytest.raises(ValueError, match="cannot collate an empty batch"):
+        collate([])
+    assert split_outputs(torch.zeros(3, 2), 0) == []
+    with pytest.raises(ValueError, match="size must be >= 0, got -1"):
+        split_outputs(torch.zeros(2), -1)
+    assert Batch(torch.empty(0), 0, 0).split(object()) == []
