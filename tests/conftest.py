@@ -131,6 +131,13 @@ def runs_integration(config: pytest.Config) -> bool:
     return compiled.evaluate(marked(True)) or compiled.evaluate(marked(False))
 
 
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if runs_integration(config):
+        return None
+    folders = ",".join(INTEGRATION_FOLDERS)
+    return f"left out, for make test-all: tests/{{{folders}}} and the tests on servers beyond Python (-m integration)"
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     if integration_folder(collection_path) is not None and not runs_integration(config):
         return True
