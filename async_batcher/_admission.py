@@ -75,7 +75,7 @@ async def submit_many(
     if n > b._room_limit:
         b._recorder.rejected += n
         raise QueueFullException(
-            f"{b.name}: process_many of {n} items can never fit in max_queue_size={b._max_queue_size}"
+            f"{b.name}: process_many of {_checks.plural(n, 'item')} can never fit in max_queue_size={b._max_queue_size}"
         )
     refuse_if_reentrant(b, run, n)
     if _room.no_room(b, run, n):

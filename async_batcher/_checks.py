@@ -7,9 +7,11 @@ Each check returns the value it accepts, converted (numpy's integers and floats 
 from __future__ import annotations
 
 import concurrent.futures
+import difflib
 import math
 import numbers
 import operator
+from collections.abc import Collection, Iterable
 from typing import TypeGuard
 
 __all__: list[str] = []
@@ -90,3 +92,32 @@ def name(value: object, default: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"name must be a str or None, got {value!r}")
     return value
+
+
+def unexpected_keywords(given: Iterable[str], valid: Collection[str], where: str) -> TypeError:
+    """The error for the keyword arguments of ``given`` that are not in ``valid``, as Python words it, naming
+    ``where`` they were given (``"@batch()"``) and, for each, the closest valid one; with none close, the valid ones.
+
+    Raises:
+        ValueError: ``given`` holds no unexpected keyword (a bug of the caller).
+    """
+    given = list(given)
+    unexpected = [keyword for keyword in given if keyword not in valid]
+    if not unexpected:
+        raise ValueError(f"no unexpected keyword in {given!r}")
+    meant = {keyword: difflib.get_close_matches(keyword, valid, n=1) for keyword in unexpected}
+    listed = ", ".join(sorted(valid))
+    if len(unexpected) == 1:
+        (keyword,) = unexpected
+        hint = f"did you mean {meant[keyword][0]!r}?" if meant[keyword] else f"valid: {listed}"
+        return TypeError(f"{where} got an unexpected keyword argument {keyword!r}; {hint}")
+    keywords = ", ".join(f"{k!r} (did you mean {meant[k][0]!r}?)" if meant[k] else repr(k) for k in unexpected)
+    if not all(meant.values()):
+        keywords += f"; valid: {listed}"
+    return TypeError(f"{where} got unexpected keyword arguments {keywords}")
+
+
+def plural(n: float, noun: str, nouns: str | None = None) -> str:
+    """``n`` and ``noun``, in the plural unless ``n`` is 1: ``plural(1, "item")`` is ``"1 item"``, ``plural(3,
+    "batch", "batches")`` ``"3 batches"`` (``nouns``: the plural, when it is not ``noun + "s"``)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"

@@ -17,6 +17,7 @@ import contextvars
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from async_batcher._checks import plural
 from async_batcher._execution import current_batch as _batch_var
 from async_batcher._queue import DEFAULT_KEY
 
@@ -61,7 +62,7 @@ class CurrentBatch:
         """The index, among the batch's callers, of item ``i``'s."""
         owners: list[Any] = self._batch.sinks if self._batch.futures_only else self._owner_map()
         if not -len(owners) <= i < len(owners):
-            raise IndexError(f"item {i} is not in this batch of {len(owners)} items")
+            raise IndexError(f"item {i} is not in this batch of {plural(len(owners), 'item')}")
         return i % len(owners) if self._batch.futures_only else int(owners[i])
 
     def _owner_map(self) -> list[int]:
@@ -136,4 +137,4 @@ class CurrentBatch:
         return tuple(i for i in range(self.size) if not self.is_live(i))
 
     def __repr__(self) -> str:
-        return f"<CurrentBatch of {self.size} items, {len(self.departed)} departed>"
+        return f"<CurrentBatch of {plural(self.size, 'item')}, {len(self.departed)} departed>"

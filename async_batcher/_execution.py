@@ -25,6 +25,7 @@ import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
+from async_batcher._checks import plural
 from async_batcher._sinks import as_results, deliver, fail_sinks, without_departed
 from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ProcessBatchCancelledError
 
@@ -161,7 +162,9 @@ def _call_soon_on(loop: asyncio.AbstractEventLoop, callback: Any, future: Any) -
 def executor_done(b: Base, batch: Batch, future: Any) -> None:
     """On the loop: a batch sent to the executor has ended."""
     if future.cancelled():  # by the executor (shut down with cancel_futures=True) before it started
-        cancelled = ProcessBatchCancelledError(f"{b.name}: the executor cancelled a batch of {batch.size} items")
+        cancelled = ProcessBatchCancelledError(
+            f"{b.name}: the executor cancelled a batch of {plural(batch.size, 'item')}"
+        )
         end(b, batch, error=cancelled, ran=False)
         return
     error = future.exception()
@@ -258,26 +261,30 @@ def fail(b: Base, batch: Batch, error: BaseException, *, cut_off: bool) -> int:
     reported: BaseException = error
     if cut_off:
         logger.warning(
-            "%s: a batch of %d items was cut off, its task cancelled (the event loop shutting down); its callers "
-            "get %s",
+            "%s: a batch of %s was cut off, its task cancelled (the event loop shutting down); its callers get %s",
             b.name,
-            n,
+            plural(n, "item"),
             type(error).__name__,
         )
         return fail_sinks(batch.sinks, error, b._recorder)
     if isinstance(error, asyncio.CancelledError):
-        reported = ProcessBatchCancelledError(f"{b.name}: process_batch raised CancelledError on a batch of {n} items")
+        reported = ProcessBatchCancelledError(
+            f"{b.name}: process_batch raised CancelledError on a batch of {plural(n, 'item')}"
+        )
     elif isinstance(error, KeyboardInterrupt | SystemExit):
         reported = BatcherStoppedError(f"{b.name}: batch interrupted by {type(error).__name__}")
     elif not isinstance(error, Exception):  # GeneratorExit, or a BaseException of the user's
         reported = AsyncBatchException(
-            f"{b.name}: process_batch raised {type(error).__name__}, which is not an Exception, on a batch of {n} items"
+            f"{b.name}: process_batch raised {type(error).__name__}, which is not an Exception, on a batch of "
+            f"{plural(n, 'item')}"
         )
         reported.__cause__ = error
     if not batch.entered:  # on_start() failed, or the executor refused the batch: not process_batch's doing
-        logger.warning("%s: a batch of %d items failed before process_batch: %s", b.name, n, type(error).__name__)
+        logger.warning(
+            "%s: a batch of %s failed before process_batch: %s", b.name, plural(n, "item"), type(error).__name__
+        )
     elif reported is error:
-        logger.warning("%s: process_batch raised %s on a batch of %d items", b.name, type(error).__name__, n)
+        logger.warning("%s: process_batch raised %s on a batch of %s", b.name, type(error).__name__, plural(n, "item"))
     else:
         logger.warning("%s", reported)  # its message names the batcher
     resolved = fail_sinks(batch.sinks, reported, b._recorder)

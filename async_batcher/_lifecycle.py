@@ -27,6 +27,7 @@ from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
 
 if TYPE_CHECKING:
     from async_batcher._base import Base
+from async_batcher._checks import plural
 
 __all__: list[str] = []
 
@@ -84,7 +85,12 @@ def bind(b: Base, loop: asyncio.AbstractEventLoop, context: contextvars.Context 
         # lost, or an on_stop() that never ran.
         lost = _account_abandoned(b, old)
         level = logging.WARNING if lost or "on_stop" in b._overridden else logging.DEBUG
-        logger.log(level, "%s: its event loop was closed without stop(); starting afresh (%d items lost)", b.name, lost)
+        logger.log(
+            level,
+            "%s: its event loop was closed without stop(); starting afresh (%s lost)",
+            b.name,
+            plural(lost, "item"),
+        )
     overridden = b._overridden
     run = Run(
         loop,
@@ -221,12 +227,12 @@ async def stop(b: Base, *, force: bool, timeout: float | None) -> None:
             await asyncio.wait_for(asyncio.shield(drained), _left(loop, drain_deadline))
         except TimeoutError:
             logger.warning(
-                "%s: stop(timeout=%s) cut the drain off after %.3g s: %d batches in flight, %d items queued",
+                "%s: stop(timeout=%s) cut the drain off after %.3g s: %s in flight, %s queued",
                 b.name,
                 timeout,
                 loop.time() - began,
-                run.in_flight,
-                run.queue.waiting,
+                plural(run.in_flight, "batch", "batches"),
+                plural(run.queue.waiting, "item"),
             )
             _dispatch.abort(b, run, BatcherStoppedError(f"{b.name} was stopped: stop(timeout={timeout}) expired"))
     closing = run.closing

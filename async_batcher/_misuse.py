@@ -11,6 +11,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from async_batcher._checks import plural
 from async_batcher._sinks import as_results
 from async_batcher.exceptions import BatchSizeMismatchError
 
@@ -34,7 +35,7 @@ def checked(func: Callable[..., Any], results: Any, n: int, *, method: bool) -> 
         # dict; expected ...".
         what = str(exc).removeprefix("process_batch ").split(";")[0]
         if " for a batch of " not in what:
-            what += f" for a batch of {n} items"
+            what += f" for a batch of {plural(n, 'item')}"
         exc.args = (f"@batch function {_name(func)!r} {what}{_EXPECTED}{_hint(func, method=method)}",)
         raise
 

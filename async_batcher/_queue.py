@@ -29,6 +29,7 @@ from async_batcher._sinks import Bulk
 
 if TYPE_CHECKING:
     from async_batcher.stats import _Recorder
+from async_batcher._checks import plural
 
 __all__: list[str] = []
 
@@ -243,7 +244,7 @@ def violations(queue: Queue) -> list[str]:
                 count += len(entry.items) - entry.pos
                 weight += len(entry.items) - entry.pos
         if count != lane.count:
-            found.append(f"lane {key!r}: count {lane.count}, but {count} items queued")
+            found.append(f"lane {key!r}: count {lane.count}, but {plural(count, 'item')} queued")
         if queue.weighted and not math.isclose(weight, lane.weight, abs_tol=1e-6):
             found.append(f"lane {key!r}: weight {lane.weight}, but {weight} queued")
         if lane.count < 0:

@@ -16,6 +16,7 @@ from async_batcher.exceptions import QueueFullException
 if TYPE_CHECKING:
     from async_batcher._base import Base
     from async_batcher._run import Run
+from async_batcher._checks import plural
 
 __all__: list[str] = []
 
@@ -38,8 +39,8 @@ def wake_putters(b: Base, run: Run) -> None:
             putters.popleft()
             waiter.set_exception(
                 QueueFullException(
-                    f"{b.name}: a call of {n} items can never fit in max_queue_size={b._max_queue_size}, lowered "
-                    "while it waited for room"
+                    f"{b.name}: a call of {plural(n, 'item')} can never fit in max_queue_size={b._max_queue_size},"
+                    " lowered while it waited for room"
                 )
             )
             continue

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from async_batcher._forming import Taken
     from async_batcher._lane import Lane
     from async_batcher.stats import _Recorder
+from async_batcher._checks import plural
 
 __all__: list[str] = []
 
@@ -258,7 +259,7 @@ def violations(run: Run) -> list[str]:
     tests)."""
     found = queue_violations(run.queue) + deadline_violations(run.deadlines)
     if run.in_flight != len(run.batches):
-        found.append(f"in_flight {run.in_flight}, but {len(run.batches)} batches in flight")
+        found.append(f"in_flight {run.in_flight}, but {plural(len(run.batches), 'batch', 'batches')} in flight")
     if not 0 <= run.reserved <= run.awaiting_room:
         found.append(f"reserved {run.reserved} outside 0..awaiting_room={run.awaiting_room}")
     return found

@@ -20,6 +20,7 @@ from async_batcher.exceptions import BatchSizeMismatchError
 if TYPE_CHECKING:
     from async_batcher._lane import Lane
     from async_batcher.stats import _Recorder
+from async_batcher._checks import plural
 
 __all__: list[str] = []
 
@@ -165,7 +166,7 @@ def _wrong_type(results: object, n: int) -> str:
     kind = type(results).__name__
     hint = " (an async process_batch must await what it returns)" if inspect.isawaitable(results) else ""
     return (
-        f"process_batch returned {kind}{hint}; expected a sequence of {n} results in the order of the batch "
+        f"process_batch returned {kind}{hint}; expected a sequence of {plural(n, 'result')} in the order of the batch "
         "(a list, a tuple, a numpy array, a generator), or None"
     )
 

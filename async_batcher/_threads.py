@@ -228,7 +228,7 @@ def wait_for(future: concurrent.futures.Future[R], timeout: float | None) -> R:
     except concurrent.futures.TimeoutError:
         if not future.cancel():  # it finished meanwhile (or its own TimeoutError is what it raised)
             return future.result()
-        raise TimeoutError(f"no result within {timeout} seconds") from None
+        raise TimeoutError(f"no result within {timeout} s") from None
     except concurrent.futures.CancelledError:
         # Cancelled on the loop's side: the loop is shutting down.
         raise BatcherStoppedError("the event loop stopped before the result came") from None

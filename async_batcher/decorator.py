@@ -13,6 +13,7 @@ decorator only adapts it, so everything the batcher promises holds for the funct
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import weakref
@@ -21,6 +22,7 @@ from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar, cast, overload
 
 from async_batcher import _misuse
+from async_batcher._checks import unexpected_keywords
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.stats import BatcherStats
 
@@ -136,6 +138,18 @@ def _batcher_class(
 
         namespace["item_weight"] = item_weight
     return type(base.__name__, (base,), namespace)
+
+
+@functools.cache
+def _options() -> frozenset[str]:
+    """The options ``@batch(...)`` takes: the keywords of ``AsyncBatcher()``, and its own ``key``, ``weight`` and
+    ``continuous``."""
+    parameters = inspect.signature(AsyncBatcher.__init__).parameters.values()
+    keywords = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return frozenset(p.name for p in parameters if p.kind in keywords and p.name != "self") | _OWN_OPTIONS
+
+
+_OWN_OPTIONS = frozenset({"key", "weight", "continuous"})
 
 
 def _check_flag(what: str, value: object) -> bool:
@@ -389,6 +403,8 @@ class BatchDecorator:
         """
         if len(args) > 1:
             raise TypeError(f"batch() takes the function to decorate and keyword settings; got {args!r}")
+        if not options.keys() <= _options():
+            raise unexpected_keywords(options, _options(), "@batch()")
         merged = {**self._options, **options}
         if not args:
             return BatchDecorator(merged)

@@ -6,6 +6,8 @@ written against it keeps catching what it caught.
 
 from __future__ import annotations
 
+from async_batcher._checks import plural
+
 __all__ = [
     "AsyncBatchException",
     "BatchSizeMismatchError",
@@ -45,8 +47,8 @@ class BatchSizeMismatchError(AsyncBatchException, ValueError):
     """``process_batch`` returned a number of results different from the number of items it was given."""
 
     def __init__(self, expected: int, got: int, *, at_least: bool = False) -> None:
-        returned = f"more than {expected}" if at_least else str(got)
-        super().__init__(f"process_batch returned {returned} results for a batch of {expected} items")
+        returned = f"more than {plural(expected, 'result')}" if at_least else plural(got, "result")
+        super().__init__(f"process_batch returned {returned} for a batch of {plural(expected, 'item')}")
         self.expected = expected
         self.got = got  # with at_least: the number read before giving up (expected + 1)
 

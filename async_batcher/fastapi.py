@@ -116,6 +116,8 @@ def batcher_dependency(name: str | None = None) -> Callable[[Request], AsyncBatc
     ``Depends(batcher_dependency("predictor"))``; with ``name=None`` the state must hold exactly one batcher,
     which it gives. A batcher that is not there is a ``LookupError`` naming those that are (a bug in the app's
     set-up, so a 500): yield it from the lifespan (:func:`batcher_lifespan`, or :func:`run_batchers` in your own).
+    An empty state is most often a lifespan that did not run: in a test, run it around the client (``with
+    TestClient(app)``, or asgi-lifespan's ``LifespanManager``; httpx's ``ASGITransport`` alone does not run it).
     """
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a batcher's name (a str) or None, got {name!r}")
@@ -127,13 +129,28 @@ def batcher_dependency(name: str | None = None) -> Callable[[Request], AsyncBatc
             return found[name]
         if name is None and len(found) == 1:
             return next(iter(found.values()))
-        wanted = "a batcher" if name is None else f"batcher {name!r}"
-        raise LookupError(
-            f"{wanted} is not in the app's lifespan state, which holds the batchers {sorted(found)}:"
-            " yield it from the lifespan, e.g. FastAPI(lifespan=batcher_lifespan(batcher))"
-        )
+        raise LookupError(_missing(name, state, found))
 
     return get_batcher
+
+
+def _missing(name: str | None, state: Mapping[str, Any], found: Mapping[str, AsyncBatcher[Any, Any]]) -> str:
+    """Why the dependency finds no batcher for ``name``. An empty state is most often a lifespan that did not run (a
+    test client that does not run it): the advice to yield the batcher would not fix that."""
+    wanted = "a batcher" if name is None else f"batcher {name!r}"
+    if not state:
+        return (
+            f"{wanted} is not in the app's lifespan state, which is empty: the app's lifespan did not run (a test"
+            " client may not run it: httpx's ASGITransport never does, Starlette's TestClient only as a context"
+            " manager), or it yielded nothing. In a test, run the lifespan around the requests: `with"
+            " TestClient(app) as client:` (fastapi.testclient), or `async with LifespanManager(app) as manager:`"
+            " (asgi-lifespan) with httpx.ASGITransport(app=manager.app). A lifespan yields its batchers as"
+            " FastAPI(lifespan=batcher_lifespan(batcher)) does"
+        )
+    yield_it = "yield it from the lifespan, e.g. FastAPI(lifespan=batcher_lifespan(batcher))"
+    if not found:
+        return f"{wanted} is not in the app's lifespan state, which holds no batcher (only {sorted(state)}): {yield_it}"
+    return f"{wanted} is not in the app's lifespan state, which holds the batchers {sorted(found)}: {yield_it}"
 
 
 def add_batcher_exception_handlers(app: Starlette, *, retry_after: int = 1) -> None:

@@ -17,14 +17,17 @@ represent one operation done on behalf of many). Its name is ``"<batcher name> b
 - ``async_batcher.batch.queue_wait``: seconds its oldest item waited in the queue;
 - ``async_batcher.batch.outcome``: ``ok``, ``partial`` (some items got an ``Exception``:
   ``async_batcher.batch.failed`` says how many), ``error`` (``process_batch`` raised, or returned results that do
-  not fit: the exception is recorded on the span and its status is ``ERROR``), or ``cancelled`` (a stop cut it off);
-- ``async_batcher.batch.departed``: items whose callers had left (cancelled, timed out) by its end.
+  not fit, a stream a step that does not: the exception is recorded on the span and its status is ``ERROR``), or
+  ``cancelled`` (a stop cut it off, a plain ``def`` still running in its thread too);
+- ``async_batcher.batch.departed``: items whose callers had left (cancelled, timed out; a stream's consumer
+  dropped as stalled too) by its end; items that failed did not leave.
 
-While ``process_batch`` runs, the batch's span is the current span: what it traces (a database call, a model
-step) is a child of it. Each caller's own span gets events: ``async_batcher.queued`` when it submits its item,
-``async_batcher.sent`` when its batch starts (with the batch's trace and span ids, and how many of its items are in
-the batch), then ``async_batcher.answered`` (``async_batcher.outcome``: ``ok`` or ``error``, with
-``exception.type``) or ``async_batcher.cancelled``. Events rather than a child span per item: the caller's span
+While ``process_batch`` runs, the batch's span is the current span: what it traces (a database call, a model step)
+is a child of it. A direct call of ``process_batch`` (the warm-up from ``on_start``, a test, a health check) serves
+no caller: it is the plain call, without a span. Each caller's own span gets events: ``async_batcher.queued`` when
+it submits its item, ``async_batcher.sent`` when its batch starts (with the batch's trace and span ids, and how many
+of its items are in the batch), then ``async_batcher.answered`` (``async_batcher.outcome``: ``ok`` or ``error``,
+with ``exception.type``) or ``async_batcher.cancelled``. Events rather than a child span per item: the caller's span
 already exists and bounds the wait, so two instants on it say how long the request waited for its batch, without
 doubling the spans exported per request; the work is the batch's span, one link away.
 
@@ -40,7 +43,7 @@ import asyncio
 import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Set, Sized
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 try:
     from opentelemetry import context as otel_context
@@ -50,10 +53,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "async_batcher.opentelemetry needs the OpenTelemetry API: pip install 'async-batcher[opentelemetry]'"
     ) from exc
 
-from async_batcher._current import CurrentBatch, current_batch
+from async_batcher._current import CurrentBatch
+from async_batcher._execution import current_batch as _running_batch
 from async_batcher._version import __version__
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.decorator import BatchedFunction, BatchedMethod
+
+if TYPE_CHECKING:
+    from async_batcher._run import Batch
+    from async_batcher._streaming import StreamSink
+from async_batcher._checks import plural
 
 __all__ = [
     "EVENT_ANSWERED",
@@ -67,9 +76,15 @@ __all__ = [
 
 R = TypeVar("R")
 
+#: The event on a caller's span when the call submits its items.
 EVENT_QUEUED: Final = "async_batcher.queued"
+#: The event on a caller's span when a batch with its items starts: the batch's trace and span ids, and how many of
+#: its items the batch holds.
 EVENT_SENT: Final = "async_batcher.sent"
+#: The event on a caller's span when the call returns or raises: ``async_batcher.outcome`` (``ok`` or ``error``,
+#: with ``exception.type``).
 EVENT_ANSWERED: Final = "async_batcher.answered"
+#: The event on a caller's span when the caller was cancelled, or left its stream.
 EVENT_CANCELLED: Final = "async_batcher.cancelled"
 
 _BATCHER: Final = "async_batcher.batcher"
@@ -171,26 +186,47 @@ class _Instrumentation:
 # ---------------------------------------------------------------------- the batch's side
 
 
+def _own_batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Batch | None:
+    """The batch this ``process_batch`` call is the batcher's own call for (it is handed that batch's list); ``None``
+    for a direct call: a warm-up from ``on_start`` (contract point 4), a test, a health check, or a call from another
+    batch's ``process_batch``. A direct call is the plain call: it serves no caller, so it has no batch span."""
+    batch = _running_batch.get()
+    if batch is None:
+        return None
+    items = args[0] if args else kwargs.get("batch")
+    return batch if items is batch.items else None
+
+
+def _key_attribute(key: object) -> str | int | float | bool:
+    """The batch key as a span attribute: itself if the SDK takes it, else its ``repr``, else (a ``repr`` that
+    raises) its type's name: an attribute never fails a batch."""
+    if isinstance(key, str | int | float | bool):
+        return key
+    try:
+        return repr(key)
+    except Exception:
+        return type(key).__name__
+
+
 class _BatchSpan:
     """One batch's span: its links to its callers' spans, the events it adds to them, and how it ended."""
 
-    __slots__ = ("batch", "joined", "name", "seen", "span")
+    __slots__ = ("batch", "current", "name", "span")
 
-    def __init__(self, state: _Instrumentation, tracer: trace.Tracer) -> None:
+    def __init__(self, state: _Instrumentation, tracer: trace.Tracer, batch: Batch) -> None:
         self.name = state.batcher.name
-        self.batch: CurrentBatch = current_batch()
-        contexts = self.batch.contexts
-        self.seen = {id(context): context for context in contexts}
-        self.joined = 0
+        self.batch = batch  # the core's (abandoned: a forced stop cut it off and answered its callers)
+        self.current = CurrentBatch(batch)
+        contexts = self.current.contexts
         callers = _caller_spans(contexts)
         attributes: dict[str, Any] = {
             _BATCHER: self.name,
             "async_batcher.batch.size": len(contexts),
-            "async_batcher.batch.queue_wait": self.batch.waited,
+            "async_batcher.batch.queue_wait": self.current.waited,
         }
-        key = self.batch.key
+        key = self.current.key
         if key is not None:
-            attributes["async_batcher.batch.key"] = key if isinstance(key, str | int | float | bool) else repr(key)
+            attributes["async_batcher.batch.key"] = _key_attribute(key)
         self.span = tracer.start_span(
             f"{self.name} batch",
             context=_ROOT,
@@ -213,8 +249,93 @@ class _BatchSpan:
             if span.is_recording():
                 span.add_event(EVENT_SENT, {**sent, "async_batcher.items": items})
 
+    def returned(self, results: Any) -> None:
+        """``process_batch`` returned ``results``. Results that do not fit the batch are an error, as the batcher will
+        tell its callers (a generator is not read here: the batcher reads it); a batch a forced stop cut off while
+        it ran in its thread is cancelled, as the coroutine path reports it."""
+        if self.batch.abandoned:
+            self._cancelled()
+            return
+        size = self.current.size
+        failed = 0
+        if isinstance(results, str | bytes | bytearray | Mapping | Set):
+            self._error(f"process_batch returned {type(results).__name__}")
+            return
+        if isinstance(results, Sized) and len(results) != size:
+            self._error(
+                f"process_batch returned {plural(len(results), 'result')} for a batch of {plural(size, 'item')}"
+            )
+            return
+        if isinstance(results, list | tuple) and any(issubclass(kind, Exception) for kind in set(map(type, results))):
+            failed = sum(1 for result in results if isinstance(result, Exception))
+        self._done(failed)
+
+    def raised(self, error: BaseException) -> None:
+        """``process_batch`` raised ``error`` (a ``CancelledError``, or anything once a forced stop cut the batch off:
+        cancelled)."""
+        if self.batch.abandoned or isinstance(error, asyncio.CancelledError | GeneratorExit):
+            self._cancelled()
+            return
+        self._raised(error)
+
+    def _done(self, failed: int) -> None:
+        if failed:
+            self.span.set_attribute("async_batcher.batch.failed", failed)
+        self._end("partial" if failed else "ok")
+
+    def _raised(self, error: BaseException) -> None:
+        self.span.record_exception(error)
+        self._error(type(error).__name__)
+
+    def _cancelled(self) -> None:
+        self.span.set_status(trace.StatusCode.ERROR, "cancelled")
+        self._end("cancelled")
+
+    def _error(self, description: str) -> None:
+        self.span.set_status(trace.StatusCode.ERROR, description)
+        self._end("error")
+
+    def departed(self) -> int:
+        """The items whose callers had left by the batch's end."""
+        return len(self.current.departed)
+
+    def _end(self, outcome: str) -> None:
+        span = self.span
+        if span.is_recording():
+            span.set_attribute("async_batcher.batch.outcome", outcome)
+            span.set_attribute("async_batcher.batch.departed", self.departed())
+        span.end()
+
+
+class _StreamSpan(_BatchSpan):
+    """A streaming batch's span. Its items join it and leave it as it runs (the batcher compacts its list between
+    two steps), so each stream is accounted for as it ends: one whose consumer left (cancelled, timed out, or
+    dropped as stalled) departed; one that got an ``Exception`` its generator yielded failed. And its end is the
+    batcher's to tell: the generator is closed between two steps when every stream has ended, when a step does not
+    fit the batch (the batcher's error, which its streams got), or when a stop cuts the batch off."""
+
+    __slots__ = ("failed", "gone", "joined", "open", "seen", "yielded")
+
+    def __init__(self, state: _Instrumentation, tracer: trace.Tracer, batch: Batch) -> None:
+        super().__init__(state, tracer, batch)
+        self.seen = {id(context): context for context in batch.contexts}
+        self.open: dict[int, StreamSink] = {}  # the streams not accounted for yet
+        self.yielded: set[int] = set()  # the exceptions of the step handed out last (a list or a tuple)
+        self.joined = self.failed = self.gone = 0
+
+    def handing_out(self, parts: Any) -> None:
+        """The generator yielded ``parts`` for the batch as it is now."""
+        for sink in self.batch.sinks:
+            self.open.setdefault(id(sink), sink)
+        self.yielded = (
+            {id(part) for part in parts if isinstance(part, Exception)} if type(parts) in (list, tuple) else set()
+        )
+
     def step(self) -> None:
-        """A streaming batch between two steps: link the callers whose items joined it (continuous batching)."""
+        """The batcher asks for the next step: the last one was handed out. Account for the streams that ended, and
+        link the callers whose items joined the batch (continuous batching)."""
+        unknown = self._settle()  # (an element of a step that was not a list: its item failed)
+        self.failed += len(unknown)
         contexts = self.batch.contexts
         new = [context for context in contexts if id(context) not in self.seen]
         self.seen = {id(context): context for context in contexts}  # (holds them: no id is reused meanwhile)
@@ -227,44 +348,50 @@ class _BatchSpan:
                 self.span.add_link(span.get_span_context())
         self._sent(callers)
 
+    def _settle(self) -> list[BaseException]:
+        """Account for the streams that ended since the last look; return the errors that are neither a consumer's
+        leaving nor an element of the last step (another step's element, or the batcher's error)."""
+        unknown: list[BaseException] = []
+        for key, sink in list(self.open.items()):
+            if not sink.done():
+                continue
+            del self.open[key]
+            error = None if sink.cancelled() else sink.exception()
+            if sink.cancelled() or (isinstance(error, TimeoutError) and id(error) not in self.yielded):
+                self.gone += 1
+            elif error is not None and id(error) in self.yielded:
+                self.failed += 1
+            elif error is not None:
+                unknown.append(error)
+        return unknown
+
     def returned(self, results: Any) -> None:
-        """``process_batch`` returned ``results`` (a stream: ended). Results that do not fit the batch are an error,
-        as the batcher will tell its callers (a generator is not read here: the batcher reads it)."""
-        size = self.batch.size
-        failed = 0
-        if isinstance(results, str | bytes | bytearray | Mapping | Set):
-            self._error(f"process_batch returned {type(results).__name__}")
-            return
-        if isinstance(results, Sized) and len(results) != size:
-            self._error(f"process_batch returned {len(results)} results for a batch of {size} items")
-            return
-        if isinstance(results, list | tuple) and any(issubclass(kind, Exception) for kind in set(map(type, results))):
-            failed = sum(1 for result in results if isinstance(result, Exception))
-        if failed:
-            self.span.set_attribute("async_batcher.batch.failed", failed)
-        self._end("partial" if failed else "ok")
+        """The generator returned: the batcher ends the streams still open."""
+        unknown = self._settle()
+        self.failed += len(unknown)
+        self._done(self.failed)
 
-    def raised(self, error: BaseException) -> None:
-        """``process_batch`` raised ``error`` (a ``CancelledError``: a stop cut the batch off)."""
-        if isinstance(error, asyncio.CancelledError | GeneratorExit):
-            self.span.set_status(trace.StatusCode.ERROR, "cancelled")
-            self._end("cancelled")
-            return
-        self.span.record_exception(error)
-        self._error(type(error).__name__)
+    def closed(self) -> None:
+        """The batcher closed the generator between two steps."""
+        unknown = self._settle()
+        task = asyncio.current_task()
+        if self.batch.abandoned or (task is not None and task.cancelling()):  # a forced stop, or the loop closing
+            self._cancelled()
+        elif not self.batch.sinks:  # every stream had ended, or its consumer left
+            self.failed += len(unknown)
+            self._done(self.failed)
+        elif unknown:  # the batcher failed the batch (a step that did not fit it): its streams got the error
+            self._raised(unknown[0])
+        else:  # closed with streams still open, or none left to tell the batcher's error
+            self._cancelled()
 
-    def _error(self, description: str) -> None:
-        self.span.set_status(trace.StatusCode.ERROR, description)
-        self._end("error")
+    def departed(self) -> int:
+        return self.gone
 
     def _end(self, outcome: str) -> None:
-        span = self.span
-        if span.is_recording():
-            span.set_attribute("async_batcher.batch.outcome", outcome)
-            span.set_attribute("async_batcher.batch.departed", len(self.batch.departed))
-            if self.joined:
-                span.set_attribute("async_batcher.batch.joined", self.joined)
-        span.end()
+        if self.joined and self.span.is_recording():
+            self.span.set_attribute("async_batcher.batch.joined", self.joined)
+        super()._end(outcome)
 
 
 def _caller_spans(contexts: Iterable[Any]) -> dict[trace.Span, int]:
@@ -281,12 +408,24 @@ def _caller_spans(contexts: Iterable[Any]) -> dict[trace.Span, int]:
     return spans
 
 
+S = TypeVar("S", bound=_BatchSpan)
+
+
+def _start(kind: type[S], state: _Instrumentation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> S | None:
+    """The span of the batch this ``process_batch`` call is for; ``None`` (the plain call) without a tracer provider,
+    or for a direct call (see :func:`_own_batch`)."""
+    tracer = state.active_tracer()
+    if tracer is None:
+        return None
+    batch = _own_batch(args, kwargs)
+    return None if batch is None else kind(state, tracer, batch)
+
+
 def _async_wrapper(state: _Instrumentation, original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
     async def process_batch(*args: Any, **kwargs: Any) -> Any:
-        tracer = state.active_tracer()
-        if tracer is None:
+        batch = _start(_BatchSpan, state, args, kwargs)
+        if batch is None:
             return await original(*args, **kwargs)
-        batch = _BatchSpan(state, tracer)
         try:
             with trace.use_span(batch.span, record_exception=False, set_status_on_exception=False):
                 results = await original(*args, **kwargs)
@@ -301,10 +440,9 @@ def _async_wrapper(state: _Instrumentation, original: Callable[..., Awaitable[An
 
 def _traced_sync_batch(state: _Instrumentation, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """A plain ``process_batch``, in its thread (in the batch's context there)."""
-    tracer = state.active_tracer()
-    if tracer is None:
+    batch = _start(_BatchSpan, state, args, kwargs)
+    if batch is None:
         return original(*args, **kwargs)
-    batch = _BatchSpan(state, tracer)
     try:
         with trace.use_span(batch.span, record_exception=False, set_status_on_exception=False):
             results = original(*args, **kwargs)
@@ -334,8 +472,8 @@ async def _traced_stream_batch(
     """A streaming ``process_batch``: the span is current while each step runs, not while the step is handed out
     (between steps the batcher, not the generator, runs)."""
     steps = original(*args, **kwargs)
-    tracer = state.active_tracer()
-    batch = None if tracer is None else _BatchSpan(state, tracer)
+    batch = _start(_StreamSpan, state, args, kwargs)
+    closed = False
     try:
         while True:
             if batch is None:
@@ -348,10 +486,13 @@ async def _traced_stream_batch(
                     otel_context.detach(token)
             if parts is _ABSENT:
                 break
+            if batch is not None:
+                batch.handing_out(parts)
             yield parts
             if batch is not None:
                 batch.step()
-    except GeneratorExit:  # closed between two steps: every stream ended or left, or a stop cut the batch off
+    except GeneratorExit:  # closed between two steps: the batcher tells why (see _StreamSpan.closed)
+        closed = True
         raise
     except BaseException as error:
         if batch is not None:
@@ -363,7 +504,7 @@ async def _traced_stream_batch(
             await steps.aclose()  # type: ignore[attr-defined]
         finally:
             if batch is not None:
-                batch.returned(None)
+                batch.closed() if closed else batch.returned(None)
 
 
 # ---------------------------------------------------------------------- the callers' side

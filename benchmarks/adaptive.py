@@ -19,6 +19,7 @@ import csv
 import gc
 import platform
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from async_batcher import AsyncBatcher
+from benchmarks.provenance import regenerated_by
 
 PER_BATCH = 0.005
 PER_ITEM = 0.00005
@@ -201,6 +203,8 @@ def write_report(results: list[Result], seconds: float, repeats: int, loop_kind:
     lines = [
         "# Adaptive wait vs fixed waits",
         "",
+        regenerated_by("bench-adaptive", command, "ADAPTIVE_ARGS"),
+        "",
         f"Simulated model: a batch of n costs {PER_BATCH * 1000:g} ms + {PER_ITEM * 1000:g} ms·n, one batch at a time, "
         f"max_batch_size={MAX_BATCH}. Open-loop Poisson arrivals; {seconds:g} s per run, the first {WARMUP:g} s not "
         f"counted; the same arrival times for every policy; {repeats} arrival sequences per load, each figure the "
@@ -281,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     for load, best, adaptive, ok in verdicts(results):
         print(f"{load:>16}: best fixed p99 {best:.2f} ms, adaptive {adaptive:.2f} ms -> {'PASS' if ok else 'FAIL'}")
     if not args.quick:
-        command = "python -m benchmarks.adaptive " + " ".join(argv or sys.argv[1:])
+        command = shlex.join(["python", "-m", "benchmarks.adaptive", *(sys.argv[1:] if argv is None else argv)])
         write_report(results, seconds, repeats, args.loop, command)
     return 0
 

@@ -7,7 +7,9 @@ The docstrings are written for ``help()`` and editors; on the site:
 - a class's bases leave out the package's private classes (``async_batcher._settings.Settings``): a user can
   neither import nor subclass them;
 - ``AsyncBatcher``'s numbered contract, twelve rules before its parameters in ``help()``, is one line linking to
-  the guarantees page, which states each rule with an example (tests/docs/test_pages.py checks that the two agree).
+  the guarantees page, which states each rule with an example (tests/docs/test_pages.py checks that the two agree);
+- an attribute documented by ``#:`` comments right above it (Sphinx's convention, which the package's modules
+  use for their constants: ``END``, ``PadValue``) gets them as its docstring.
 """
 
 from __future__ import annotations
@@ -45,10 +47,26 @@ def is_private(path: str) -> bool:
     return any(part.startswith("_") and not part.startswith("__") for part in path.split("."))
 
 
+def comment_docstring(attribute: griffe.Attribute) -> str | None:
+    """The ``#:`` comment lines right above ``attribute``'s assignment, as a docstring; ``None`` if there are none."""
+    lines = attribute.module.lines  # (the module's file, which lineno counts in)
+    if not lines or attribute.lineno is None:
+        return None
+    found: list[str] = []
+    at = attribute.lineno - 2  # (the line above it, counted from 0)
+    while at >= 0 and lines[at].lstrip().startswith("#:"):
+        found.append(lines[at].lstrip()[2:].strip())
+        at -= 1
+    return "\n".join(reversed(found)) or None
+
+
 class ReferencePages(griffe.Extension):
     """See the module's docstring."""
 
     def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        if obj.docstring is None and isinstance(obj, griffe.Attribute) and (text := comment_docstring(obj)):
+            parser = obj.module.docstring.parser if obj.module.docstring is not None else None
+            obj.docstring = griffe.Docstring(text, lineno=obj.lineno, parent=obj, parser=parser)
         if obj.docstring is not None:
             text = fence_literal_blocks(obj.docstring.value)
             if obj.path == "async_batcher.batcher.AsyncBatcher":

@@ -28,12 +28,12 @@ __all__ = [
     "is_retryable_error",
 ]
 
-# Error codes that mean "the service is fine, try again later": throughput limits and transient service faults.
-# Compared case-sensitively with the ``Error.Code`` botocore parses. The first group is botocore's own (its
-# standard retry mode's throttling and transient codes, and the codes of ``botocore/data/_retry.json`` for the
-# services here), copied so that this module imports no SDK; tests/aws/test_retry.py fails when botocore's
-# lists gain a code this set lacks. The second group is what the services batched here answer when throttled or
-# failing on their side and botocore leaves to the status code.
+#: Error codes that mean "the service is fine, try again later": throughput limits and transient service faults.
+#: Compared case-sensitively with the ``Error.Code`` botocore parses. The first group is botocore's own (its
+#: standard retry mode's throttling and transient codes, and the codes of ``botocore/data/_retry.json`` for the
+#: services here), copied so that this module imports no SDK; tests/aws/test_retry.py fails when botocore's
+#: lists gain a code this set lacks. The second group is what the services batched here answer when throttled or
+#: failing on their side and botocore leaves to the status code.
 RETRYABLE_ERROR_CODES: frozenset[str] = frozenset(
     {
         # botocore: retries.standard (throttled + transient) and _retry.json (general, dynamodb, sqs, kinesis)

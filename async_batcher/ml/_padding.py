@@ -7,6 +7,7 @@ import cmath
 from collections.abc import Collection, Mapping
 from typing import Any, Literal, TypeAlias
 
+from async_batcher._checks import plural
 from async_batcher.ml._naming import describe
 
 __all__ = [
@@ -43,7 +44,7 @@ def bucket_size(size: int, buckets: Collection[int] | None) -> int:
         return size
     fitting = [b for b in check_buckets(buckets) if b >= size]
     if not fitting:
-        raise ValueError(f"a batch of {size} items is larger than the largest bucket size {max(buckets)}")
+        raise ValueError(f"a batch of {plural(size, 'item')} is larger than the largest bucket size {max(buckets)}")
     return min(fitting)
 
 

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeAlias
 
+from async_batcher._checks import plural
 from async_batcher.ml._naming import a_type
 
 __all__ = ["Lists", "check_lists", "check_rows", "split_structure"]
@@ -28,12 +29,15 @@ def check_rows(shape: tuple[int, ...], size: int, padded_size: int | None, name:
     """Refuse an output of ``shape`` that does not hold one row per item (and per padding row)."""
     if not shape:
         raise ValueError(
-            f"{name} is a scalar, not a batch of {size} rows (a value for the whole batch cannot be split per item)"
+            f"{name} is a scalar, not a batch of {plural(size, 'row')} (a value for the whole batch cannot be split"
+            " per item)"
         )
     if padded_size is not None and shape[0] != padded_size:
-        raise ValueError(f"{name} has {shape[0]} rows for a batch of {padded_size} rows (shape {shape})")
+        raise ValueError(
+            f"{name} has {plural(shape[0], 'row')} for a batch of {plural(padded_size, 'row')} (shape {shape})"
+        )
     if shape[0] < size:
-        raise ValueError(f"{name} has {shape[0]} rows for {size} items (shape {shape})")
+        raise ValueError(f"{name} has {plural(shape[0], 'row')} for {plural(size, 'item')} (shape {shape})")
 
 
 #: Python values that are never a batch of rows: a model output made of them is refused, not guessed at.
@@ -99,8 +103,8 @@ class _Splitter:
             return [None] * self.size
         if isinstance(value, _SCALARS):
             raise TypeError(
-                f"{path} is {a_type(value)} ({_short(value)}), not a batch of {self.size} rows: a value for the"
-                " whole batch cannot be split per item"
+                f"{path} is {a_type(value)} ({_short(value)}), not a batch of {plural(self.size, 'row')}: a value for"
+                " the whole batch cannot be split per item"
             )
         container = isinstance(value, Mapping | list | tuple) or (
             dataclasses.is_dataclass(value) and not isinstance(value, type)
@@ -159,8 +163,9 @@ class _Splitter:
             ) from None
         if lists == "auto" and per_item is None:
             raise ValueError(
-                f"{path} is ambiguous: a list of {len(value)} elements that hold arrays ({_shapes(value)}), as"
-                f" many as the batch has rows, and each splits into {size} rows: it reads as {len(value)} outputs"
+                f"{path} is ambiguous: a list of {plural(len(value), 'element')} that hold arrays"
+                f" ({_shapes(value)}), as many as the batch has rows, and each splits into {plural(size, 'row')}: it"
+                f" reads as {plural(len(value), 'output')}"
                 " and as one result per item. Return a tuple or a dict for several outputs or one stacked array"
                 " for one row per item, or say which with lists='outputs' or lists='items'"
             )

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from async_batcher._checks import plural
 from async_batcher.sqlalchemy._connections import _to_completion
 from async_batcher.sqlalchemy._errors import RowNotFoundError
 from async_batcher.sqlalchemy._rows import _Row
@@ -51,7 +52,9 @@ class Execution:
             if self._statements.returning and results is not None:
                 returned = result.all()
                 if len(returned) != len(group):
-                    raise RuntimeError(f"{len(returned)} rows came back from RETURNING for {len(group)} rows")
+                    raise RuntimeError(
+                        f"{plural(len(returned), 'row')} came back from RETURNING for {plural(len(group), 'row')}"
+                    )
                 for row, value in zip(group, returned, strict=True):
                     results[position[id(row)]] = value
             elif self.operation == "update":

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from async_batcher._checks import plural
 from async_batcher.sqlalchemy._connections import _discard, _end_refused, _invalidate, _to_completion
 from async_batcher.sqlalchemy._execute import Execution, _Unmatched
 from async_batcher.sqlalchemy._faults import is_conflict, is_row_fault, sqlstate
@@ -92,9 +93,9 @@ class Transactions(Execution):
                 self.conflict_retries += 1
                 state = sqlstate(error)
                 logger.warning(
-                    "%s: the server aborted a transaction of %d rows (%s, SQLSTATE %s); trying again (%d of %d)",
+                    "%s: the server aborted a transaction of %s (%s, SQLSTATE %s); trying again (%d of %d)",
                     self.name,
-                    len(rows),
+                    plural(len(rows), "row"),
                     "deadlock" if state == "40P01" else "serialization failure",
                     state,
                     retries,

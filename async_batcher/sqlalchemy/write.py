@@ -43,6 +43,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
         "pip install 'async-batcher[sqlalchemy]'"
     ) from error
 
+from async_batcher._checks import plural
 from async_batcher.sqlalchemy._connections import _roll_back_before_close
 from async_batcher.sqlalchemy._errors import CommitUnknownError, RowNotFoundError
 from async_batcher.sqlalchemy._faults import is_row_fault, sqlstate
@@ -176,9 +177,9 @@ class AsyncSqlalchemyWriteBatcher(RowChecks, Transactions, AsyncBatcher[Mapping[
                 await self._write(round_, outcomes, progress)
         except _Failed as failed:
             logger.warning(
-                "%s: batch of %d rows failed: %s%s",
+                "%s: batch of %s failed: %s%s",
                 self.name,
-                len(batch),
+                plural(len(batch), "row"),
                 type(failed.error).__name__,
                 _state_of(failed.error),
             )

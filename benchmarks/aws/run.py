@@ -26,6 +26,7 @@ from pathlib import Path
 
 from benchmarks.aws import dynamodb, kinesis, sns, sqs
 from benchmarks.aws.support import NO_WAIT, ONE_CALL_PER_ITEM, Measure, Measurement, markdown_table
+from benchmarks.provenance import regenerated_by
 from tools.aws import DYNAMODB_LOCAL_NPM_VERSION, DynamoDBLocal, MotoServer, dummy_credentials
 
 CALLERS = (1, 10, 100, 1000)
@@ -110,6 +111,8 @@ def write_report(results: list[Measurement], seconds: float, command: str) -> No
         f"{name} {importlib.metadata.version(name)}" for name in ("aioboto3", "aiobotocore", "botocore", "moto")
     )
     text = f"""# AWS batchers: batched vs one call per item
+
+{regenerated_by("bench-aws", command)}
 
 {__doc__.split(chr(10) + chr(10), 1)[1].split("Run:")[0].strip()}
 

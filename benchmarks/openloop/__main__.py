@@ -12,6 +12,8 @@ from benchmarks.peers.__main__ import Defaults, main
 
 OPEN_LOOP = Defaults(
     prog="python -m benchmarks.openloop",
+    target="bench-open-loop",
+    variable="OPENLOOP_ARGS",
     modes="open,mixed",
     shapes="poisson,onoff",
     report="open-loop",

@@ -25,7 +25,7 @@ from benchmarks.overhead import profiling, report
 from benchmarks.overhead.peers import LOCAL_IMPLS, PEERS, interpreters
 from benchmarks.overhead.runner import FULL, NOT_APPLICABLE, QUICK, Plan, Sizes, run_all
 from benchmarks.overhead.worker import IMPLS, SHAPES, VARIANTS
-from benchmarks.provenance import cpu_model, revision
+from benchmarks.provenance import cpu_model, regenerated_by, revision
 
 __all__ = ["main", "parse_args"]
 
@@ -165,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         impls=impls,
         loops=plan.event_loops,
         out_dir=raw,
+        regenerated=regenerated_by("bench-overhead", command, "OVERHEAD_ARGS"),
         header=_header(command, time.monotonic() - started, (load_before, os.getloadavg()[0]), cells),
         workload=_workload(plan),
         wiring={p.name: p.note for p in PEERS},

@@ -334,15 +334,17 @@ def markdown(
     impls: list[str],
     loops: list[str],
     out_dir: Path,
+    regenerated: str,
     header: list[str],
     workload: str,
     wiring: dict[str, str],
     failures: list[str],
 ) -> str:
-    """The whole report: provenance, workload, targets, tables, pyperf's own comparison."""
+    """The whole report: how to run it again, provenance, workload, targets, tables, pyperf's own comparison."""
     targets = evaluate_targets(cells, loops)
     met = sum(t.verdict == "PASS" for t in targets)
-    lines = ["# Overhead benchmark: the batcher's own cost (pyperf)", "", *[f"- {h}" for h in header], ""]
+    lines = ["# Overhead benchmark: the batcher's own cost (pyperf)", "", regenerated, ""]
+    lines += [*[f"- {h}" for h in header], ""]
     lines += ["## Workload", "", workload, ""]
     lines += [f"- **{n}**: {w}" for n, w in LOCAL_WIRING.items() if n in impls]
     lines += [f"- **{n}**: {w}" for n, w in wiring.items() if n in impls]
@@ -360,8 +362,10 @@ def markdown(
     if failures:
         lines += ["## Not measured", "", *[f"- {f}" for f in failures], ""]
     lines += [
-        f"Raw results: pyperf's JSON in `{out_dir.name}/` (`python -m pyperf show`, `stats`, `compare_to`); "
-        "summary: `overhead.csv`; chart: `overhead.png`.",
+        "![items/s per implementation, shape and event loop](overhead.png)",
+        "",
+        f"Raw results, written beside this report and kept out of git: pyperf's JSON in `{out_dir.name}/`"
+        " (`python -m pyperf show`, `stats`, `compare_to`); a summary: `overhead.csv`.",
         "",
     ]
     return "\n".join(lines)

@@ -53,7 +53,7 @@ from benchmarks.openloop import schedule
 from benchmarks.openloop.steps import OpenStep, closed_probe, run_open_step
 from benchmarks.peers import envs, load, report
 from benchmarks.peers.servers import ROOT, Server, Variant, agreement, running, train_model
-from benchmarks.provenance import cpu_model, revision
+from benchmarks.provenance import cpu_model, regenerated_by, revision
 
 __all__ = ["Defaults", "main", "parse_args"]
 
@@ -69,6 +69,8 @@ class Defaults:
     """What differs between ``python -m benchmarks.peers`` and ``python -m benchmarks.openloop``."""
 
     prog: str = "python -m benchmarks.peers"
+    target: str = "bench-peers"  # the make target that runs it (mk/*.mk), and the variable for its options
+    variable: str = "PEERS_ARGS"
     modes: str = "closed,open,mixed"
     shapes: str = "poisson"
     report: str = "peers"
@@ -224,6 +226,7 @@ def _variants(args: argparse.Namespace) -> list[Variant]:
 
 def _header(
     args: argparse.Namespace,
+    command: str,
     infos: dict[str, dict[str, Any]],
     seconds: float,
     load_avg: str,
@@ -237,7 +240,6 @@ def _header(
     dist = {"async-batcher-0.2.2": "async-batcher"}
     peers = ", ".join(f"{n} {i['versions'][dist.get(n, n)]}" for n, i in infos.items() if n in report.PEER_NAMES)
     mine = f"; ours: async-batcher {ours['versions'].get('async-batcher', '?')}" if ours else ""
-    command = shlex.join([*args.defaults.prog.split(), *sys.argv[1:]])
     lines = [
         f"Command: `{command}`; the run took {seconds / 60:.1f} min",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; revision {revision()}",
@@ -583,12 +585,17 @@ def main(argv: Sequence[str] | None = None, defaults: Defaults = Defaults()) -> 
     files = ([f"`{name}.csv` (closed loop)"] if closed else []) + (
         [f"`{open_name}.csv` (open loop)"] if open_steps else []
     )
-    charts = ([f"`{name}.png`"] if closed else []) + ([f"`{open_name}.png`"] if open_steps else [])
+    charts = ([("closed loop: requests/s, p99 and items per model call", f"{name}.png")] if closed else []) + (
+        [("open loop: p99 against the rate, and items per model call", f"{open_name}.png")] if open_steps else []
+    )
+    command = shlex.join([*args.defaults.prog.split(), *sys.argv[1:]])
     shapes = {sh.name: sh.describe() for sh in args.shapes}
     text = report.markdown(
         title=args.defaults.title,
+        regenerated=regenerated_by(args.defaults.target, command, args.defaults.variable),
         header=_header(
             args,
+            command,
             infos,
             time.monotonic() - started,
             f"{load_before:.1f} / {os.getloadavg()[0]:.1f}",
@@ -605,7 +612,8 @@ def main(argv: Sequence[str] | None = None, defaults: Defaults = Defaults()) -> 
         shapes=shapes,
         slo_ms=args.slo_ms,
         timeout=args.timeout,
-        files=", ".join(files) + "; charts: " + ", ".join(charts),
+        files=", ".join(files),
+        charts=charts,
     )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"{name}.md").write_text(text, encoding="utf-8")

@@ -342,6 +342,7 @@ def closed_sections(steps: list[Step], variants: list[str], connections: list[in
 def markdown(
     *,
     title: str,
+    regenerated: str,
     header: list[str],
     variants: list[str],
     settings: dict[str, str],
@@ -353,10 +354,11 @@ def markdown(
     slo_ms: float,
     timeout: float,
     files: str,
+    charts: list[tuple[str, str]],
 ) -> str:
-    """The whole report: what ran, the targets, the closed-loop sections (when any ran), the open-loop ones (when
-    any ran)."""
-    lines = [f"# {title}", ""]
+    """The whole report: how to run it again, what ran, the targets, the closed-loop sections (when any ran), the
+    open-loop ones (when any ran), and its charts (``(what it shows, file)``, beside the report)."""
+    lines = [f"# {title}", "", regenerated, ""]
     lines += [f"- {h}" for h in header] + ["", "## Variants", ""]
     lines += [f"- **{v}**: {settings[v]}" for v in variants] + ["", "## Predictions agree", "", *agreement, ""]
     rows = closed_target_rows(summarise(closed_steps), variants, connections) if closed_steps else []
@@ -378,7 +380,11 @@ def markdown(
         lines += paired_section(closed_steps)
     if open_steps:
         lines += open_sections(open_steps, variants, shapes, slo_ms, timeout)
-    lines += [f"Every step of every round: {files}.", ""]
+    lines += [
+        f"Every step of every round, in the CSV the run writes beside this report (kept out of git): {files}.",
+        "",
+    ]
+    lines += [line for alt, chart in charts for line in (f"![{alt}]({chart})", "")]
     return "\n".join(lines)
 
 

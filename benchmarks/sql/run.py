@@ -37,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from async_batcher.sqlalchemy import AsyncSqlalchemyWriteBatcher
 from benchmarks.aws.support import drive
+from benchmarks.provenance import regenerated_by
 from tests.sqlalchemy.helpers import person_model
 from tools.postgres import PostgresServer
 
@@ -184,6 +185,8 @@ def write_report(runs: list[Run], seconds: float, command: str) -> None:
     )
     intro = (__doc__ or "").split("\n\n", 1)[1].split("Run:")[0].strip()
     text = f"""# SQL writes: the batcher against one INSERT per call
+
+{regenerated_by("bench-sql", command, "SQL_ARGS")}
 
 {intro}
 

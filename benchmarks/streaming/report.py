@@ -11,6 +11,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from benchmarks.provenance import regenerated_by
+
 __all__ = ["environment", "line", "write"]
 
 FIELDS = [
@@ -92,6 +94,8 @@ def markdown(rows: list[dict[str, Any]], timing: dict[str, Any], env: dict[str, 
     seconds = rows[0]["seconds"] if rows else 0
     lines = [
         "# Token streaming: continuous batching, static batches, one generation per request",
+        "",
+        regenerated_by("bench-streaming", env["command"], "STREAMING_ARGS"),
         "",
         "The example of examples/streaming (a FastAPI app streaming server-sent events, one per token) under"
         " closed-loop load: each client posts a prompt of 8 to 32 bytes with `max_tokens` drawn from 16 to 64, reads"

@@ -192,6 +192,38 @@ def test_bad_settings_fail_at_the_decorator() -> None:
         batch(lambda a, b, c: [])  # type: ignore[call-overload]
 
 
+def test_a_misspelt_option_names_the_decorator_and_the_closest_option() -> None:
+    async def f(xs: list[int]) -> list[int]:
+        return xs
+
+    message = r"^@batch\(\) got an unexpected keyword argument 'max_batch_sise'; did you mean 'max_batch_size'\?$"
+    with pytest.raises(TypeError, match=message):
+        batch(max_batch_sise=8)  # type: ignore[call-overload]  # caught with the settings
+    with pytest.raises(TypeError, match=message):
+        batch(f, max_batch_sise=8)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match=r"argument 'contineous'; did you mean 'continuous'\?"):
+        batch(contineous=True)  # type: ignore[call-overload]  # the decorator's own
+    with pytest.raises(TypeError, match=r"argument 'bogus'; valid: .*, max_batch_size, .*, weight$"):
+        batch(bogus=1)(f)  # type: ignore[call-overload]  # nothing close: the valid
+    # Every keyword of AsyncBatcher() is valid (the lead's constructor included, read from its signature).
+    assert batch(max_hold_time=0.0, batch_size=4, key=len)(f).batcher.max_batch_size == 4
+
+
+def test_unexpected_keywords_says_which_and_what_was_meant() -> None:
+    from async_batcher._checks import unexpected_keywords
+
+    error = unexpected_keywords(
+        ["name", "max_queue_tme", "conccurency"], ["name", "max_queue_time", "concurrency"], "X()"
+    )
+    assert isinstance(error, TypeError)
+    assert str(error) == (
+        "X() got unexpected keyword arguments 'max_queue_tme' (did you mean 'max_queue_time'?), "
+        "'conccurency' (did you mean 'concurrency'?)"
+    )
+    with pytest.raises(ValueError, match="no unexpected keyword"):
+        unexpected_keywords(["name"], ["name"], "X()")
+
+
 def test_a_method_needs_weak_referenceable_instances() -> None:
     class Slotted:
         __slots__ = ()
@@ -301,7 +333,7 @@ async def test_a_function_written_for_one_item_gets_an_error_that_names_it_and_s
         await double(7)
     assert str(caught.value) == (
         "@batch function 'test_a_function_written_for_one_item_gets_an_error_that_names_it_and_says_what_batch_"
-        "expects.<locals>.double' returned 2 results for a batch of 1 items: a @batch function is called with the "
+        "expects.<locals>.double' returned 2 results for a batch of 1 item: a @batch function is called with the "
         "list of the items in the batch and must return a list with one result per item, in order ('test_a_function_"
         "written_for_one_item_gets_an_error_that_names_it_and_says_what_batch_expects.<locals>.double' takes x: int, "
         "one item: make it take list[int])"
@@ -333,7 +365,7 @@ async def test_results_that_do_not_fit_name_the_decorated_function(kind: str) ->
         else:
             await f("abc")
     name = func.__qualname__
-    assert str(caught.value).startswith(f"@batch function {name!r} returned dict for a batch of 1 items: a @batch ")
+    assert str(caught.value).startswith(f"@batch function {name!r} returned dict for a batch of 1 item: a @batch ")
     assert str(caught.value).endswith("must return a list with one result per item, in order")
     await f.stop()
 

@@ -204,7 +204,7 @@ async def test_an_item_index_outside_the_batch_is_an_index_error() -> None:
 
     b = Probing(max_queue_time=0.01)
     assert await b.process_many([1, 2]) == [1, 2] and await b.process(3) == 3
-    assert errors == ["item 2 is not in this batch of 2 items"] * 2 + ["item 1 is not in this batch of 1 items"] * 2
+    assert errors == ["item 2 is not in this batch of 2 items"] * 2 + ["item 1 is not in this batch of 1 item"] * 2
     await b.stop()
 
 

@@ -237,7 +237,7 @@ async def test_stop_timeout_gives_an_on_stop_of_its_own_half_and_blames_only_wha
         assert loop.time() == pytest.approx(1.0)  # the drain had all of it
         cut = 1.0
     assert caplog.messages == [
-        f"{b.name}: stop(timeout=1.0) cut the drain off after {cut:.3g} s: 1 batches in flight, 0 items queued"
+        f"{b.name}: stop(timeout=1.0) cut the drain off after {cut:.3g} s: 1 batch in flight, 0 items queued"
     ]
     assert settled(b)
 

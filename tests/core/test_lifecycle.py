@@ -8,15 +8,17 @@ import dataclasses
 import inspect
 import logging
 import math
+import re
 import warnings
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 import async_batcher
-from async_batcher import AsyncBatcher, BatcherStoppedError
+from async_batcher import AsyncBatcher, BatcherStoppedError, BatchSizeMismatchError
 from async_batcher.batcher import AsyncBatcher as AsyncBatcherFromModule
 from async_batcher.exceptions import AsyncBatchException, QueueFullException
 from tests.batchers import Recording, settled, until
@@ -859,3 +861,39 @@ async def test_a_caller_leaving_during_a_stop_lets_the_stop_finish() -> None:
         await queued
     await asyncio.wait_for(stopping, WAIT)
     assert await held == [2 * i for i in range(10)] and settled(b)
+
+
+# ---------------------------------------------------------------------- counts in the messages
+
+
+async def test_a_count_of_one_is_singular_in_the_messages(caplog: pytest.LogCaptureFixture) -> None:
+    class Raising(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            raise KeyError("down")
+
+    b = Raising(name="raising", max_queue_time=0)
+    with caplog.at_level(logging.WARNING, logger="async_batcher"), pytest.raises(KeyError):
+        await b.process(1)
+    await b.stop()
+    assert [r.getMessage() for r in caplog.records] == ["raising: process_batch raised KeyError on a batch of 1 item"]
+    assert str(BatchSizeMismatchError(1, 2)) == "process_batch returned 2 results for a batch of 1 item"
+    assert str(BatchSizeMismatchError(2, 1)) == "process_batch returned 1 result for a batch of 2 items"
+    assert (
+        str(BatchSizeMismatchError(1, 2, at_least=True))
+        == "process_batch returned more than 1 result for a batch of 1 item"
+    )
+
+
+def test_no_message_of_the_package_writes_a_count_before_a_fixed_plural() -> None:
+    # "a batch of %d items" reads "a batch of 1 items" for the commonest batch there is: each count goes through
+    # _checks.plural (a number before a plural noun in a message string is one that does not).
+    root = Path(__file__).resolve().parents[2] / "async_batcher"
+    nouns = "items|results|rows|batches|elements|outputs|keys|calls|records|messages|callers"
+    count = re.compile(rf"""(\{{[^{{}}"']+\}}|%d|%s) ({nouns})\b""")
+    found = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if count.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert not found, "\n".join(found)

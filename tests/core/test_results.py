@@ -374,7 +374,7 @@ async def test_a_forgotten_await_is_named_and_the_coroutine_closed() -> None:
         await b.process(1)
     assert str(info.value) == (
         "process_batch returned coroutine (an async process_batch must await what it returns); expected a sequence "
-        "of 1 results in the order of the batch (a list, a tuple, a numpy array, a generator), or None"
+        "of 1 result in the order of the batch (a list, a tuple, a numpy array, a generator), or None"
     )
     await b.stop()  # (a coroutine left unclosed would warn, and warnings fail the suite)
 

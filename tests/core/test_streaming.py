@@ -632,7 +632,7 @@ async def test_a_generator_that_raises_is_logged_as_such_and_one_that_raises_can
     assert isinstance(cancelled[0], ProcessBatchCancelledError), cancelled  # not mistaken for a cancelled caller
     assert caplog.messages == [
         "Raising: process_batch raised KeyError on a batch of 2 items",
-        "Raising: process_batch raised CancelledError on a batch of 1 items",
+        "Raising: process_batch raised CancelledError on a batch of 1 item",
     ]
     assert b.stats.failed == 3 and settled(b)
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import inspect
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from async_batcher import AsyncBatcher
 from tests.docs.blocks import (
@@ -155,3 +157,56 @@ def test_the_site_is_where_the_readme_and_the_package_say() -> None:
     assert urls["Documentation"] == SITE
     # No README link to a page's markdown source: on GitHub it shows snippets and the reference unrendered.
     assert "/blob/main/docs/" not in README.read_text()
+
+
+# What a user is told to install: pip install commands in the pages, the examples' requirements files.
+INSTALL_SOURCES = [
+    README,
+    *sorted((ROOT / "docs").rglob("*.md")),
+    *sorted(p for p in (ROOT / "examples").rglob("*") if p.is_file() and p.suffix in {".md", ".py", ".txt", ""}),
+]
+REPOSITORY = "git+https://github.com/hussein-awala/async-batcher"
+
+
+def install_requirements(path: Path) -> list[str]:
+    """The async-batcher requirements ``path`` tells its reader to install: each ``pip install`` argument naming the
+    package (up to the end of the line or of its inline code), and, in a requirements file, each line naming it."""
+    text = path.read_text()
+    found = []
+    for command in re.findall(r"pip install ([^`\n]+)", text):
+        try:
+            arguments = shlex.split(command, comments=True)
+        except ValueError:  # (an unbalanced quote: prose after the command) the words up to it
+            arguments = command.split()
+        found += [a for a in arguments if re.match(r"async-batcher(\[|$|[ <>=!~@])", a)]
+    if path.name.startswith("requirements") and path.suffix == ".txt":
+        found += [line.strip() for line in text.splitlines() if re.match(r"async-batcher(\[|$|[ <>=!~@])", line)]
+    return found
+
+
+def test_the_install_lines_are_found() -> None:
+    # (the finder, on the forms the pages use)
+    page = "`pip install 'async-batcher[aws]>=1.0'` (aioboto3), or `pip install async-batcher`.\npip install .\n"
+    assert re.findall(r"pip install ([^`\n]+)", page) == ["'async-batcher[aws]>=1.0'", "async-batcher", "."]
+    assert install_requirements(README), "the README's install lines were not found"
+
+
+@pytest.mark.parametrize("path", INSTALL_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_install_line_installs_this_version(path: Path) -> None:
+    # In a fresh environment an unbounded requirement installs 0.2.2 from PyPI, which has another API (and lacks
+    # the extras the guides name): every line carries the floor, or installs from the repository.
+    for line in install_requirements(path):
+        requirement = Requirement(line)
+        if requirement.url is not None:
+            assert requirement.url.startswith(REPOSITORY), f"{path}: {line!r} installs from elsewhere"
+            continue
+        specifier = requirement.specifier
+        assert not specifier.contains("0.2.2", prereleases=True) and specifier.contains("1.0.0"), (
+            f"{path}: {line!r} may install async-batcher 0.2.2: write 'async-batcher[...]>=1.0'"
+        )
+
+
+def test_the_readme_stays_true_once_published() -> None:
+    # The README is the package's page on PyPI: nothing in it may say that the package is not there.
+    text = " ".join(README.read_text().split())
+    assert not re.search(r"not (yet )?on PyPI|not on PyPI yet|until (1\.0|it) is (published|on PyPI)", text), text

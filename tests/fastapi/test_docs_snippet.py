@@ -28,3 +28,23 @@ async def test_the_guides_app_batches_and_refuses_a_bad_shape_alone() -> None:
     assert [r.json() for i, r in enumerate(responses) if i != 3] == [float(i + 6) for i in range(8) if i != 3]
     assert scorer.stats.processed == 7 and scorer.stats.batches < 7
     assert not await scorer.is_running()  # the lifespan stopped it
+
+
+def test_the_guides_test_with_testclient_runs_the_lifespan() -> None:
+    from docs.snippets.fastapi_app import scorer
+    from docs.snippets.fastapi_testing import test_score
+
+    before = scorer.stats.processed
+    test_score()
+    assert scorer.stats.processed == before + 1
+
+
+async def test_the_guides_test_with_lifespan_manager_runs_the_lifespan() -> None:
+    from docs.snippets.fastapi_app import scorer
+    from docs.snippets.fastapi_testing import test_score_concurrently
+
+    before = scorer.stats
+    await test_score_concurrently()
+    after = scorer.stats
+    assert after.processed == before.processed + 4 and after.batches < before.batches + 4  # batched
+    assert not await scorer.is_running()  # the lifespan stopped it

@@ -234,10 +234,31 @@ def test_the_dependency_names_what_it_misses() -> None:
     request = Request({"type": "http", "state": {"square": Square(name="square"), "other": 1}})
     with pytest.raises(LookupError, match=r"batcher 'predictor' is not in the app's lifespan state.*\['square'\]"):
         get(request)
-    with pytest.raises(LookupError, match=r"a batcher is not in the app's lifespan state.* \[\]"):
+    with pytest.raises(LookupError, match=r"a batcher is not in the app's lifespan state, which is empty: the app's"):
         batcher_dependency()(Request({"type": "http"}))
+    with pytest.raises(LookupError, match=r"which holds no batcher \(only \['other'\]\): yield it from the lifespan"):
+        get(Request({"type": "http", "state": {"other": 1}}))
     with pytest.raises(TypeError, match="name must be a batcher's name"):
         batcher_dependency(3)  # type: ignore[arg-type]
+
+
+async def test_a_client_that_does_not_run_the_lifespan_is_told_how_to_run_it_in_a_test() -> None:
+    # httpx's ASGITransport calls the app without its lifespan: the state is empty, the batcher never started.
+    model = Doubler(name="model")
+    app = FastAPI(lifespan=batcher_lifespan(model))
+
+    @app.post("/double")
+    async def double(x: int, batcher: Annotated[Doubler, Depends(batcher_dependency("model"))]) -> int:
+        return await batcher.process(x)
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        with pytest.raises(LookupError) as raised:
+            await client.post("/double", params={"x": 1})
+    message = str(raised.value)
+    assert "the app's lifespan did not run" in message
+    assert "with TestClient(app) as client" in message and "LifespanManager(app)" in message
+    assert "yield it from the lifespan" not in message  # (the app does)
+    assert not await model.is_running()
 
 
 def test_batchers_need_distinct_names_and_must_be_batchers() -> None:

@@ -85,7 +85,7 @@ def test_a_list_of_arrays_is_several_outputs_when_it_cannot_be_one_per_item() ->
 
 
 def test_values_for_the_whole_batch_and_objects_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"the output is a scalar, not a batch of 1 rows"):
+    with pytest.raises(ValueError, match=r"the output is a scalar, not a batch of 1 row"):
         split_outputs(np.float32(1.0), 1)
     with pytest.raises(TypeError, match=r"the output is an int \(3\), not a batch of 2 rows"):
         split_outputs(3, 2)

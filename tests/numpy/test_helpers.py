@@ -170,13 +170,13 @@ def test_split_multi_output_list_and_tuple() -> None:
 
 
 def test_split_refuses_misaligned_outputs() -> None:
-    with pytest.raises(ValueError, match="the output has 1 rows for 2 items"):
+    with pytest.raises(ValueError, match="the output has 1 row for 2 items"):
         split_outputs(np.zeros((1, 1)), 2)
     with pytest.raises(ValueError, match=r"output\[1\] has 3 rows for a batch of 4 rows"):
         split_outputs([np.zeros(4), np.zeros(3)], 2, padded_size=4)
     with pytest.raises(ValueError, match="scalar"):
         split_outputs(np.float32(1.0), 1)
-    with pytest.raises(ValueError, match=r"y has 1 rows for 2 items \(shape \(1,\)\)"):
+    with pytest.raises(ValueError, match=r"y has 1 row for 2 items \(shape \(1,\)\)"):
         split_outputs({"y": np.zeros(1)}, 2)
 
 

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from async_batcher import END, AsyncBatcher, batch
+from async_batcher import END, AsyncBatcher, BatcherStoppedError, BatchSizeMismatchError, batch
 from async_batcher.opentelemetry import (
     EVENT_ANSWERED,
     EVENT_CANCELLED,
@@ -407,3 +407,244 @@ async def test_a_batch_larger_than_the_sdks_link_limit_still_names_itself_to_eve
     for x in callers:
         request = traced.one(f"request {x}")
         assert {a["async_batcher.batch.span_id"] for name, a in events(request) if name == EVENT_SENT} == sent
+
+
+# ---------------------------------------------------------------------- calls outside a batch, and every outcome
+
+
+@pytest.mark.parametrize("kind", ["async def", "def", "async generator"])
+async def test_a_direct_call_outside_a_batch_is_the_plain_call(traced: Traced, kind: str) -> None:
+    # Contract point 4's warm-up (process_batch called from on_start), a test or a health check: no batch is
+    # running, so there is nothing to trace; the instrumented call must still be the plain one.
+    async def direct(b: Any, batch: list[int]) -> list[int]:
+        if kind == "async def":
+            return list(await b.process_batch(batch))
+        if kind == "def":
+            return list(b.process_batch(batch))
+        return [part async for parts in b.process_batch(batch) for part in parts]
+
+    warmed: list[list[int]] = []
+
+    class Warm(AsyncBatcher[int, int]):
+        async def on_start(self) -> None:
+            warmed.append(await direct(self, [0] * 4))
+
+        if kind == "async def":
+
+            async def process_batch(self, batch: list[int]) -> list[int]:
+                return [x + 1 for x in batch]
+
+        elif kind == "def":
+
+            def process_batch(self, rows: list[int]) -> list[int]:  # (called by position: not named batch)
+                return [x + 1 for x in rows]
+
+        else:
+
+            async def process_batch(self, batch: list[int]) -> AsyncIterator[list[Any]]:  # type: ignore[override]
+                yield [x + 1 for x in batch]
+
+    w = Warm(name="warm", max_queue_time=0)
+    instrument(w, tracer_provider=traced.provider)
+    if kind == "async generator":
+        assert [part async for part in w.stream(1)] == [2]
+    else:
+        assert await call(traced, w, 1) == 2
+    assert warmed == [[1, 1, 1, 1]]
+    assert await direct(w, [5, 6]) == [6, 7]  # a test or a health check, from outside any batch
+    await w.stop()
+    (span,) = traced.batches("warm")  # the batch's, not the warm-up's
+    assert dict(span.attributes or {})["async_batcher.batch.size"] == 1
+
+
+async def test_process_batch_called_from_another_batch_is_the_plain_call_too(traced: Traced) -> None:
+    inner = Doubling(traced, name="inner", max_queue_time=0)
+
+    class Outer(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            return await inner.process_batch([x + 1 for x in batch])  # (a direct call, in outer's batch)
+
+    outer = Outer(name="outer", max_queue_time=0)
+    instrument(inner, tracer_provider=traced.provider)
+    instrument(outer, tracer_provider=traced.provider)
+    assert await call(traced, outer, 1) == 4
+    await outer.stop()
+    assert traced.batches("inner") == [] and len(traced.batches("outer")) == 1
+
+
+def outcome(span: ReadableSpan) -> tuple[Any, ...]:
+    attributes = dict(span.attributes or {})
+    return (
+        attributes["async_batcher.batch.outcome"],
+        span.status.status_code,
+        attributes.get("async_batcher.batch.failed", 0),
+        attributes["async_batcher.batch.departed"],
+    )
+
+
+class Steps(AsyncBatcher[int, int]):
+    """A streaming batch whose steps the test writes: ``step(batch, n)`` makes step ``n``'s parts (the batch as it
+    is then); ``None`` ends the generator."""
+
+    def __init__(self, step: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.step = step
+        self.closed = 0
+
+    async def process_batch(self, batch: list[int]) -> AsyncIterator[Any]:
+        try:
+            n = 0
+            while (parts := self.step(batch, n)) is not None:
+                yield parts
+                n += 1
+        finally:
+            self.closed += 1
+
+
+async def read(traced: Traced, b: Any, x: int, parts: int | None = None) -> list[Any]:
+    """A consumer: its own span; reads ``parts`` parts then leaves (all of them: ``None``)."""
+    with traced.tracer.start_as_current_span(f"request {x}"):
+        async with contextlib.aclosing(b.stream(x)) as stream:
+            got = []
+            async for part in stream:
+                got.append(part)
+                if len(got) == parts:
+                    break
+            return got
+
+
+async def test_a_stream_step_of_the_wrong_width_is_an_error_of_the_batch(traced: Traced) -> None:
+    b = Steps(lambda batch, n: [x * 10 + n for x in batch][: 1 if n == 1 else None], name="s", max_queue_time=0.01)
+    instrument(b, tracer_provider=traced.provider)
+    results = await asyncio.gather(*(read(traced, b, x) for x in (1, 2)), return_exceptions=True)
+    await b.stop()
+    assert all(isinstance(r, BatchSizeMismatchError) for r in results), results
+    (span,) = traced.batches("s")
+    assert outcome(span) == ("error", trace.StatusCode.ERROR, 0, 0)  # they failed; they did not leave
+    assert span.status.description == "BatchSizeMismatchError"
+    assert [dict(e.attributes or {})["exception.type"] for e in span.events if e.name == "exception"] == [
+        "async_batcher.exceptions.BatchSizeMismatchError"
+    ]
+    assert b.closed == 1
+
+
+async def test_a_stream_step_failing_one_item_is_partial(traced: Traced) -> None:
+    def step(batch: list[int], n: int) -> list[Any] | None:
+        if n == 2:
+            return None
+        return [ValueError(x) if x == 2 and n == 1 else x * 10 + n for x in batch]
+
+    b = Steps(step, name="s", max_queue_time=0.01)
+    instrument(b, tracer_provider=traced.provider)
+    results = await asyncio.gather(*(read(traced, b, x) for x in (1, 2, 3)), return_exceptions=True)
+    await b.stop()
+    assert results[0] == [10, 11] and isinstance(results[1], ValueError) and results[2] == [30, 31]
+    (span,) = traced.batches("s")
+    assert outcome(span) == ("partial", trace.StatusCode.UNSET, 1, 0)
+
+
+async def test_a_consumer_leaving_mid_stream_departed(traced: Traced) -> None:
+    b = Steps(lambda batch, n: None if n == 4 else list(batch), name="s", max_queue_time=0.01, stream_buffer=1)
+    instrument(b, tracer_provider=traced.provider)
+    results = await asyncio.gather(read(traced, b, 1), read(traced, b, 2, parts=1))
+    await b.stop()
+    assert results == [[1, 1, 1, 1], [2]]
+    (span,) = traced.batches("s")
+    assert outcome(span) == ("ok", trace.StatusCode.UNSET, 0, 1)
+
+
+@pytest.mark.virtual_time
+async def test_a_stalled_or_timed_out_consumer_departed_and_did_not_fail(traced: Traced) -> None:
+    b = Steps(
+        lambda batch, n: None if n == 8 else list(batch),
+        name="s",
+        max_queue_time=0.01,
+        stream_buffer=1,
+        stream_stall_timeout=1.0,
+    )
+    instrument(b, tracer_provider=traced.provider)
+
+    async def stall() -> None:
+        async with contextlib.aclosing(b.stream(3)) as stream:
+            assert await anext(stream) == 3
+            await asyncio.sleep(5)  # reads no more meanwhile: dropped from its batch after the stall timeout
+            with pytest.raises(TimeoutError):  # (after the part it had buffered)
+                async for _ in stream:
+                    pass
+
+    async def time_out() -> None:
+        async with contextlib.aclosing(b.stream(4, timeout=0.2)) as stream:
+            assert await anext(stream) == 4
+            await asyncio.sleep(0.5)
+            with pytest.raises(TimeoutError):  # (after the part it had buffered)
+                async for _ in stream:
+                    pass
+
+    results = await asyncio.gather(read(traced, b, 1), stall(), time_out())
+    await b.stop()
+    assert results[0] == [1] * 8
+    (span,) = traced.batches("s")
+    assert dict(span.attributes or {})["async_batcher.batch.size"] == 3
+    assert outcome(span) == ("ok", trace.StatusCode.UNSET, 0, 2)
+
+
+@pytest.mark.virtual_time
+async def test_a_forced_stop_between_two_steps_cancels_a_stream_batch(traced: Traced) -> None:
+    b = Steps(lambda batch, n: list(batch), name="s", max_queue_time=0.01, stream_buffer=1)
+    instrument(b, tracer_provider=traced.provider)
+    slow = b.stream(1)
+    assert await anext(slow) == 1  # then it reads no more: the batch waits for it between two steps
+    await until(lambda: b.stats.in_flight == 1)
+    await asyncio.sleep(1)
+    await b.stop(force=True)
+    with pytest.raises(BatcherStoppedError):
+        async for _ in slow:
+            pass
+    (span,) = traced.batches("s")
+    assert outcome(span)[:2] == ("cancelled", trace.StatusCode.ERROR)
+    assert b.closed == 1
+
+
+async def test_a_plain_def_batch_cut_off_by_a_forced_stop_is_cancelled(traced: Traced) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    class Blocking(AsyncBatcher[int, int]):
+        def process_batch(self, batch: list[int]) -> list[int]:
+            entered.set()
+            release.wait(30)
+            return batch
+
+    b = Blocking(name="blocking", max_queue_time=0)
+    instrument(b, tracer_provider=traced.provider)
+    waiting = asyncio.ensure_future(call(traced, b, 1))
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+    await b.stop(force=True)
+    with pytest.raises(BatcherStoppedError):
+        await waiting
+    release.set()  # the thread runs on to its end, unheard
+    await until(lambda: traced.batches("blocking"))
+    (span,) = traced.batches("blocking")
+    assert outcome(span)[:2] == ("cancelled", trace.StatusCode.ERROR)
+
+
+async def test_a_batch_key_whose_repr_raises_still_serves(traced: Traced) -> None:
+    class Odd:
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Odd)
+
+        def __hash__(self) -> int:
+            return 1
+
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    class Keyed(Doubling):
+        def batch_key(self, item: int) -> Odd:
+            return Odd()
+
+    b = Keyed(traced, name="keyed", max_queue_time=0)
+    instrument(b, tracer_provider=traced.provider)
+    assert await call(traced, b, 1) == 2
+    await b.stop()
+    (span,) = traced.batches("keyed")
+    assert dict(span.attributes or {})["async_batcher.batch.key"] == "Odd"

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -144,3 +145,18 @@ def test_the_version_is_single_sourced() -> None:
 
     assert __version__ == importlib.metadata.version("async-batcher")
     assert 'dynamic = ["version"]' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_the_development_status_fits_the_version() -> None:
+    # A development or pre-release (1.0.0.dev0) is not Production/Stable on its PyPI page; a final release is, and
+    # this fails at the release until the classifier says so.
+    from packaging.version import Version
+
+    from async_batcher._version import __version__
+
+    classifiers = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["classifiers"]
+    (status,) = [c for c in classifiers if c.startswith("Development Status ::")]
+    if Version(__version__).is_prerelease:
+        assert status in {"Development Status :: 3 - Alpha", "Development Status :: 4 - Beta"}, status
+    else:
+        assert status == "Development Status :: 5 - Production/Stable", status

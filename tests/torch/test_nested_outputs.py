@@ -154,7 +154,7 @@ async def test_a_nested_tensor_of_another_batch_size_fails_the_batch_naming_its_
     async with TorchAsyncBatcher(model=lm, predict_fn=forward, max_batch_size=3, max_queue_time=0.05) as batcher:
         results = await _gather(batcher, _prompts(3))
         assert all(isinstance(r, ValueError) for r in results)
-        assert "past_key_values[1][1] has 1 rows for a batch of 3 rows (shape (1, 2, 5, 4))" in str(results[0])
+        assert "past_key_values[1][1] has 1 row for a batch of 3 rows (shape (1, 2, 5, 4))" in str(results[0])
         # The batcher serves on.
         ok = await asyncio.wait_for(batcher.process(_prompts(1)[0]), WAIT)
         assert ok["logits"].shape == (5, VOCAB)

@@ -285,13 +285,13 @@ def test_split_keeps_the_output_structure() -> None:
 
 
 def test_split_refuses_misaligned_outputs() -> None:
-    with pytest.raises(ValueError, match="the output has 1 rows for 2 items"):
+    with pytest.raises(ValueError, match="the output has 1 row for 2 items"):
         split_outputs(torch.zeros((1, 1)), 2)
     with pytest.raises(ValueError, match=r"output\[1\] has 3 rows for a batch of 4 rows \(shape \(3,\)\)"):
         split_outputs([torch.zeros(4), torch.zeros(3)], 2, padded_size=4)
     with pytest.raises(ValueError, match="scalar"):
         split_outputs(torch.tensor(1.0), 1)
-    with pytest.raises(ValueError, match=r"y has 1 rows for 2 items \(shape \(1,\)\)"):
+    with pytest.raises(ValueError, match=r"y has 1 row for 2 items \(shape \(1,\)\)"):
         split_outputs({"y": torch.zeros(1)}, 2)
     with pytest.raises(TypeError, match=r"output\[1\] is an object, not a tensor"):
         split_outputs((torch.zeros(2), object()), 2)

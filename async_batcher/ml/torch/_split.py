@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from async_batcher._checks import plural
 from async_batcher.ml._collate import Lists, PaddingSide, a_type, check_padding_side, check_rows, split_structure
 from async_batcher.ml.torch._devices import _as_device, _Device, to_device
 
@@ -100,5 +101,7 @@ def _output_tensor(value: Any, name: str) -> torch.Tensor:
 def _kept_lengths(lengths: torch.Tensor, size: int) -> list[int]:
     """The lengths of the ``size`` real items, as ints."""
     if lengths.dim() != 1 or len(lengths) < size:
-        raise ValueError(f"lengths of shape {tuple(lengths.shape)} do not give one length for each of {size} items")
+        raise ValueError(
+            f"lengths of shape {tuple(lengths.shape)} do not give one length for each of {plural(size, 'item')}"
+        )
     return [int(n) for n in lengths[:size].tolist()]
