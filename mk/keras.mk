@@ -1,6 +1,6 @@
 # The Keras benchmark: `make benchmark` load-tests benchmarks/keras/server.py with locust and writes
 # reports/keras.md. Its .venv gets the library's extras the server imports and the bench-keras group (TensorFlow,
-# locust); the test group already holds what tests/keras needs.
+# locust); the test-all group holds what tests/keras needs.
 .PHONY: benchmark benchmark-report
 
 $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python

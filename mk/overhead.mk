@@ -14,9 +14,5 @@ bench-overhead: $(VENV)/.bench-overhead-installed
 bench-overhead-quick: $(VENV)/.bench-overhead-installed
 	$(BIN)/python -m benchmarks.overhead --quick $(OVERHEAD_ARGS)
 
-# valgrind, Debian's package, for the instruction counts (python -m benchmarks.overhead.instructions) and its test.
-$(VENV)/.valgrind-installed: | $(BIN)/python
-	@command -v valgrind >/dev/null || apt-get install -y valgrind || { echo "valgrind is needed: apt-get install -y valgrind"; exit 1; }
-	touch $@
-
-TEST_PREREQS += $(VENV)/.valgrind-installed
+# The instruction counts (python -m benchmarks.overhead.instructions, and their test in make test-all) need
+# valgrind, Debian's package: tools/check_prereqs.py checks it before make test-all.

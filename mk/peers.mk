@@ -6,12 +6,12 @@
 # `make bench-peers PEERS_ARGS='--modes closed'` (wrk only, as before).
 .PHONY: bench-peers
 
-# wrk, Debian's package: installed here when missing and allowed (root), else a clear message.
-$(VENV)/.wrk-installed: | $(BIN)/python
-	@command -v wrk >/dev/null || apt-get install -y wrk || { echo "the load generator wrk is needed: apt-get install -y wrk"; exit 1; }
-	touch $@
+# wrk, Debian's package, the load generator: checked, never installed here (tools/check_prereqs.py checks it before
+# make test-all, whose smoke tests run it; make test-all INSTALL_SYSTEM=1 installs it).
+.PHONY: wrk
 
-TEST_PREREQS += $(VENV)/.wrk-installed
+wrk:
+	@command -v wrk >/dev/null || { echo "the load generator wrk is needed: apt-get install -y wrk" >&2; exit 1; }
 
-bench-peers: $(VENV)/.bench-installed $(VENV)/.wrk-installed
+bench-peers: $(VENV)/.bench-installed wrk
 	$(BIN)/python -m benchmarks.peers $(PEERS_ARGS)

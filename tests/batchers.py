@@ -14,9 +14,13 @@ from tests.loops import until
 __all__ = [
     "AllKeyed",
     "Recording",
+    "Sleepy",
     "SyncRecording",
+    "Tens",
     "idle_and_clean",
     "later",
+    "outcome",
+    "settled",
     "stop_as",
     "turns",
     "until",
@@ -137,3 +141,39 @@ class AllKeyed(Recording):
 
     def batch_key(self, item: int) -> Hashable:
         return item // 100
+
+
+class Tens(AsyncBatcher[int, int]):
+    """Multiplies by ten; records its batches."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.batches: list[list[int]] = []
+
+    async def process_batch(self, batch: list[int]) -> list[int]:
+        self.batches.append(list(batch))
+        return [x * 10 for x in batch]
+
+
+class Sleepy(AsyncBatcher[int, int]):
+    """Each batch takes 1 s; records its batches."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.batches: list[list[int]] = []
+
+    async def process_batch(self, batch: list[int]) -> list[int]:
+        self.batches.append(list(batch))
+        await asyncio.sleep(1)
+        return batch
+
+
+def settled(b: AsyncBatcher[Any, Any]) -> bool:
+    """Every submitted item ended once, and nothing waits or runs."""
+    s = b.stats
+    return s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out and s.queued == s.in_flight == 0
+
+
+def outcome(result: object) -> object:
+    """A result as the tests compare it: an exception by its type's name."""
+    return type(result).__name__ if isinstance(result, BaseException) else result

@@ -1,7 +1,7 @@
 """Run a documentation snippet as its reader would: ``python docs/snippets/<name>.py``.
 
 A test names the snippet by its path from the repository's root, the path its page includes, so that
-tests/test_docs.py can tell that every snippet has a test.
+tests/docs/test_pages.py can tell that every snippet has a test.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def test_a_caller_left_waiting_fails_the_test(harness: pytest.Pytester) -> None:
             """
         }
     )
-    result = harness.runpytest_subprocess("-p", "no:cacheprovider")
+    result = harness.runpytest_subprocess("-p", "no:cacheprovider", "--every-loop")
     result.assert_outcomes(failed=2)  # on asyncio and on uvloop
     result.stdout.fnmatch_lines(["*left 1 task(s) pending*"])
 
@@ -64,7 +64,7 @@ def test_an_error_the_loop_reports_fails_the_test_unless_it_is_checked(harness: 
             """
         }
     )
-    result = harness.runpytest_subprocess("-p", "no:cacheprovider")
+    result = harness.runpytest_subprocess("-p", "no:cacheprovider", "--every-loop")
     result.assert_outcomes(failed=2, passed=2)
     result.stdout.fnmatch_lines(["*the event loop reported errors*boom*"])
 
@@ -93,4 +93,74 @@ def test_async_tests_run_on_both_loops_and_virtual_time_on_its_own(harness: pyte
             """
         }
     )
-    harness.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=4)
+    harness.runpytest_subprocess("-p", "no:cacheprovider", "--every-loop").assert_outcomes(passed=4)
+
+
+def test_uvloop_runs_the_cores_tests_and_every_test_with_every_loop(harness: pytest.Pytester) -> None:
+    loops = """
+        import asyncio
+        import pytest
+
+        seen = []
+
+        async def test_loop() -> None:
+            seen.append(type(asyncio.get_running_loop()).__module__.split(".")[0])
+
+        @pytest.mark.virtual_time
+        @pytest.mark.real_loop
+        async def test_real_loop_wins() -> None:
+            seen.append(type(asyncio.get_running_loop()).__module__.split(".")[0])
+
+        def test_seen() -> None:
+            assert sorted(seen) == sorted(EXPECTED)
+        """
+    harness.mkpydir("tests/core")
+    harness.mkpydir("tests/aws")
+    harness.makepyfile(
+        **{
+            "tests/core/test_core.py": loops.replace("EXPECTED", '["asyncio", "uvloop"] * 2'),
+            "tests/aws/test_other.py": loops.replace("EXPECTED", '["asyncio"] * 2'),
+        }
+    )
+    harness.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=8)
+    (harness.path / "tests/aws/test_other.py").write_text(
+        (harness.path / "tests/core/test_core.py").read_text().replace("test_core", "test_other")
+    )
+    harness.runpytest_subprocess("-p", "no:cacheprovider", "--every-loop").assert_outcomes(passed=10)
+
+
+def test_the_fast_tier_leaves_out_the_integration_folders_and_the_servers(harness: pytest.Pytester) -> None:
+    # tests/keras is the full tier's: not even imported without it (TensorFlow need not be installed); a test that
+    # takes a server beyond Python (postgres), or its parameter, is the full tier's wherever it is.
+    for folder in ("tests/keras", "tests/sqlalchemy"):
+        harness.mkpydir(folder)
+    harness.makepyfile(
+        **{
+            "tests/keras/test_model.py": "import no_such_framework\n\ndef test_model() -> None:\n    pass\n",
+            "tests/sqlalchemy/test_write.py": """
+            import pytest
+
+            @pytest.fixture
+            def postgres() -> str:
+                return "a server"
+
+            def test_on_sqlite() -> None:
+                pass
+
+            def test_on_postgres(postgres: str) -> None:
+                pass
+
+            @pytest.mark.parametrize("url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
+            def test_on_either(url: str) -> None:
+                pass
+            """,
+        }
+    )
+    fast = harness.runpytest_subprocess("-p", "no:cacheprovider", "-m", "not integration", "-v")
+    fast.assert_outcomes(passed=2, deselected=2)
+    fast.stdout.fnmatch_lines(["*test_on_sqlite PASSED*", "*test_on_either?sqlite? PASSED*"])
+    full = harness.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-m", "integration", "--continue-on-collection-errors"
+    )
+    full.assert_outcomes(passed=2, deselected=2, errors=1)  # and tests/keras fails to import, naming the module
+    full.stdout.fnmatch_lines(["*No module named 'no_such_framework'*"])

@@ -7,7 +7,7 @@ The docstrings are written for ``help()`` and editors; on the site:
 - a class's bases leave out the package's private classes (``async_batcher._settings.Settings``): a user can
   neither import nor subclass them;
 - ``AsyncBatcher``'s numbered contract, the rules before its parameters in ``help()``, is one line linking to
-  the guarantees page, which states each rule with an example (tests/test_docs.py checks that the two agree);
+  the guarantees page, which states each rule with an example (tests/docs/test_pages.py checks that the two agree);
 - an attribute documented by ``#:`` comments right above it (Sphinx's convention, which the package's modules
   use for their constants: ``END``, ``PadValue``) gets them as its docstring.
 """

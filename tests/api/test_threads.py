@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import gc
 import threading
@@ -11,9 +12,12 @@ from typing import Any
 
 import pytest
 
-from async_batcher import BatcherStoppedError, batch
+from async_batcher import (
+    BatcherStoppedError,
+    batch,
+)
 from tests.api.test_decorator import Scaler
-from tests.batchers import Recording, until
+from tests.batchers import Recording, settled, until
 
 # Every blocking call in these tests has a timeout, so that a broken batcher fails a test instead of hanging it.
 WAIT = 30.0
@@ -191,3 +195,75 @@ def test_stopping_the_loop_thread_releases_the_threads_waiting_on_it() -> None:
             waiting.result(WAIT)
     assert not thread.is_alive()
     b.stop_sync()  # a no-op once stopped
+
+
+# ---------------------------------------------------------------------- stops racing blocking calls
+
+
+@pytest.mark.parametrize("trial", range(8))
+def test_stop_sync_racing_the_first_blocking_calls_answers_every_thread(trial: int) -> None:
+    b = Recording(max_queue_time=0.001, name=f"race-{trial}")
+    start = threading.Barrier(31)
+    outcomes: list[object] = []
+
+    def call(i: int) -> None:
+        start.wait()
+        try:
+            outcomes.append(b.process_sync(i, timeout=WAIT))
+        except BatcherStoppedError as exc:
+            outcomes.append(exc)
+        except BaseException as exc:  # anything else is a defect: kept to be reported
+            outcomes.append(("unexpected", exc))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(30)]
+    for t in threads:
+        t.start()
+    start.wait()
+    b.stop_sync()
+    for t in threads:
+        t.join(WAIT)
+    assert not any(t.is_alive() for t in threads), "a thread was left blocked"
+    assert len(outcomes) == 30
+    assert all(isinstance(o, int | BatcherStoppedError) for o in outcomes), outcomes
+    b.stop_sync()
+    assert not [t for t in threading.enumerate() if t.name == f"async-batcher:race-{trial}"]
+
+
+def test_a_blocking_call_into_a_loop_that_is_open_but_not_running_is_refused() -> None:
+    b = Recording(max_queue_time=0)
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(b.process(1)) == 2  # bound to this loop, which then stops running
+        with pytest.raises(RuntimeError, match="not running"):
+            b.process_sync(2)  # no timeout: it must not wait forever
+        loop.run_until_complete(b.stop())
+    finally:
+        loop.close()
+
+
+def test_a_blocking_call_from_a_thread_pool_to_the_apps_loop_gets_its_answer() -> None:
+    # The common deployment: an app's loop in one thread, sync code in a pool calling into it.
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    def serve() -> None:
+        async def main() -> None:
+            holder["loop"] = asyncio.get_running_loop()
+            holder["b"] = b = Recording(max_batch_size=16, max_queue_time=0.01)
+            b.start()
+            holder["stop"] = stop = asyncio.Event()
+            ready.set()
+            await stop.wait()
+            await b.stop()
+
+        asyncio.run(main())
+
+    server = threading.Thread(target=serve)
+    server.start()
+    assert ready.wait(WAIT)
+    b = holder["b"]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(lambda i: b.process_sync(i, timeout=WAIT), range(16))) == [2 * i for i in range(16)]
+    holder["loop"].call_soon_threadsafe(holder["stop"].set)
+    server.join(WAIT)
+    assert not server.is_alive() and settled(b)

@@ -44,6 +44,8 @@ from tests.aws.helpers import (
 from tools.aws import DynamoDBLocal, MotoServer
 
 KINDS = ["dynamodb", "sqs", "sns", "kinesis"]
+# The kinds as fixture parameters: DynamoDB's run on DynamoDB Local, a server beyond Python (the full tier's).
+KIND_PARAMS = [pytest.param(kind, marks=pytest.mark.integration) if kind == "dynamodb" else kind for kind in KINDS]
 
 # One session for the admin clients and batchers of these tests: each new session parses the service models
 # again (a tenth of a second per client on this machine). A test that registers event handlers makes its own.

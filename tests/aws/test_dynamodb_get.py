@@ -1,4 +1,5 @@
-"""AsyncDynamoDbGetBatcher against DynamoDB Local, with UnprocessedKeys and throttling injected by a proxy."""
+"""AsyncDynamoDbGetBatcher against moto's server and DynamoDB Local (the ``dynamodb`` fixture), with UnprocessedKeys
+and throttling injected by a proxy. Only DynamoDB Local checks the type of a key."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from async_batcher.aws.errors import RetriesExhaustedError
 from tests.aws.faultproxy import FaultProxy, Reply, Withhold, first_calls
 from tests.aws.helpers import FAST_RETRY, NO_BOTOCORE_RETRY, create_table
 from tools.aws import ApiCallCounter, DynamoDBLocal
+from tools.servers import LocalServer
 
 
 def reader(endpoint: str, session: aioboto3.Session | None = None, **kwargs: Any) -> AsyncDynamoDbGetBatcher:
@@ -32,17 +34,17 @@ async def fill(admin: Any, table: str, items: list[dict[str, Any]]) -> None:
         assert not answer.get("UnprocessedItems")
 
 
-async def test_reads_return_each_caller_its_item_or_none(dynamodb_local: DynamoDBLocal) -> None:
+async def test_reads_return_each_caller_its_item_or_none(dynamodb: LocalServer) -> None:
     session = aioboto3.Session()
     counter = ApiCallCounter(session, record=True)
-    async with session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+    async with session.client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         table = await create_table(admin, range_key="sk")
         other = await create_table(admin, hash_type="N")
         await fill(admin, table, [{"pk": f"p{i % 5}", "sk": i, "v": f"value{i}"} for i in range(120)])
         await fill(admin, other, [{"pk": i, "tags": {"a", "b"}} for i in range(30)])
         gets = [GetItem(table_name=table, key={"pk": f"p{i % 5}", "sk": i}) for i in range(140)]
         gets += [GetItem(table_name=other, key={"pk": i}) for i in range(25, 35)]
-        async with reader(dynamodb_local.endpoint_url, session, max_batch_size=100, concurrency=2) as batcher:
+        async with reader(dynamodb.endpoint_url, session, max_batch_size=100, concurrency=2) as batcher:
             results = await asyncio.gather(*(batcher.process(get) for get in gets))
     for get, result in zip(gets, results, strict=True):
         if get.table_name == table:
@@ -55,14 +57,14 @@ async def test_reads_return_each_caller_its_item_or_none(dynamodb_local: DynamoD
     assert sum(len(spec["Keys"]) for params in calls for spec in params["RequestItems"].values()) == 150
 
 
-async def test_duplicate_keys_share_one_read(dynamodb_local: DynamoDBLocal) -> None:
+async def test_duplicate_keys_share_one_read(dynamodb: LocalServer) -> None:
     session = aioboto3.Session()
     counter = ApiCallCounter(session, record=True)
-    async with session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+    async with session.client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         table = await create_table(admin, hash_type="N")
         await fill(admin, table, [{"pk": 1, "v": "one"}, {"pk": 2, "v": "two"}])
         gets = [GetItem(table_name=table, key={"pk": key}) for key in (1, Decimal("1.0"), 2, 1, 3, 3)]
-        async with reader(dynamodb_local.endpoint_url, session) as batcher:
+        async with reader(dynamodb.endpoint_url, session) as batcher:
             results = await batcher.process_many(gets)
     one = {"pk": Decimal(1), "v": "one"}
     assert results == [one, one, {"pk": Decimal(2), "v": "two"}, one, None, None]
@@ -71,10 +73,10 @@ async def test_duplicate_keys_share_one_read(dynamodb_local: DynamoDBLocal) -> N
     assert len(params["RequestItems"][table]["Keys"]) == 3
 
 
-async def test_unprocessed_keys_are_retried(dynamodb_local: DynamoDBLocal) -> None:
+async def test_unprocessed_keys_are_retried(dynamodb: LocalServer) -> None:
     async with (
-        FaultProxy(dynamodb_local.endpoint_url) as proxy,
-        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin,
+        FaultProxy(dynamodb.endpoint_url) as proxy,
+        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin,
     ):
         table = await create_table(admin)
         await fill(admin, table, [{"pk": f"k{i}", "n": i} for i in range(150)])
@@ -87,10 +89,10 @@ async def test_unprocessed_keys_are_retried(dynamodb_local: DynamoDBLocal) -> No
     assert len(proxy.calls("BatchGetItem")) > 2
 
 
-async def test_throttled_reads_are_retried_and_then_fail_clearly(dynamodb_local: DynamoDBLocal) -> None:
+async def test_throttled_reads_are_retried_and_then_fail_clearly(dynamodb: LocalServer) -> None:
     async with (
-        FaultProxy(dynamodb_local.endpoint_url) as proxy,
-        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin,
+        FaultProxy(dynamodb.endpoint_url) as proxy,
+        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin,
     ):
         table = await create_table(admin)
         await fill(admin, table, [{"pk": "a"}])

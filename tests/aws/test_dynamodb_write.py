@@ -1,4 +1,5 @@
-"""AsyncDynamoDbWriteBatcher against DynamoDB Local, with faults injected by a proxy between client and server.
+"""AsyncDynamoDbWriteBatcher against moto's server and DynamoDB Local (the ``dynamodb`` fixture), with faults injected
+by a proxy between client and server.
 
 Every test reads the tables back with a consistent scan: a write that a caller was told succeeded is there,
 and one that failed is not.
@@ -21,6 +22,7 @@ from async_batcher.aws.errors import RetriesExhaustedError
 from tests.aws.faultproxy import FaultProxy, Reply, Withhold, first_calls
 from tests.aws.helpers import FAST_RETRY, NO_BOTOCORE_RETRY, create_table, kill_mid_run, scan_all
 from tools.aws import ApiCallCounter, DynamoDBLocal
+from tools.servers import LocalServer
 
 pytestmark = pytest.mark.single_loop
 
@@ -48,13 +50,13 @@ def count_requests(bodies: Iterable[dict[str, Any]]) -> int:
     return sum(len(requests) for body in bodies for requests in body["RequestItems"].values())
 
 
-async def test_concurrent_writes_to_two_tables_all_land(dynamodb_local: DynamoDBLocal) -> None:
+async def test_concurrent_writes_to_two_tables_all_land(dynamodb: LocalServer) -> None:
     session = aioboto3.Session()
     counter = ApiCallCounter(session, record=True)
-    async with session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+    async with session.client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         simple = await create_table(admin)
         composite = await create_table(admin, range_key="sk")
-        async with writer(dynamodb_local.endpoint_url, session, max_batch_size=25, concurrency=4) as batcher:
+        async with writer(dynamodb.endpoint_url, session, max_batch_size=25, concurrency=4) as batcher:
             results = await asyncio.gather(
                 *(batcher.process(put(simple, pk=f"k{i}", value=i)) for i in range(150)),
                 *(batcher.process(put(composite, pk=f"p{i % 7}", sk=i, blob=b"\x00" * i)) for i in range(130)),
@@ -72,24 +74,24 @@ async def test_concurrent_writes_to_two_tables_all_land(dynamodb_local: DynamoDB
     assert counter.calls["DescribeTable"] == 2  # once per table, not per batch
 
 
-async def test_a_batch_larger_than_25_is_cut_into_calls_of_25(dynamodb_local: DynamoDBLocal) -> None:
+async def test_a_batch_larger_than_25_is_cut_into_calls_of_25(dynamodb: LocalServer) -> None:
     session = aioboto3.Session()
     counter = ApiCallCounter(session, record=True)
-    async with session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+    async with session.client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         table = await create_table(admin)
-        async with writer(dynamodb_local.endpoint_url, session, max_batch_size=200) as batcher:
+        async with writer(dynamodb.endpoint_url, session, max_batch_size=200) as batcher:
             await batcher.process_many([put(table, pk=str(i)) for i in range(120)])
         assert len(await scan_all(admin, table)) == 120
     assert sorted(len(call) for call in batch_write_calls(counter)) == [20, 25, 25, 25, 25]
 
 
-async def test_calls_respect_the_request_size_cap(dynamodb_local: DynamoDBLocal) -> None:
+async def test_calls_respect_the_request_size_cap(dynamodb: LocalServer) -> None:
     session = aioboto3.Session()
     counter = ApiCallCounter(session, record=True)
     cap = 1024 * 1024  # a small cap so the test stays light; the default is the service's 16 MB
-    async with session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+    async with session.client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         table = await create_table(admin)
-        async with writer(dynamodb_local.endpoint_url, session, max_batch_size=40, max_request_bytes=cap) as batcher:
+        async with writer(dynamodb.endpoint_url, session, max_batch_size=40, max_request_bytes=cap) as batcher:
             await batcher.process_many([put(table, pk=str(i), payload="x" * 150_000) for i in range(40)])
         assert len(await scan_all(admin, table)) == 40
     calls = counter.params["BatchWriteItem"]
@@ -97,10 +99,10 @@ async def test_calls_respect_the_request_size_cap(dynamodb_local: DynamoDBLocal)
     assert len(calls) >= 40 * 150_000 // cap
 
 
-async def test_deletes_and_puts_mix(dynamodb_local: DynamoDBLocal) -> None:
-    async with aioboto3.Session().client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+async def test_deletes_and_puts_mix(dynamodb: LocalServer) -> None:
+    async with aioboto3.Session().client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         table = await create_table(admin, range_key="sk")
-        async with writer(dynamodb_local.endpoint_url) as batcher:
+        async with writer(dynamodb.endpoint_url) as batcher:
             await batcher.process_many([put(table, pk="a", sk=i) for i in range(10)])
             deletes = [
                 WriteOperation(operation="DELETE", table_name=table, data={"pk": "a", "sk": i}) for i in range(0, 10, 2)
@@ -109,10 +111,10 @@ async def test_deletes_and_puts_mix(dynamodb_local: DynamoDBLocal) -> None:
         assert sorted(int(item["sk"]) for item in await scan_all(admin, table)) == [1, 3, 5, 7, 9]
 
 
-async def test_unprocessed_items_are_retried_until_written(dynamodb_local: DynamoDBLocal) -> None:
+async def test_unprocessed_items_are_retried_until_written(dynamodb: LocalServer) -> None:
     async with (
-        FaultProxy(dynamodb_local.endpoint_url) as proxy,
-        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin,
+        FaultProxy(dynamodb.endpoint_url) as proxy,
+        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin,
     ):
         table = await create_table(admin)
         # The first 12 calls each leave out every third request but the last (so retries progress); the
@@ -139,10 +141,10 @@ async def test_unprocessed_items_are_retried_until_written(dynamodb_local: Dynam
         ("ServiceUnavailable", 503),
     ],
 )
-async def test_throttled_calls_are_retried(dynamodb_local: DynamoDBLocal, code: str, status: int) -> None:
+async def test_throttled_calls_are_retried(dynamodb: LocalServer, code: str, status: int) -> None:
     async with (
-        FaultProxy(dynamodb_local.endpoint_url) as proxy,
-        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin,
+        FaultProxy(dynamodb.endpoint_url) as proxy,
+        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin,
     ):
         table = await create_table(admin)
         proxy.rules.append(first_calls("BatchWriteItem", 4, Reply(code, status)))
@@ -153,7 +155,7 @@ async def test_throttled_calls_are_retried(dynamodb_local: DynamoDBLocal, code: 
         assert len(proxy.calls("BatchWriteItem")) == 4 + 2  # 4 refused, then 25 + 5
 
 
-async def test_a_write_left_unprocessed_too_long_fails_alone(dynamodb_local: DynamoDBLocal) -> None:
+async def test_a_write_left_unprocessed_too_long_fails_alone(dynamodb: LocalServer) -> None:
     def hold_stuck(operation: str, body: dict[str, Any]) -> Withhold | None:
         if operation != "BatchWriteItem":
             return None
@@ -161,8 +163,8 @@ async def test_a_write_left_unprocessed_too_long_fails_alone(dynamodb_local: Dyn
         return Withhold([i for i, r in enumerate(requests) if r["PutRequest"]["Item"]["pk"]["S"].startswith("stuck")])
 
     async with (
-        FaultProxy(dynamodb_local.endpoint_url) as proxy,
-        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin,
+        FaultProxy(dynamodb.endpoint_url) as proxy,
+        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin,
     ):
         table = await create_table(admin)
         proxy.rules.append(hold_stuck)
@@ -184,10 +186,10 @@ async def test_a_write_left_unprocessed_too_long_fails_alone(dynamodb_local: Dyn
         assert len(proxy.calls("BatchWriteItem")) == FAST_RETRY.max_attempts
 
 
-async def test_exhausted_throttling_reports_the_last_error(dynamodb_local: DynamoDBLocal) -> None:
+async def test_exhausted_throttling_reports_the_last_error(dynamodb: LocalServer) -> None:
     async with (
-        FaultProxy(dynamodb_local.endpoint_url) as proxy,
-        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin,
+        FaultProxy(dynamodb.endpoint_url) as proxy,
+        aioboto3.Session().client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin,
     ):
         table = await create_table(admin)
         proxy.rules.append(first_calls("BatchWriteItem", 10_000, Reply("ProvisionedThroughputExceededException")))
@@ -197,10 +199,10 @@ async def test_exhausted_throttling_reports_the_last_error(dynamodb_local: Dynam
         assert await scan_all(admin, table) == []
 
 
-async def test_writes_to_one_key_in_one_batch_land_in_order(dynamodb_local: DynamoDBLocal) -> None:
+async def test_writes_to_one_key_in_one_batch_land_in_order(dynamodb: LocalServer) -> None:
     session = aioboto3.Session()
     counter = ApiCallCounter(session, record=True)
-    async with session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+    async with session.client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         table = await create_table(admin, range_key="sk")
         operations = [
             put(table, pk="same", sk=1, version=1),
@@ -210,7 +212,7 @@ async def test_writes_to_one_key_in_one_batch_land_in_order(dynamodb_local: Dyna
             put(table, pk="gone", sk=2, version=1),  # same key as the delete: "2.0" and 2 are one number
             put(table, pk="same", sk=1, version=3),
         ]
-        async with writer(dynamodb_local.endpoint_url, session) as batcher:
+        async with writer(dynamodb.endpoint_url, session) as batcher:
             assert await batcher.process_many(operations) == [None] * 6
         rows = {(item["pk"], int(item["sk"])): int(item["version"]) for item in await scan_all(admin, table)}
         assert rows == {("same", 1): 3, ("other", 1): 1, ("gone", 2): 1}
@@ -223,15 +225,15 @@ async def test_writes_to_one_key_in_one_batch_land_in_order(dynamodb_local: Dyna
         assert len(keys) == len(set(keys))
 
 
-async def test_one_invalid_item_fails_only_its_caller(dynamodb_local: DynamoDBLocal) -> None:
+async def test_one_invalid_item_fails_only_its_caller(dynamodb: LocalServer) -> None:
     session = aioboto3.Session()
     counter = ApiCallCounter(session, record=True)
-    async with session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+    async with session.client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         table = await create_table(admin)
         operations = [put(table, pk=f"k{i}", n=i) for i in range(25)]
         operations[6] = put(table, pk="", n=6)  # an empty string key: ValidationException
         operations[19] = put(table, pk="big", payload="x" * 420_000)  # over 400 KB: ValidationException
-        async with writer(dynamodb_local.endpoint_url, session) as batcher:
+        async with writer(dynamodb.endpoint_url, session) as batcher:
             results = await asyncio.gather(*(batcher.process(op) for op in operations), return_exceptions=True)
         for index, result in enumerate(results):
             if index in (6, 19):
@@ -245,10 +247,10 @@ async def test_one_invalid_item_fails_only_its_caller(dynamodb_local: DynamoDBLo
     assert len(counter.params["BatchWriteItem"]) <= 1 + 2 * 2 * 5
 
 
-async def test_writes_to_a_missing_table_fail_alone(dynamodb_local: DynamoDBLocal) -> None:
-    async with aioboto3.Session().client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+async def test_writes_to_a_missing_table_fail_alone(dynamodb: LocalServer) -> None:
+    async with aioboto3.Session().client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         table = await create_table(admin)
-        async with writer(dynamodb_local.endpoint_url) as batcher:
+        async with writer(dynamodb.endpoint_url) as batcher:
             results = await asyncio.gather(
                 batcher.process(put(table, pk="a")),
                 batcher.process(put("no-such-table", pk="b")),
@@ -260,12 +262,12 @@ async def test_writes_to_a_missing_table_fail_alone(dynamodb_local: DynamoDBLoca
         assert [item["pk"] for item in await scan_all(admin, table)] == ["a"]
 
 
-async def test_unstorable_items_fail_before_any_call(dynamodb_local: DynamoDBLocal) -> None:
+async def test_unstorable_items_fail_before_any_call(dynamodb: LocalServer) -> None:
     session = aioboto3.Session()
     counter = ApiCallCounter(session)
-    async with session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+    async with session.client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         table = await create_table(admin, range_key="sk")
-        async with writer(dynamodb_local.endpoint_url, session) as batcher:
+        async with writer(dynamodb.endpoint_url, session) as batcher:
             with pytest.raises(TypeError, match="attribute 'price': Float types are not supported"):
                 await batcher.process(put(table, pk="a", sk=1, price=1.5))
             with pytest.raises(ValueError, match=f"item for table '{table}' lacks key attribute 'sk'"):
@@ -282,25 +284,25 @@ def test_operations_are_validated_eagerly() -> None:
         AsyncDynamoDbWriteBatcher(max_request_bytes=17 * 1024 * 1024)
 
 
-async def test_table_keys_given_up_front_cost_no_describe(dynamodb_local: DynamoDBLocal) -> None:
+async def test_table_keys_given_up_front_cost_no_describe(dynamodb: LocalServer) -> None:
     session = aioboto3.Session()
     counter = ApiCallCounter(session)
-    async with session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+    async with session.client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         table = await create_table(admin)
-        async with writer(dynamodb_local.endpoint_url, session, table_keys={table: ["pk"]}) as batcher:
+        async with writer(dynamodb.endpoint_url, session, table_keys={table: ["pk"]}) as batcher:
             await batcher.process(put(table, pk="a"))
         assert len(await scan_all(admin, table)) == 1
     assert counter.calls["DescribeTable"] == 0
 
 
-async def test_one_client_per_run_of_the_batcher(dynamodb_local: DynamoDBLocal) -> None:
+async def test_one_client_per_run_of_the_batcher(dynamodb: LocalServer) -> None:
     session = aioboto3.Session()
     created: list[str] = []
     session.events.register("creating-client-class.dynamodb", lambda **kwargs: created.append("dynamodb"))
-    async with session.client("dynamodb", endpoint_url=dynamodb_local.endpoint_url) as admin:
+    async with session.client("dynamodb", endpoint_url=dynamodb.endpoint_url) as admin:
         table = await create_table(admin)
     created.clear()
-    batcher = writer(dynamodb_local.endpoint_url, session, max_batch_size=5)
+    batcher = writer(dynamodb.endpoint_url, session, max_batch_size=5)
     async with batcher:
         await batcher.process_many([put(table, pk=str(i)) for i in range(40)])
         assert batcher.stats.batches == 8
@@ -312,6 +314,7 @@ async def test_one_client_per_run_of_the_batcher(dynamodb_local: DynamoDBLocal) 
     assert created == ["dynamodb", "dynamodb"]
 
 
+@pytest.mark.usefixtures("dynamodb_local_jar")
 async def test_a_server_that_dies_mid_run_fails_callers_promptly() -> None:
     with DynamoDBLocal() as server:
         session = aioboto3.Session()

@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError
 from async_batcher.aws.errors import AwsOutcomeUnknownError, BatchEntryError, RetriesExhaustedError
 from async_batcher.aws.retry import RetryPolicy
 from tests.aws.faultproxy import Disconnect, FaultProxy, Reply, Rule, Withhold, first_calls
-from tests.aws.services import KINDS, Service, check_outcomes, server_for, stuck
+from tests.aws.services import KIND_PARAMS, KINDS, Service, check_outcomes, server_for, stuck
 
 pytestmark = pytest.mark.single_loop
 
@@ -33,7 +33,7 @@ RETRY = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.004)
 BOTOCORE_RETRIES = AioConfig(retries={"mode": "standard", "total_max_attempts": 2}, connect_timeout=2, read_timeout=20)
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=KIND_PARAMS)
 def kind(request: pytest.FixtureRequest) -> Iterator[str]:
     yield request.param
 

@@ -78,6 +78,7 @@ def kinds_of(outcomes: list[object]) -> set[str]:
     }
 
 
+@pytest.mark.usefixtures("dynamodb_local_jar")
 async def test_dynamodb_local_restarted_mid_run(tmp_path: Path) -> None:
     server = PersistentDynamoDBLocal(tmp_path)
     with server:

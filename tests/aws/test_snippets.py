@@ -11,12 +11,13 @@ import pytest
 
 from tests.snippets import run_snippet
 from tools.aws import DynamoDBLocal, MotoServer
+from tools.servers import LocalServer
 
 # The region the snippets name: local servers keep one set of tables, queues and streams per region.
 REGION = "eu-west-1"
 
 
-def endpoints(moto: MotoServer, dynamodb: DynamoDBLocal) -> dict[str, str]:
+def endpoints(moto: MotoServer, dynamodb: LocalServer) -> dict[str, str]:
     return {
         "AWS_ENDPOINT_URL_DYNAMODB": dynamodb.endpoint_url,
         **{f"AWS_ENDPOINT_URL_{service}": moto.endpoint_url for service in ("SQS", "SNS", "KINESIS")},
@@ -32,9 +33,10 @@ def endpoints(moto: MotoServer, dynamodb: DynamoDBLocal) -> dict[str, str]:
         "docs/snippets/aws_unknown.py",  # it checks by receiving: each order exactly once
     ],
 )
-def test_the_snippet_runs(path: str, tmp_path: Path, moto_server: MotoServer, dynamodb_local: DynamoDBLocal) -> None:
-    # Each snippet checks what it did with an assert (an AssertionError fails the run) and prints a result.
-    output = run_snippet(path, tmp_path, endpoints(moto_server, dynamodb_local))
+def test_the_snippet_runs(path: str, tmp_path: Path, moto_server: MotoServer) -> None:
+    # Each snippet checks what it did with an assert (an AssertionError fails the run) and prints a result. None
+    # of these uses DynamoDB: moto's server answers for it too.
+    output = run_snippet(path, tmp_path, endpoints(moto_server, moto_server))
     assert output.strip()
 
 
@@ -49,11 +51,9 @@ def test_the_dynamodb_snippet_leaves_its_writes_in_the_table(
     assert keys == {f"order-{i}" for i in range(99)}  # 100 puts, then order-99 deleted
 
 
-def test_the_sqs_snippet_sends_every_message_once(
-    tmp_path: Path, moto_server: MotoServer, dynamodb_local: DynamoDBLocal
-) -> None:
+def test_the_sqs_snippet_sends_every_message_once(tmp_path: Path, moto_server: MotoServer) -> None:
     client = boto3.client("sqs", region_name=REGION, endpoint_url=moto_server.endpoint_url)
-    assert run_snippet("docs/snippets/aws_sqs.py", tmp_path, endpoints(moto_server, dynamodb_local)).splitlines() == [
+    assert run_snippet("docs/snippets/aws_sqs.py", tmp_path, endpoints(moto_server, moto_server)).splitlines() == [
         "25 messages sent"
     ]
     queue_url = client.get_queue_url(QueueName="async-batcher-example")["QueueUrl"]

@@ -32,7 +32,7 @@ from async_batcher.aws.retry import RetryPolicy
 from async_batcher.aws.sqs import AsyncSqsSendBatcher, SqsMessage
 from tests.aws.faultproxy import FaultProxy, Hold, Reply, Rule, Withhold, first_calls
 from tests.aws.helpers import NO_BOTOCORE_RETRY, create_queue, receive_all
-from tests.aws.services import KINDS, SESSION, Service, Stored, check_outcomes, server_for, state_of, stuck
+from tests.aws.services import KIND_PARAMS, SESSION, Service, Stored, check_outcomes, server_for, state_of, stuck
 
 pytestmark = pytest.mark.single_loop
 
@@ -100,7 +100,7 @@ def assert_abandoned(outcomes: list[object]) -> None:
     assert not isinstance(error, BatcherStoppedError)  # a client that retries on "stopped" must not retry these
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=KIND_PARAMS)
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

@@ -13,9 +13,10 @@ import pytest
 
 from async_batcher import Limits
 from async_batcher.policies import Deadline
+from tests.requires import require
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-keras = pytest.importorskip("keras")
+keras = require("keras", "make test-all installs it (the test-all group: Keras on TensorFlow)")
 
 from async_batcher.ml.keras import KerasAsyncBatcher  # noqa: E402
 

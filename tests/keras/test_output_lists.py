@@ -17,6 +17,7 @@ import pytest
 import scipy.sparse
 
 from async_batcher.ml.numpy import split_outputs
+from tests.requires import require
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 WAIT = 60
@@ -31,7 +32,7 @@ async def test_a_keras_predict_fn_returning_a_plain_list_of_rows_as_wide_as_the_
     None
 ):
     # Today: the list is read as three outputs, and caller i gets column i: [row0[i], row1[i], row2[i]].
-    keras = pytest.importorskip("keras")
+    keras = require("keras", "make test-all installs it (the test-all group: Keras on TensorFlow)")
     from async_batcher.ml.keras import KerasAsyncBatcher
 
     keras.utils.set_random_seed(3)

@@ -38,7 +38,7 @@ def instructions() -> list[tuple[str, str]]:
 
 def hadolint(text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     (path := tmp_path / "Dockerfile").write_text(text)
-    assert Path(HADOLINT).is_file(), "hadolint is missing: pip install --group test (make test installs it)"
+    assert Path(HADOLINT).is_file(), "hadolint is missing: pip install --group test-all (make test-all installs it)"
     return subprocess.run([HADOLINT, "--no-color", str(path)], capture_output=True, text=True, timeout=60)
 
 

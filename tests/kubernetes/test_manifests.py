@@ -8,11 +8,10 @@ from typing import Any
 import pytest
 import yaml
 
-kubernetes_validate = pytest.importorskip(
-    "kubernetes_validate", reason="the manifests' check needs kubernetes-validate (mk/scaling.mk installs it)"
-)
+from tests.requires import require
+from tests.scaling_targets import SERVER_MODULE, server_module
 
-from tests.scaling_targets import SERVER_MODULE, server_module  # noqa: E402
+kubernetes_validate = require("kubernetes_validate", "make test-all installs it (the test-all group)")
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "examples" / "kubernetes").glob("*.yaml"))

@@ -25,11 +25,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import ray.serve  # noqa: F401 - make test installs the ray group: a missing Ray fails, never skips, these tests
 
 from examples.ray_serve.local import replica_stats
 from tests.processes import alive, descendants, with_environment
+from tests.requires import require
 from tests.servers import ROOT, free_port
+
+require("ray.serve", "make test-all installs it (the test-all group includes the ray group)")
 
 MARKER = "ASYNC_BATCHER_RAY_TEST"
 STARTUP_TIMEOUT = 300.0  # Ray, then two replicas that import TensorFlow, on two cores

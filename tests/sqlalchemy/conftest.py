@@ -1,5 +1,9 @@
 """A throwaway PostgreSQL cluster (session-scoped: started once, stopped and deleted at the end) and SQLite
-files; each test makes its own tables, so tests sharing the server do not see each other's rows."""
+files; each test makes its own tables, so tests sharing the server do not see each other's rows.
+
+PostgreSQL is a server beyond Python: the tests on it are the full tier's (tests/conftest.py), those on SQLite the
+fast tier's too.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.postgres import PostgresServer
+from tests.sqlalchemy.helpers import POSTGRESQL
+from tools.postgres import PostgresServer, postgres_bin
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +22,13 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+@pytest.fixture(scope="session")
+def postgres_binaries() -> Path:
+    """PostgreSQL's server binaries: for the tests that start a cluster of their own."""
+    return postgres_bin()
+
+
+@pytest.fixture(params=[POSTGRESQL, "sqlite"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The URL of a PostgreSQL database (asyncpg) or of a fresh SQLite file (aiosqlite)."""
     if request.param == "sqlite":

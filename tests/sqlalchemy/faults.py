@@ -44,8 +44,14 @@ def check_outcomes(rows: Sequence[Mapping[str, Any]], outcomes: Sequence[object]
 async def settled(within: float = 30.0) -> None:
     """Wait until every other task of the loop has ended (a batch cut off by a stop cleans its connection up after
     its callers were answered)."""
+    # Waited for, not polled: a loop that polls starves the driver's thread (aiosqlite) of the GIL on a busy machine.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
     me = asyncio.current_task()
-    await until(lambda: all(task.done() for task in asyncio.all_tasks() if task is not me), within=within)
+    while others := {task for task in asyncio.all_tasks() if task is not me}:
+        _, pending = await asyncio.wait(others, timeout=max(0.0, deadline - loop.time()))
+        if pending and loop.time() >= deadline:
+            raise AssertionError(f"{len(pending)} task(s) still running after {within} s: {pending!r}")
 
 
 class Blocker:

@@ -8,9 +8,14 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sqlalchemy import CheckConstraint, String, event, select, text
+import pytest
+from sqlalchemy import CheckConstraint, Column, Integer, MetaData, String, Table, event, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# The parameter that picks PostgreSQL, a server beyond Python: the tests on it are the full tier's
+# (tests/conftest.py); those on SQLite are the fast tier's too.
+POSTGRESQL = pytest.param("postgresql", marks=pytest.mark.integration)
 
 
 def person_model(*, generated_ids: bool = False) -> Any:
@@ -95,3 +100,16 @@ def blocked_on_a_lock(application_name: str) -> str:
         "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
         f"AND application_name = '{application_name}'"
     )
+
+
+def kv_table(*, composite: bool = False) -> Table:
+    """A fresh table ``(id, v)`` (``composite``: keyed by ``(id, part)``)."""
+    keys = [Column("id", Integer, primary_key=True)]
+    if composite:
+        keys.append(Column("part", String(10), primary_key=True))
+    return Table(f"kv_{uuid.uuid4().hex[:10]}", MetaData(), *keys, Column("v", String(20)))
+
+
+async def gather_bounded(calls: list[Any], within: float = 60) -> list[object]:
+    """The calls' outcomes (results or exceptions), failing after ``within`` seconds."""
+    return list(await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), within))

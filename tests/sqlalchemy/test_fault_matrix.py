@@ -21,17 +21,23 @@ a COMMIT SQLite refuses (``test_failed_commit.py``); deadlock and serialization 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import subprocess
+import sys
+import textwrap
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Table, text
+from sqlalchemy import Table, event, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from async_batcher import BatcherStoppedError, OutcomeUnknownError
 from async_batcher.sqlalchemy import AsyncSqlalchemyWriteBatcher, CommitUnknownError
 from tests.sqlalchemy.faults import Blocker, PostgresBlocker, SqliteBlocker, check_outcomes, fault_table, settled
+from tests.sqlalchemy.helpers import POSTGRESQL, database, gather_bounded, kv_table, read_rows, until_sql
 from tools.postgres import PostgresServer
 
 pytestmark = [pytest.mark.single_loop, pytest.mark.timeout(120)]
@@ -41,7 +47,7 @@ ROWS = [{"id": i, "v": f"v{i}"} for i in range(4)]
 QUICK = 0.05
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+@pytest.fixture(params=[POSTGRESQL, "sqlite"])
 async def blocker(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Blocker]:
     made: Blocker
     if request.param == "postgresql":
@@ -67,7 +73,7 @@ async def pg(postgres: PostgresServer) -> AsyncIterator[PostgresBlocker]:
 
 
 @pytest.fixture(scope="module")
-def killable() -> Iterator[PostgresServer]:
+def killable(postgres_binaries: Path) -> Iterator[PostgresServer]:
     """A server of its own, to kill and restart."""
     with PostgresServer() as server:
         yield server
@@ -340,3 +346,180 @@ async def test_the_server_restarted_between_batches(killable: PostgresServer, pr
     else:  # the batch meets a connection the server closed: it fails, nothing of it written
         assert all(isinstance(o, DBAPIError) for o in outcomes), outcomes
     check_outcomes([*ROWS, *second, {"id": 20}], [None] * 4 + outcomes + third, stored)
+
+
+# ---------------------------------------------------------------------- stops at every step, locks held by others
+
+
+@pytest.mark.timeout(180)
+async def test_callers_cancelled_mid_bisection(postgres: Any) -> None:
+    table = kv_table()
+    async with database(postgres.url, table) as engine:
+        other = await engine.connect()
+        await other.begin()
+        await other.execute(text(f"INSERT INTO {table.name} (id, v) VALUES (14, 'other')"))  # holds the 2nd half
+        rows = [{"id": i, "v": "x" * 21 if i == 0 else f"v{i}"} for i in range(16)]  # row 0 too long: bisect
+        batcher = AsyncSqlalchemyWriteBatcher(table, engine, max_batch_size=16, max_queue_time=1)
+        try:
+            async with batcher:
+                calls = [asyncio.ensure_future(batcher.process(row)) for row in rows]
+                await until_sql(engine, "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                for i in (1, 5, 9, 13):  # some of the half written, some of the half waiting
+                    calls[i].cancel()
+                await other.rollback()
+                results = await gather_bounded(calls)
+        finally:
+            await other.close()
+        stored = {row["id"] for row in await read_rows(engine, table)}
+    assert [isinstance(results[i], asyncio.CancelledError) for i in (1, 5, 9, 13)] == [True] * 4
+    kept = [i for i in range(16) if i not in (1, 5, 9, 13)]
+    check_outcomes([rows[i] for i in kept], [results[i] for i in kept], stored)
+    assert stored == set(range(1, 16))  # the cancelled callers' rows were written all the same: they left
+
+
+class StopAt:
+    """Stops ``batcher`` (force) as the ``step``-th statement, COMMIT or ROLLBACK of its engine goes out, while
+    armed; ``seen`` lists the steps."""
+
+    def __init__(self, engine: Any, step: int, batcher: AsyncSqlalchemyWriteBatcher) -> None:
+        self.seen: list[str] = []
+        self.armed = True
+        self.step = step
+        self.batcher = batcher
+        sync_engine = engine.sync_engine
+        event.listen(sync_engine, "before_cursor_execute", lambda *a: self._at(a[2].split()[0]))
+        event.listen(sync_engine, "commit", lambda *a: self._at("COMMIT"))
+        event.listen(sync_engine, "rollback", lambda *a: self._at("ROLLBACK"))
+
+    def _at(self, name: str) -> None:
+        if not self.armed:
+            return
+        self.seen.append(name)
+        if len(self.seen) == self.step:
+            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self.batcher.stop(force=True)))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("operation", ["insert", "update"])
+async def test_a_forced_stop_at_every_step_of_a_bisected_batch(database_url: str, operation: str) -> None:
+    rows = [{"id": i, "v": f"v{i}"} for i in range(8)]
+    rows[5] = {"id": 2**63, "v": "a key beyond 64 bits"}  # the row's fault, on both: a bisection
+    if operation == "update":
+        rows[2] = {"id": 50, "v": "no such row"}  # (SQLite: the SELECT of the rows matched)
+    steps = None
+    step = 1
+    answers: set[type] = set()
+    while steps is None or step <= steps + 1:
+        table = kv_table()
+        async with database(database_url, table) as engine:
+            async with engine.begin() as connection:
+                await connection.execute(table.insert(), [{"id": i, "v": "old"} for i in range(10, 20)])
+                if operation == "update":
+                    await connection.execute(table.insert(), [{"id": i, "v": "old"} for i in range(8)])
+            before = {row["id"]: row["v"] for row in await read_rows(engine, table)}
+            batcher = AsyncSqlalchemyWriteBatcher(
+                table,
+                engine,
+                operation=operation,
+                max_batch_size=8,
+                max_queue_time=0.01,  # type: ignore[arg-type]
+            )
+            stop_at = StopAt(engine, step, batcher)
+            results = await gather_bounded([batcher.process(row) for row in rows])
+            stop_at.armed = False
+            await batcher.stop()
+            await settled()
+            after = {row["id"]: row["v"] for row in await read_rows(engine, table)}
+            seen = stop_at.seen
+            if step > len(seen):  # the stop came after the batch: its full run tells how many steps there are
+                steps = len(seen)
+                assert all(not isinstance(r, BatcherStoppedError | OutcomeUnknownError) for r in results)
+            print("STEP", step, seen, [type(r).__name__ for r in results], flush=True)
+            again = 10 if operation == "update" else 100
+            async with batcher:  # it writes again, and nothing else changes
+                assert await asyncio.wait_for(batcher.process({"id": again, "v": "again"}), 30) is None
+            assert {row["id"]: row["v"] for row in await read_rows(engine, table)} == {**after, again: "again"}
+        # "written": the row is there as given; failed (not unknown): it is as it was before
+        written = {row["id"] for row in rows if row["id"] in after and after[row["id"]] == row["v"]}
+        check_outcomes(rows, results, written)
+        assert {k: v for k, v in after.items() if k not in written} == {
+            k: v for k, v in before.items() if k not in written
+        }
+        kinds = {type(r) for r in results}
+        answers |= kinds
+        assert BatcherStoppedError not in kinds or not written, (step, seen, results, after)
+        step += 1
+    assert steps is not None and steps >= 6  # a bisection: several statements, commits and rollbacks
+    assert answers >= {BatcherStoppedError, CommitUnknownError, type(None)}, answers  # each phase was hit
+
+
+LOCK_HOLDER = textwrap.dedent(
+    """
+    import sqlite3, sys
+    held = sqlite3.connect(sys.argv[1], isolation_level=None)
+    held.execute("BEGIN IMMEDIATE")
+    print("held", flush=True)
+    sys.stdin.readline()  # until told
+    held.execute("ROLLBACK")
+    """
+)
+
+
+@pytest.mark.timeout(180)
+async def test_sqlite_another_process_holding_the_write_lock(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    table = kv_table()
+    async with database(f"sqlite+aiosqlite:///{path}", table, connect_args={"timeout": 0.3}) as engine:
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", LOCK_HOLDER, str(path), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        try:
+            assert holder.stdout is not None and holder.stdin is not None
+            assert (await asyncio.wait_for(holder.stdout.readline(), 30)).strip() == b"held"
+            async with AsyncSqlalchemyWriteBatcher(table, engine, max_batch_size=4, max_queue_time=1) as batcher:
+                first = await gather_bounded([batcher.process({"id": i, "v": "a"}) for i in range(4)])
+                holder.stdin.write(b"go\n")
+                await holder.stdin.drain()
+                assert await asyncio.wait_for(holder.wait(), 30) == 0
+                second = await gather_bounded([batcher.process({"id": i, "v": "b"}) for i in range(2, 6)])
+        finally:
+            if holder.returncode is None:
+                holder.kill()
+                await asyncio.wait_for(holder.wait(), 30)
+        stored = {row["id"]: row["v"] for row in await read_rows(engine, table)}
+    assert all(isinstance(r, DBAPIError) and "locked" in str(r) for r in first), first
+    assert second == [None] * 4
+    assert stored == {2: "b", 3: "b", 4: "b", 5: "b"}  # nothing of the first batch, ever
+    other = sqlite3.connect(path, timeout=0)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+    finally:
+        other.close()
+
+
+@pytest.mark.timeout(180)
+async def test_postgresql_a_lock_held_longer_than_lock_timeout(postgres: Any) -> None:
+    table = kv_table()
+    async with database(postgres.url, table, connect_args={"server_settings": {"lock_timeout": "200ms"}}) as engine:
+        async with engine.begin() as connection:
+            await connection.execute(table.insert(), [{"id": i, "v": "old"} for i in range(6)])
+        other_engine = create_async_engine(postgres.url)
+        other = await other_engine.connect()
+        try:
+            await other.begin()
+            await other.execute(text(f"UPDATE {table.name} SET v = 'other' WHERE id = 3"))
+            async with AsyncSqlalchemyWriteBatcher(
+                table, engine, operation="update", max_batch_size=6, max_queue_time=1
+            ) as batcher:
+                first = await gather_bounded([batcher.process({"id": i, "v": "first"}) for i in range(6)])
+                await other.commit()
+                second = await gather_bounded([batcher.process({"id": i, "v": "second"}) for i in range(0, 6, 2)])
+        finally:
+            await other.close()
+            await other_engine.dispose()
+        stored = {row["id"]: row["v"] for row in await read_rows(engine, table)}
+    # lock_not_available (55P03) is the batch's: every caller fails, nothing of the batch is written.
+    assert all(isinstance(r, DBAPIError) and getattr(r.orig, "sqlstate", None) == "55P03" for r in first), first
+    assert len({id(r) for r in first}) == 1
+    assert second == [None] * 3
+    assert stored == {0: "second", 1: "old", 2: "second", 3: "other", 4: "second", 5: "old"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 
 from async_batcher.sqlalchemy import AsyncSqlalchemyWriteBatcher
 from async_batcher.sqlalchemy.write import is_row_fault
-from tests.sqlalchemy.helpers import database, read_rows
+from tests.sqlalchemy.helpers import database, gather_bounded, kv_table, read_rows
 
 pytestmark = pytest.mark.single_loop
 
@@ -161,3 +162,72 @@ def test_errors_without_a_sqlstate() -> None:
     assert not is_row_fault(OSError("connection refused"))
     assert not is_row_fault(ConnectionResetError())
     assert not is_row_fault(RuntimeError("a bug"))
+
+
+# ---------------------------------------------------------------------- malformed rows
+
+
+class ExplodingMapping(Mapping[str, Any]):
+    """A mapping that fails when read: the batcher must fail its caller only."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise RuntimeError("boom")
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("boom")
+
+    def __len__(self) -> int:
+        return 1
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("operation", ["insert", "update", "upsert"])
+async def test_malformed_rows_fail_alone(database_url: str, operation: str) -> None:
+    table = kv_table()
+    bad: dict[int, Any] = {
+        1: None,
+        2: "id=2",
+        3: [("id", 3)],
+        4: {"id": 4, 5: "int key"},
+        5: {"id": 5, "v": {"nested": "dict"}},
+        6: {"id": 6, "v": ["a", "list"]},
+        7: {"id": [7], "v": "unhashable key"},
+        8: {"id": "eight", "v": "a string key for an int column"},
+        9: ExplodingMapping(),
+        10: {"id": 10, "v": b"\xff\xfe bytes"},
+        11: {"id": 11, "v": float("nan")},
+        12: {"id": 2**70, "v": "key beyond 64 bits"},
+        13: {"id": None, "v": "a null key"},
+    }
+    rows = [bad.get(i, {"id": i, "v": f"v{i}"}) for i in range(20)]
+    options: dict[str, Any] = {"operation": "update"} if operation == "update" else {}
+    if operation == "upsert":
+        options = {"on_conflict": "update", "returning": [table.c.id]}
+    async with database(database_url, table) as engine:
+        if operation == "update":
+            async with engine.begin() as connection:
+                await connection.execute(table.insert(), [{"id": i, "v": "old"} for i in range(20)])
+        async with AsyncSqlalchemyWriteBatcher(table, engine, max_batch_size=20, max_queue_time=1, **options) as b:
+            results = await gather_bounded([b.process(row) for row in rows])
+        stored = {row["id"]: row["v"] for row in await read_rows(engine, table)}
+    good = [i for i in range(20) if i not in bad]
+    for i in good:
+        assert results[i] in (None, (i,)), (i, results[i])
+        assert stored[i] == f"v{i}"
+    for i in (1, 2, 3, 9):
+        assert isinstance(results[i], TypeError | RuntimeError), (i, results[i])
+    assert isinstance(results[4], ValueError)
+    stored_values = set(stored.values())
+    for i, row in bad.items():  # told "written": its row is there, as given; told "failed": it is not (or unchanged)
+        if not isinstance(row, dict) or not isinstance(row.get("id", ""), int | None):
+            assert isinstance(results[i], BaseException), (i, results[i])
+            continue
+        written = not isinstance(results[i], BaseException)
+        if row["id"] is None:  # (SQLite numbers a NULL integer key itself; PostgreSQL refuses it)
+            assert (row["v"] in stored_values) == written, (i, results[i])
+        elif operation == "update":
+            assert (stored.get(row["id"], "old") != "old") == written, (i, results[i], stored.get(row["id"]))
+        else:
+            assert (row["id"] in stored) == written, (i, results[i])
+        if written and isinstance(row["v"], str) and row["id"] is not None:
+            assert stored[row["id"]] == row["v"]

@@ -15,6 +15,7 @@ from tools.postgres import PostgresServer
 pytestmark = pytest.mark.single_loop
 
 
+@pytest.mark.usefixtures("postgres_binaries")
 async def test_a_server_killed_mid_run() -> None:
     model = person_model()
     with PostgresServer() as server:

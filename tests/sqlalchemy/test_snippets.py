@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from tests.snippets import run_snippet
+from tests.sqlalchemy.helpers import POSTGRESQL
 from tools.postgres import PostgresServer
 
 
-@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("dialect", ["sqlite", POSTGRESQL])
 def test_the_sql_snippet_runs(dialect: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     env = {}
     if dialect == "postgresql":

@@ -4,17 +4,32 @@ table back and counts its rows."""
 from __future__ import annotations
 
 import asyncio
+import datetime
+import enum
 import pickle
+import random
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, select, text
+from sqlalchemy import Enum as SqlEnum
+from sqlalchemy.dialects.postgresql import TIMESTAMP
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from async_batcher.sqlalchemy import AsyncSqlalchemyWriteBatcher, RowNotFoundError
 from async_batcher.sqlalchemy._statements import dialect_insert
-from tests.sqlalchemy.helpers import StatementLog, database, person_model, read_rows, read_table
+from tests.sqlalchemy.helpers import (
+    StatementLog,
+    database,
+    gather_bounded,
+    kv_table,
+    person_model,
+    read_rows,
+    read_table,
+)
 
 pytestmark = pytest.mark.single_loop
 
@@ -164,7 +179,6 @@ async def test_a_statement_the_server_refuses_fails_every_caller_without_bisecti
 
 
 def test_settings_are_validated_eagerly() -> None:
-    from sqlalchemy.ext.asyncio import create_async_engine
 
     model = person_model()
     engine = create_async_engine("sqlite+aiosqlite://")
@@ -235,3 +249,173 @@ def test_row_not_found_error_says_which_key_and_survives_pickling() -> None:
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is RowNotFoundError and copy.key == {"id": 99, "part": "a"} and str(copy) == str(error)
     assert isinstance(error, LookupError)
+
+
+# ---------------------------------------------------------------------- huge batches, hot keys, odd keys
+
+
+@pytest.mark.timeout(180)
+async def test_huge_batches_of_updates_with_missing_keys(database_url: str) -> None:
+    table = kv_table()
+    n = 20_000  # SQLite: more keys than one statement's bind parameters (the SELECT of the missing goes in two)
+    async with database(database_url, table) as engine:
+        async with engine.begin() as connection:
+            await connection.execute(table.insert(), [{"id": i, "v": "old"} for i in range(0, n, 2)])
+        updater = AsyncSqlalchemyWriteBatcher(table, engine, operation="update", max_batch_size=-1, max_queue_time=1)
+        async with updater:
+            results = await updater.process_many([{"id": i, "v": "new"} for i in range(n)], return_exceptions=True)
+        stored = {row["id"]: row["v"] for row in await read_rows(engine, table)}
+    assert stored == dict.fromkeys(range(0, n, 2), "new")
+    assert results[0::2] == [None] * (n // 2)
+    assert all(isinstance(r, RowNotFoundError) for r in results[1::2])
+    assert updater.stats.batches == 1
+
+
+@pytest.mark.timeout(180)
+async def test_an_update_by_a_composite_key(database_url: str) -> None:
+    table = kv_table(composite=True)
+    async with database(database_url, table) as engine:
+        async with engine.begin() as connection:
+            await connection.execute(
+                table.insert(), [{"id": 1, "part": "a", "v": "old"}, {"id": 1, "part": "b", "v": "old"}]
+            )
+        async with AsyncSqlalchemyWriteBatcher(table, engine, operation="update", max_queue_time=0.05) as updater:
+            results = await gather_bounded(
+                [
+                    updater.process({"id": 1, "part": "b", "v": "new"}),
+                    updater.process({"id": 1, "part": "c", "v": "new"}),
+                    updater.process({"id": 2, "part": "a", "v": "new"}),
+                ]
+            )
+        stored = await read_rows(engine, table)
+    assert results[0] is None
+    assert [r.key for r in results[1:]] == [{"id": 1, "part": "c"}, {"id": 2, "part": "a"}]  # type: ignore[union-attr]
+    assert stored == [{"id": 1, "part": "a", "v": "old"}, {"id": 1, "part": "b", "v": "new"}]
+
+
+@pytest.mark.timeout(180)
+async def test_hot_keys_from_concurrent_batches_never_fail(database_url: str) -> None:
+    table = kv_table()
+    keys = 20
+    async with database(database_url, table, pool_size=8) as engine:
+        async with engine.begin() as connection:
+            await connection.execute(table.insert(), [{"id": i, "v": "0"} for i in range(keys)])
+        concurrency = 4 if database_url.startswith("postgresql") else 1
+        shuffle = random.Random(26)
+        updates = [{"id": shuffle.randrange(keys), "v": str(n)} for n in range(1000)]
+        upserts = [{"id": shuffle.randrange(keys * 2), "v": f"u{n}"} for n in range(1000)]
+        updater = AsyncSqlalchemyWriteBatcher(
+            table, engine, operation="update", max_batch_size=50, max_queue_time=0.01, concurrency=concurrency
+        )
+        upserter = AsyncSqlalchemyWriteBatcher(
+            table, engine, on_conflict="update", max_batch_size=50, max_queue_time=0.01, concurrency=concurrency
+        )
+        async with updater, upserter:
+            results = await gather_bounded(
+                [updater.process(row) for row in updates] + [upserter.process(row) for row in upserts], within=120
+            )
+        stored = {row["id"]: row["v"] for row in await read_rows(engine, table)}
+    assert results == [None] * 2000, {type(r).__name__ for r in results}
+    assert set(stored) == set(range(keys)) | {row["id"] for row in upserts}
+    given = {}
+    for row in updates + upserts:
+        given.setdefault(row["id"], set()).add(row["v"])
+    assert all(stored[key] in given.get(key, {"0"}) | {"0"} for key in stored)
+
+
+@pytest.mark.timeout(180)
+async def test_sqlite_an_update_matches_keys_as_sqlite_compares_them(tmp_path: Path) -> None:
+    # A key given as "4" for an INTEGER key, or "ABC" for a NOCASE one, names the row ("WHERE id = '4'"): its
+    # caller must hear "written", not "not found" (which a comparison in Python would say).
+    table = Table(
+        f"nocase_{uuid.uuid4().hex[:10]}",
+        MetaData(),
+        Column("k", String(10, collation="NOCASE"), primary_key=True),
+        Column("v", String(10)),
+    )
+    numbered = kv_table()
+    async with database(f"sqlite+aiosqlite:///{tmp_path / 'affinity.db'}", table) as engine:
+        async with engine.begin() as connection:
+            await connection.run_sync(numbered.create, checkfirst=False)
+            await connection.execute(table.insert(), [{"k": "abc", "v": "old"}, {"k": "def", "v": "old"}])
+            await connection.execute(numbered.insert(), [{"id": 4, "v": "old"}])
+        async with (
+            AsyncSqlalchemyWriteBatcher(table, engine, operation="update", max_queue_time=0.05) as by_text,
+            AsyncSqlalchemyWriteBatcher(numbered, engine, operation="update", max_queue_time=0.05) as by_number,
+        ):
+            results = await gather_bounded(
+                [
+                    by_text.process({"k": "ABC", "v": "new"}),
+                    by_text.process({"k": "xyz", "v": "new"}),  # missing: the server is asked which matched
+                    by_number.process({"id": "4", "v": "new"}),
+                    by_number.process({"id": "5", "v": "new"}),
+                ]
+            )
+        texts = {row["k"]: row["v"] for row in await read_rows(engine, table)}
+        numbers = {row["id"]: row["v"] for row in await read_rows(engine, numbered)}
+    assert texts == {"abc": "new", "def": "old"} and numbers == {4: "new"}
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], RowNotFoundError) and isinstance(results[3], RowNotFoundError)
+
+
+@pytest.mark.timeout(180)
+async def test_an_update_by_a_string_key_longer_than_its_column(database_url: str) -> None:
+    # "abcdefg" names no row of a VARCHAR(5) key, though cast to VARCHAR(5) it would be "abcde", which exists.
+    table = Table(
+        f"short_{uuid.uuid4().hex[:10]}", MetaData(), Column("k", String(5), primary_key=True), Column("v", String(10))
+    )
+    async with database(database_url, table) as engine:
+        async with engine.begin() as connection:
+            await connection.execute(table.insert(), [{"k": "abcde", "v": "old"}, {"k": "xy", "v": "old"}])
+        async with AsyncSqlalchemyWriteBatcher(table, engine, operation="update", max_queue_time=0.05) as updater:
+            results = await gather_bounded(
+                [updater.process({"k": "abcdefg", "v": "new"}), updater.process({"k": "xy", "v": "new"})]
+            )
+        stored = {row["k"]: row["v"] for row in await read_rows(engine, table)}
+    assert stored == {"abcde": "old", "xy": "new"}
+    assert isinstance(results[0], RowNotFoundError) and results[1] is None
+
+
+class Color(enum.Enum):
+    RED = "r"
+    BLUE = "b"
+
+
+@pytest.mark.timeout(180)
+async def test_postgresql_an_update_by_keys_whose_type_has_a_precision_or_a_python_form(postgres: Any) -> None:
+    # A TIMESTAMP(3) key given with microseconds names no row (the UPDATE compares it as given), though rounded to
+    # milliseconds it would; an Enum key is given as the Python enum (SQLAlchemy converts it, in arrays too).
+    metadata = MetaData()
+    stamped = Table(
+        f"stamped_{uuid.uuid4().hex[:10]}",
+        metadata,
+        Column("at", TIMESTAMP(precision=3), primary_key=True),
+        Column("v", String(10)),
+    )
+    colored = Table(
+        f"colored_{uuid.uuid4().hex[:10]}",
+        metadata,
+        Column("color", SqlEnum(Color, name=f"color_{uuid.uuid4().hex[:6]}"), primary_key=True),
+        Column("v", String(10)),
+    )
+    at = datetime.datetime(2024, 1, 1, 0, 0, 0, 123000)
+    async with database(postgres.url, stamped) as engine:  # (both tables: one MetaData)
+        async with engine.begin() as connection:
+            await connection.execute(stamped.insert(), [{"at": at, "v": "old"}])
+            await connection.execute(colored.insert(), [{"color": Color.RED, "v": "old"}])
+        async with (
+            AsyncSqlalchemyWriteBatcher(stamped, engine, operation="update", max_queue_time=0.05) as by_time,
+            AsyncSqlalchemyWriteBatcher(colored, engine, operation="update", max_queue_time=0.05) as by_color,
+        ):
+            results = await gather_bounded(
+                [
+                    by_time.process({"at": at.replace(microsecond=123400), "v": "new"}),
+                    by_color.process({"color": Color.RED, "v": "new"}),
+                    by_color.process({"color": Color.BLUE, "v": "new"}),
+                ]
+            )
+        stamps = {row["at"]: row["v"] for row in await read_rows(engine, stamped)}
+        colors = {row["color"]: row["v"] for row in await read_rows(engine, colored)}
+    assert stamps == {at: "old"} and colors == {Color.RED: "new"}
+    assert isinstance(results[0], RowNotFoundError), results[0]
+    assert results[1] is None and isinstance(results[2], RowNotFoundError)

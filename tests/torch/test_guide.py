@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
+from tests.requires import require
+
+require("torch", "make test-all installs its CPU build (mk/torch.mk)")
 
 GUIDE = Path(__file__).parents[2] / "docs" / "guides" / "torch.md"
 BLOCKS = re.findall(r"^```python\n(.*?)^```$", GUIDE.read_text(), flags=re.DOTALL | re.MULTILINE)

@@ -12,11 +12,14 @@ import asyncio
 import collections
 import dataclasses
 import math
+import re
 from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.requires import require
+
+torch = require("torch", "make test-all installs its CPU build (mk/torch.mk)")
 
 from async_batcher.ml.torch import Batch, TorchAsyncBatcher, split_outputs  # noqa: E402
 
@@ -208,3 +211,45 @@ def test_a_sparse_output_is_refused_and_a_nested_tensor_gives_each_item_its_tens
     nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(5), torch.ones(1)], layout=torch.jagged)
     rows = split_outputs({"boxes": nested}, 2, padded_size=3)
     assert [tuple(r["boxes"].shape) for r in rows] == [(2,), (5,)]
+
+
+# ---------------------------------------------------------------------- outputs that cannot be split
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda x: x[:-1], ValueError, r"the output has 2 rows for a batch of 3 rows \(shape \(2, 2\)\)"),
+        (lambda x: torch.cat([x, x]), ValueError, r"the output has 6 rows for a batch of 3 rows"),
+        (lambda x: (row for row in x), TypeError, r"the output is a generator, not a tensor with one row per item"),
+        (lambda x: {"logits": x, "loss": x.sum()}, ValueError, r"loss is a scalar, not a batch of 3 rows"),
+        (lambda x: x.sum().item(), TypeError, r"the output is a float \(.*\), not a batch of 3 rows"),
+        (lambda x: torch.eye(3).to_sparse(), TypeError, r"the output is a sparse tensor \(torch\.sparse_coo\)"),
+    ],
+    ids=["too few rows", "too many rows", "a generator", "a 0-d loss", "a float", "a sparse tensor"],
+)
+async def test_outputs_the_batch_cannot_be_split_by_fail_the_batch_and_the_batcher_serves_on(
+    make: Any, error: type[Exception], message: str
+) -> None:
+    answers = iter([make, lambda x: x])
+
+    def model(x: torch.Tensor) -> Any:
+        return next(answers)(x)
+
+    async with TorchAsyncBatcher(model=model, max_batch_size=3, max_queue_time=0.05) as batcher:
+        outcomes = await _gather(batcher, [torch.zeros(2), torch.ones(2), torch.full((2,), 2.0)])
+        assert all(isinstance(o, error) for o in outcomes), outcomes
+        assert re.search(message, str(outcomes[0])), str(outcomes[0])
+        assert (await asyncio.wait_for(batcher.process(torch.ones(2)), WAIT)).tolist() == [1.0, 1.0]
+
+
+async def test_a_cyclic_output_is_refused_naming_where_not_recursed_into() -> None:
+    def model(x: torch.Tensor) -> Any:
+        out: dict[str, Any] = {"logits": x}
+        out["cache"] = [x, out]
+        return out
+
+    async with TorchAsyncBatcher(model=model, max_batch_size=2, max_queue_time=0.05) as batcher:
+        outcomes = await _gather(batcher, [torch.zeros(2), torch.ones(2)])
+    assert all(isinstance(o, ValueError) for o in outcomes)
+    assert "cache[1] holds itself: a cyclic output cannot be split" in str(outcomes[0])

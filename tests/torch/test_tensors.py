@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.requires import require
+
+torch = require("torch", "make test-all installs its CPU build (mk/torch.mk)")
 
 from async_batcher.ml.torch import Batch, collate, split_outputs  # noqa: E402
 
@@ -305,3 +307,15 @@ def test_import_without_torch_names_the_extra() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert "pip install 'async-batcher[torch]'" in out.stdout
+
+
+# ---------------------------------------------------------------------- empty batches and negative sizes
+
+
+def test_empty_batches_and_negative_sizes() -> None:
+    with pytest.raises(ValueError, match="cannot collate an empty batch"):
+        collate([])
+    assert split_outputs(torch.zeros(3, 2), 0) == []
+    with pytest.raises(ValueError, match="size must be >= 0, got -1"):
+        split_outputs(torch.zeros(2), -1)
+    assert Batch(torch.empty(0), 0, 0).split(object()) == []

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.requires import require
+
+torch = require("torch", "make test-all installs its CPU build (mk/torch.mk)")
 
 from async_batcher.ml.torch import Batch, TorchAsyncBatcher  # noqa: E402
 
