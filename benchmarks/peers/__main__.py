@@ -60,8 +60,8 @@ __all__ = ["Defaults", "main", "parse_args"]
 BASE = ("none", "ours", "async-batcher-0.2.2", "batched", "fast-dynamic-batcher", "cohort")
 NO_ENV = ("none", "ours", "cohort")  # they run in this interpreter
 MODES = ("closed", "open", "mixed")
-# "_turns" is not a setting: app_ours sets it on the batcher (0: the next batch forms at once after a batch's end).
-GREEDY_SETTINGS: dict[str, Any] = {"max_queue_time": 0, "max_hold_time": 0, "_turns": 0}
+# "turns" is the Deadline policy's, which app_ours builds (0: the next batch forms at once after a batch's end).
+GREEDY_SETTINGS: dict[str, Any] = {"max_queue_time": 0, "max_hold_time": 0, "turns": 0}
 
 
 @dataclass(frozen=True)

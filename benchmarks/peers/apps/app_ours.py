@@ -26,20 +26,27 @@ class Ours:
         from async_batcher.ml.keras import KerasAsyncBatcher
 
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="model")
-        settings = dict(settings)
-        turns = settings.pop("_turns", None)  # not a setting: the loop's turns before a batch (0: plain greedy)
-        regather = settings.pop("_regather", None)  # not a setting: 0 for the rule before the regather
+        settings = {**DEFAULTS, **settings}
+        # turns= and regather= are the Deadline policy's (async_batcher.policies): the loop's turns before a batch
+        # after a batch's end (0: plain greedy), and the regather of a cohort; the other keys are keywords.
+        policy = {k: settings.pop(k) for k in ("turns", "regather") if k in settings}
+        if policy:
+            from async_batcher.policies import ClosedLoopHold, Deadline, DispatchPolicy
+
+            built: DispatchPolicy = Deadline(
+                float(settings.pop("max_queue_time")),
+                turns=int(policy.get("turns", Deadline().turns)),
+                regather=bool(int(policy.get("regather", 1))),
+            )
+            hold = float(settings.pop("max_hold_time"))
+            settings["policy"] = ClosedLoopHold(hold, built) if hold else built
         self.batcher = KerasAsyncBatcher(
             model=model.keras_model,
             predict_fn=model.predict_rows,
             dtype=np.float32,
             executor=self.executor,
-            **{**DEFAULTS, **settings},
+            **settings,
         )
-        if turns is not None:
-            self.batcher._turns = int(turns)
-        if regather is not None:
-            self.batcher._regather = bool(int(regather))
 
     async def start(self) -> None:
         self.batcher.start()
