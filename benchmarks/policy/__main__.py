@@ -294,13 +294,14 @@ def render(
         "",
         "## Per scenario",
         "",
-        "The defaults, the peers, the grid's best and `greedy`; every variant's figures are in the CSV.",
+        "The defaults, the peers, the grid's best, `greedy` and the three candidates that meet the most targets; every "
+        "variant's figures are in the CSV.",
         "",
     ]
+    leading = report.leading(verdicts, candidate_names, peers, 3)
     for x in verdicts:
-        shown = [*DEFAULTS, *peers, x.best_p99.variant.name, x.best_throughput.variant.name, "greedy"]
+        shown = [*DEFAULTS, *peers, x.best_p99.variant.name, x.best_throughput.variant.name, "greedy", *leading]
         shown += [v.name for v in (x.runs[n].variant for n in x.runs) if v.role == "extra"]
-        shown += [n for n in candidate_names if n in x.runs]
         s = x.scenario
         lines += [f"### {s.name}: {describe(s)}", "", *report.scenario_table(x, list(dict.fromkeys(shown))), ""]
     lines.append("Totals: " + "; ".join(totals) + ".")

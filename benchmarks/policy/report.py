@@ -26,6 +26,8 @@ __all__ = [
     "Verdicts",
     "candidates_table",
     "judge",
+    "leading",
+    "met",
     "serves",
     "targets",
     "write_csv",
@@ -139,6 +141,17 @@ def targets(x: Verdicts, name: str, peers: list[str]) -> dict[str, bool]:
     if ran:
         out["peers"] = all(x.beats(name, p) for p in ran)
     return out
+
+
+def met(verdicts: list[Verdicts], name: str, peers: list[str]) -> tuple[int, int]:
+    """The targets ``name`` meets, and those it is judged on, over every scenario it ran in."""
+    per = [targets(x, name, peers) for x in verdicts if name in x.runs]
+    return sum(sum(t.values()) for t in per), sum(len(t) for t in per)
+
+
+def leading(verdicts: list[Verdicts], names: list[str], peers: list[str], n: int) -> list[str]:
+    """The ``n`` of ``names`` that meet the most targets (ties: in their order)."""
+    return sorted(names, key=lambda name: -met(verdicts, name, peers)[0])[:n]
 
 
 def candidates_table(verdicts: list[Verdicts], names: list[str], peers: list[str]) -> list[str]:

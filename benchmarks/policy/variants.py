@@ -60,7 +60,7 @@ PEERS = (
 )
 QUEUE_TIMES = (0.0, 0.0005, 0.001, 0.002, 0.005)
 HOLD_TIMES = (0.0, 0.001, 0.002, 0.005)
-TURNS = (0, 1, 2, 8)  # besides the policies' default, 4
+TURNS = (0, 1, 2, 8, 16, 32)  # besides the policies' default, 4
 # Ours with a policy object: the README's other settings, the policies in scope.
 POLICIES = "from async_batcher.policies import ClosedLoopHold, Deadline, LatencyBudget"
 SETTINGS = "max_batch_size=256, max_queue_size=4096"
@@ -98,11 +98,13 @@ def grid(
 def candidates(the_grid: list[Variant]) -> tuple[list[str], list[Variant]]:
     """The settings considered for the default: their names, and the variants to run besides the grid's."""
     extra = [
-        *(_policy(f"greedy-turns{t}-noregather", f"Deadline(0, turns={t}, regather=False)") for t in (1, 2, 4, 8)),
+        *(_policy(f"greedy-turns{t}-noregather", f"Deadline(0, turns={t}, regather=False)") for t in (1, 2, 4, 8, 16)),
         *(_policy(f"budget{b}ms", f"LatencyBudget({b / 1000!r})") for b in (10, 25, 50)),
         _policy("budget25ms-turns1", "LatencyBudget(0.025, turns=1)"),
+        _policy("budget25ms-turns16", "LatencyBudget(0.025, turns=16)"),
         _policy("hold2ms-turns1", "ClosedLoopHold(0.002, Deadline(0, turns=1))"),
         _policy("hold5ms-turns1", "ClosedLoopHold(0.005, Deadline(0, turns=1))"),
+        _policy("hold2ms-turns16", "ClosedLoopHold(0.002, Deadline(0, turns=16))"),
         _policy("hold2ms-budget25ms", "ClosedLoopHold(0.002, LatencyBudget(0.025))"),
     ]
     names = {v.name for v in the_grid}
@@ -119,6 +121,8 @@ REGISTRY: dict[str, Variant] = {
         RECOMMENDED,
         *PEERS,
         Variant("adaptive", "ours", "max_batch_size=256, max_latency=0.025, max_queue_size=4096"),
+        # Keyed traffic with a slot per key, as the peers' batchers per key have (sim/batchers.py).
+        Variant("slots32", "ours", "max_batch_size=256, max_queue_time=0, max_queue_size=4096, concurrency=32"),
     )
 }
 EXTRA: tuple[str, ...] = ()
