@@ -22,7 +22,7 @@ from .scenarios import MAX_BATCH_SIZE, QUICK, scenarios
 from .sim.server import Costs
 from .sim.traffic import Scenario
 from .sim.vloop import CLOCKS
-from .variants import CONSTRUCTOR, EXTRA, PEERS, RECOMMENDED, REGISTRY, Variant, grid, parse
+from .variants import CONSTRUCTOR, EXTRA, PEERS, RECOMMENDED, REGISTRY, Variant, candidates, grid, parse
 
 DEFAULTS = [RECOMMENDED.name, CONSTRUCTOR.name]
 
@@ -40,6 +40,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         choices=CLOCKS,
         help="the batchers' clock: uvloop's milliseconds (the HTTP benchmark's server) or asyncio's exact one",
     )
+    parser.add_argument(
+        "--cores",
+        type=float,
+        default=1.0,
+        help="processors the loop and the model share: 1 (the calibrated mode: they take turns on one core) or 2 "
+        "(the model beside the loop); between: partial contention",
+    )
+    parser.add_argument("--no-candidates", action="store_true", help="leave out the candidates for the default")
     parser.add_argument("--workers", type=int, default=2, help="processes at once")
     parser.add_argument("--scenarios", help="only these scenarios (comma-separated names)")
     parser.add_argument(
@@ -53,7 +61,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-peers", action="store_true", help="leave the peers out")
     parser.add_argument("--peers-dir", type=Path, default=Path(".cache/peers"), help="the peers' environments")
     parser.add_argument(
-        "--measured", type=Path, default=calibrate.MEASURED, help="the head-to-head's CSV to calibrate against"
+        "--measured",
+        type=Path,
+        action="append",
+        help="a head-to-head's CSV to calibrate against (repeatable; default: the rigs of benchmarks/policy/measured)",
     )
     parser.add_argument("--no-calibration", action="store_true")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "reports")
@@ -70,17 +81,24 @@ def main(argv: list[str] | None = None) -> None:
     args = _args(argv)
     started = time.monotonic()
     costs = costs_file.load(args.costs)
-    chosen = scenarios(costs, duration=args.duration, warmup=args.warmup, seed=args.seed)
+    chosen = scenarios(costs, duration=args.duration, warmup=args.warmup, seed=args.seed, cores=args.cores)
     names = args.scenarios.split(",") if args.scenarios else (list(QUICK) if args.quick else None)
     if names is not None:
         unknown = sorted(set(names) - {s.name for s in chosen})
         if unknown:
             raise SystemExit(f"unknown scenarios {unknown}; known: {[s.name for s in chosen]}")
         chosen = [s for s in chosen if s.name in names]
-    the_grid = grid((0.0, 0.002), (0.0, 0.002)) if args.quick else grid()
+    the_grid = grid((0.0, 0.002), (0.0, 0.002), (0,)) if args.quick else grid()
     variants: list[Variant] = [RECOMMENDED, CONSTRUCTOR, *the_grid]
     if not args.no_peers:
         variants += PEERS
+    candidate_names: list[str] = []
+    if not args.no_candidates:
+        candidate_names, candidate_variants = candidates(the_grid)
+        if args.quick:  # the grid's candidates only
+            candidate_names = [n for n in candidate_names if n in {v.name for v in the_grid}]
+        else:
+            variants += candidate_variants
     variants += [REGISTRY[name] for name in EXTRA]
     try:
         variants += [parse(spec, args.setup) for spec in args.variant]
@@ -89,26 +107,32 @@ def main(argv: list[str] | None = None) -> None:
     if len({v.name for v in variants}) != len(variants):
         raise SystemExit(f"two variants share a name: {[v.name for v in variants]}")
     pairs = [(s, v) for s in chosen for v in variants]
-    cal_points: list[calibrate.Point] = []
-    if not args.no_calibration and args.measured.is_file():
-        cal_points = calibrate.points(calibrate.load_measured(args.measured), [1, 8, 64])
+    rigs: list[tuple[calibrate.Rig, list[calibrate.Point]]] = []
+    if not args.no_calibration:
+        rigs = calibrate.rigs_of(args.measured, [1, 8, 64])
         if args.no_peers:
-            cal_points = [p for p in cal_points if calibrate.SIM_OF[p.variant].kind == "ours"]
-    cal_pairs = calibrate.pairs(cal_points, 2.0 if args.quick else 10.0, 0.5 if args.quick else 1.0)
-    pythons, missing = interpreters({v.kind for _, v in pairs + cal_pairs}, args.peers_dir)
+            rigs = [(rig, [p for p in pts if calibrate.SIM_OF[p.variant].kind == "ours"]) for rig, pts in rigs]
+        rigs = [(rig, pts) for rig, pts in rigs if pts]
+    modes = tuple(sorted({*calibrate.MODES, args.cores}))
+    cal_pairs = calibrate.pairs([p for _, pts in rigs for p in pts], args.duration, args.warmup)
+    every = pairs + [pair for _ in modes for pair in cal_pairs]
+    cores = [args.cores] * len(pairs) + [c for c in modes for _ in cal_pairs]
+    pythons, missing = interpreters({v.kind for _, v in every}, args.peers_dir)
 
     def progress(done: int, total: int) -> None:
         print(f"\r{done}/{total} runs", end="", file=sys.stderr, flush=True)
 
-    runs = run_all(pairs + cal_pairs, costs, pythons, args.workers, progress, args.clock)
+    runs = run_all(every, costs, pythons, args.workers, progress, args.clock, cores)
     print(file=sys.stderr)
     main_runs = [r for r in runs if not r.scenario.name.startswith("calibration-")]
-    cal_runs = {(r.scenario.clients, r.variant.name): r for r in runs if r.scenario.name.startswith("calibration-")}
+    sims = {(r.cores, r.scenario.clients, r.variant.name): r.result
+            for r in runs if r.scenario.name.startswith("calibration-")}  # fmt: skip
+    rigs = [(rig, [p for p in pts if (args.cores, p.connections, calibrate.SIM_OF[p.variant].name) in sims])
+            for rig, pts in rigs]  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
     report.write_csv(args.out_dir / f"{args.name}.csv", main_runs)
-    cal_kept = [p for p in cal_points if (p.connections, calibrate.SIM_OF[p.variant].name) in cal_runs]
-    cal_results = [cal_runs[(p.connections, calibrate.SIM_OF[p.variant].name)].result for p in cal_kept]
-    lines = render(args, argv, costs, main_runs, the_grid, missing, cal_kept, cal_results, time.monotonic() - started)
+    lines = render(args, argv, costs, main_runs, the_grid, candidate_names, missing, rigs, sims, modes,
+                   time.monotonic() - started)  # fmt: skip
     (args.out_dir / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out_dir / args.name}.md and .csv in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
@@ -119,9 +143,11 @@ def render(
     costs: Costs,
     runs: list[Run],
     the_grid: list[Variant],
+    candidate_names: list[str],
     missing: dict[str, str],
-    cal_points: list[calibrate.Point],
-    cal_results: list[dict[str, float]],
+    rigs: list[tuple[calibrate.Rig, list[calibrate.Point]]],
+    sims: calibrate.Sims,
+    modes: tuple[float, ...],
     took: float,
 ) -> list[str]:
     verdicts = report.judge(runs)
@@ -170,10 +196,21 @@ def render(
         "together, as on a busy server. Each request costs the loop `read` when it arrives (a callback that then "
         "creates the handler's task), `pre` when its handler runs up to `await process(item)`, `post` once the result "
         "is back; the model is the batcher's plain `def process_batch` in a one-thread executor that runs no thread: "
-        "`submit` of the loop's CPU per batch, then `model_a + model_b * n` virtual seconds off the loop (times a "
-        "seeded lognormal factor of spread `jitter`), as the model's thread in the HTTP benchmark. Half of `net` "
-        "before a request reaches the server, half before its answer reaches its client. Latency: from the send (an "
-        "open loop's intended send time) to the answer; throughput: answers a second within the counted time.",
+        "`submit` of the loop's CPU per batch, then `model_a + model_b * n` seconds of CPU in the model's thread "
+        "(times a seeded lognormal factor of spread `jitter`), as the model's thread in the HTTP benchmark. Half of "
+        "`net` before a request reaches the server, half before its answer reaches its client. Latency: from the "
+        "send (an open loop's intended send time) to the answer; throughput: answers a second within the counted "
+        "time.",
+        "",
+        f"Cores: {args.cores:g}. The loop and the model's thread share the processors as an OS scheduler shares "
+        "runnable threads: while both have work, each gets `min(1, cores / 2)` of one. On one core (`--cores 1`) "
+        "they take turns: a batch the model runs while the loop works ends later by the loop's CPU meanwhile, and "
+        "the loop's work takes longer by the model's; on two (`--cores 2`) the model runs beside the loop and "
+        "neither waits for the other. One core is the calibrated mode, on both rigs of the head-to-head (the next "
+        "section): there, the server never used much more than one core even where it had two (its CPU at 8 and 64 "
+        "connections: 97-108 % of a core unpinned, 98-99 % pinned), as the model's Python holds the interpreter's "
+        "lock the loop needs; and splitting a closed loop's clients into two cohorts that alternate (no turns) cost "
+        "throughput on both rigs, as on one simulated core, where on two it pays.",
         "",
         "| constant | value | what |",
         "|---|---:|---|",
@@ -189,9 +226,10 @@ def render(
         f"| jitter | {costs.jitter:.3f} | the model's times' spread about `a + b·n` (standard deviation of their "
         "logarithm) |",
         "",
-        f"Capacity (the rates' 100 %): {costs.capacity(MAX_BATCH_SIZE):.0f} requests a second (the loop's CPU at "
-        f"full batches of {MAX_BATCH_SIZE}: {1 / (costs.request_cpu + costs.submit / MAX_BATCH_SIZE):.0f}/s; the "
-        f"model's: {MAX_BATCH_SIZE / (costs.model_a + costs.model_b * MAX_BATCH_SIZE):.0f}/s).",
+        f"Capacity (the rates' 100 %): {costs.capacity(MAX_BATCH_SIZE, args.cores):.0f} requests a second on "
+        f"{args.cores:g} core{'s' if args.cores != 1 else ''} (at full batches of {MAX_BATCH_SIZE}: the loop's CPU "
+        f"alone would allow {1 / (costs.request_cpu + costs.submit / MAX_BATCH_SIZE):.0f}/s, the model's alone "
+        f"{MAX_BATCH_SIZE / (costs.model_a + costs.model_b * MAX_BATCH_SIZE):.0f}/s).",
         "",
         f"Measured by `{measured.get('command', 'python -m benchmarks.policy.measure')}` on "
         f"{measured.get('date', '?')} "
@@ -208,19 +246,22 @@ def render(
                 f"{st['server_cpu'] or 0:.0f} % | {st['machine_busy'] or 0:.0f} % |"
             )
     lines += ["", "## Calibration: the simulation beside the HTTP head-to-head", ""]
-    if cal_points:
-        cal_lines, ok = calibrate.render(cal_points, cal_results, args.measured, costs)
+    if any(pts for _, pts in rigs):
+        cal_lines, ok = calibrate.render(rigs, sims, modes, args.cores)
         lines += cal_lines
-        lines += ["", f"Verdict: {'PASS' if ok else 'FAIL'} (`python -m benchmarks.policy.calibrate --measured CSV` "
-                      "reruns it against another run's CSV)."]  # fmt: skip
+        lines += ["", f"Verdict on the report's mode ({args.cores:g} core{'s' if args.cores != 1 else ''}): "
+                      f"{'PASS' if ok else 'FAIL'} (`python -m benchmarks.policy.calibrate` reruns it; "
+                      "`--measured CSV` against another run's rounds)."]  # fmt: skip
     else:
-        lines.append(f"Not run (no `{args.measured}`, or `--no-calibration`).")
+        lines.append("Not run (`--no-calibration`, or no rounds of the head-to-head to compare with).")
     lines += ["", "## Targets (issue 44)", ""]
     lines += [
         f"Per scenario: the default settings' p99 at most {report.P99_RATIO}x the best of the grid (fixed settings: "
-        f"`max_queue_time` in {sorted({_kw(v, 'max_queue_time') for v in the_grid})} s by `max_hold_time` in "
-        f"{sorted({_kw(v, 'max_hold_time') for v in the_grid})} s, `max_batch_size=256`, `max_queue_size=4096`; "
-        f"`greedy` is `max_queue_time=0` without a hold); in closed loops, their throughput at least "
+        f"`max_queue_time` in {_values(the_grid, 'max_queue_time')} s by "
+        f"`max_hold_time` in {_values(the_grid, 'max_hold_time')} s, "
+        "`max_batch_size=256`, `max_queue_size=4096`, the policies' four turns; `greedy` is `max_queue_time=0` "
+        "without a hold; and `greedy` at other turns, `greedy-turnsT`: `policy=Deadline(0, turns=T)`); in closed "
+        "loops, their throughput at least "
         f"{report.THROUGHPUT_RATIO}x the grid's best; and no peer better (p99 no higher; in closed loops, req/s no "
         "lower).",
         "",
@@ -230,6 +271,18 @@ def render(
         table, met, judged = report.targets_table(verdicts, default, peers)
         totals.append(f"{default}: {met} of {judged} met")
         lines += [f"### {default} (`{kwargs}`)", "", *table, "", f"{met} of {judged} targets met.", ""]
+    if candidate_names:
+        lines += ["## Candidates for the default", ""]
+        lines += [
+            "The same targets for each setting considered for the default (their `policy=` in the CSV): the grid's "
+            "`greedy` points, the same without the regather (`-noregather`), latency budgets (`budgetXms`: "
+            "`LatencyBudget(X ms)`, four turns unless `-turns1`) and closed-loop holds over them (`holdXms-...`: "
+            "`ClosedLoopHold(X ms, ...)`; `wait0ms+holdXms`: over `greedy`). Misses: the scenario, and which target "
+            "(p: p99, t: req/s, v: a peer better).",
+            "",
+            *report.candidates_table(verdicts, candidate_names, peers),
+            "",
+        ]
     lines += ["## Which setting serves which traffic", ""]
     lines += [
         f"A setting serves a scenario where its p99 is at most {report.P99_RATIO}x the grid's best and, in a closed "
@@ -241,11 +294,13 @@ def render(
         "",
         "## Per scenario",
         "",
-        "The defaults, the peers, the grid's best and `greedy`; every variant's figures are in the CSV.",
+        "The defaults, the peers, the grid's best, `greedy` and the three candidates that meet the most targets; every "
+        "variant's figures are in the CSV.",
         "",
     ]
+    leading = report.leading(verdicts, candidate_names, peers, 3)
     for x in verdicts:
-        shown = [*DEFAULTS, *peers, x.best_p99.variant.name, x.best_throughput.variant.name, "greedy"]
+        shown = [*DEFAULTS, *peers, x.best_p99.variant.name, x.best_throughput.variant.name, "greedy", *leading]
         shown += [v.name for v in (x.runs[n].variant for n in x.runs) if v.role == "extra"]
         s = x.scenario
         lines += [f"### {s.name}: {describe(s)}", "", *report.scenario_table(x, list(dict.fromkeys(shown))), ""]
@@ -263,6 +318,11 @@ def describe(s: Scenario) -> str:
     else:
         what = f"Poisson {s.rate:.0f} req/s + {s.clients} clients, think 0"
     return what + (f"; {s.keys} keys, Zipf {s.zipf}" if s.keys else "")
+
+
+def _values(variants: list[Variant], name: str) -> list[float]:
+    """The values the variants give keyword ``name`` (those that give it)."""
+    return sorted({x for x in (_kw(v, name) for v in variants) if not math.isnan(x)})
 
 
 def _kw(v: Variant, name: str) -> float:

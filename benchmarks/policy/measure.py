@@ -46,9 +46,11 @@ PROBE = Path(__file__).with_name("probe.py")
 
 
 @contextlib.contextmanager
-def _server(log: Path) -> Iterator[load.Step | Any]:
+def _server(log: Path, taskset: str | None = None) -> Iterator[load.Step | Any]:
     port = _free_port()
     cmd = [sys.executable, "-I", str(PROBE), "--repo", str(ROOT), "--port", str(port)]
+    if taskset:
+        cmd = ["taskset", "-c", taskset, *cmd]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -75,23 +77,31 @@ def _server(log: Path) -> Iterator[load.Step | Any]:
             proc.wait()
 
 
-def measure(connections: list[int], seconds: int, warmup: int, log: Path, model_repeats: int) -> list[dict[str, Any]]:
+def measure(
+    connections: list[int],
+    seconds: int,
+    warmup: int,
+    log: Path,
+    model_repeats: int,
+    taskset: tuple[str | None, str | None] = (None, None),
+) -> list[dict[str, Any]]:
     """The model alone (``connections`` 0), then one wrk step per connection count: wrk's figures and the probe's
-    sums over the step."""
+    sums over the step. ``taskset``: the CPUs of the server and of wrk (``taskset -c``), as the head-to-head's
+    ``--taskset-server`` and ``--taskset-load``."""
     from benchmarks.keras.model import sample_inputs
 
     body = json.dumps([float(v) for v in sample_inputs(1)[0]])
     steps: list[dict[str, Any]] = []
-    with _server(log) as (url, pid):
+    with _server(log, taskset[0]) as (url, pid):
         load.get_json(f"{url}/probe/model?repeats=20", timeout=300)  # warm
         model = load.get_json(f"{url}/probe/model?repeats={model_repeats}", timeout=600)
         steps.append({"connections": 0, "model": model})
         for conns in connections:
-            load._wrk(url, conns, warmup, 1, body, None)
+            load._wrk(url, conns, warmup, 1, body, taskset[1])
             load.get_json(f"{url}/probe")  # starts the sums afresh
             step = load.run_step(
                 variant="ours", rnd=0, url=url, server_pid=pid, other_pids=[], connections=conns, seconds=seconds,
-                warmup=0, threads=1, body=body,
+                warmup=0, threads=1, body=body, taskset=taskset[1],
             )  # fmt: skip
             probe = load.get_json(f"{url}/probe")
             steps.append({"connections": conns, "wrk": vars(step), "probe": probe})
@@ -177,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--model-repeats", type=int, default=200, help="rounds of the model alone at every size")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--taskset-server", help="CPU list for the server (taskset -c), e.g. 1")
+    parser.add_argument("--taskset-load", help="CPU list for wrk (taskset -c), e.g. 0")
     parser.add_argument("--out", type=Path, default=COSTS)
     parser.add_argument("--log", type=Path, default=Path("/tmp/policy-probe.log"))
     parser.add_argument("--raw", type=Path, help="also write the raw steps here (JSON); --from-raw derives from them")
@@ -189,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_raw:
         steps = json.loads(args.from_raw.read_text())
     else:
-        steps = measure(connections, args.seconds, args.warmup, args.log, args.model_repeats)
+        steps = measure(connections, args.seconds, args.warmup, args.log, args.model_repeats,
+                        (args.taskset_server, args.taskset_load))  # fmt: skip
         if args.raw:
             args.raw.write_text(json.dumps(steps))
     costs = derive(steps)

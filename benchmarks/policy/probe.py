@@ -8,7 +8,8 @@ settings, uvicorn with uvloop and httptools, one worker), with clocks around the
   these are per request only while one request is in flight at a time (one connection);
 * the loop's CPU while a request waits for its batch (one connection: the batcher's own work and the hand-over of
   the batch to the model's thread and back: **submit**), and the wall time of that wait;
-* the wall time of each ``process_batch`` in the model's thread, with its size (the model's **a + b·n**);
+* the wall time of each ``process_batch`` in the model's thread, with its size (the model's **a + b·n**), and that
+  thread's CPU time meanwhile (TensorFlow's own threads not counted);
 * the wall time from ``data_received`` to the response, and the loop thread's CPU in all;
 * ``GET /probe/model``: the model alone, before any load: ``process_batch`` (the batcher's, as its executor runs
   it) timed at batch sizes 1 to 256, interleaved, in a thread of its own while the loop idles.
@@ -38,6 +39,7 @@ class Probe:
         self.requests = 0
         self.read = self.pre = self.post = self.wait_cpu = self.wait_wall = self.server_wall = 0
         self.batches: list[tuple[int, int]] = []
+        self.batch_cpus: list[int] = []  # the model's thread's CPU during each of ``batches`` (ns)
         self.waits: list[int] = []  # each request's wait for its batch (wall ns)
         self.servers: list[int] = []  # each request's time in the server (wall ns)
         self.loop_cpu0 = cpu()
@@ -47,6 +49,7 @@ class Probe:
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             batches, self.batches = self.batches, []
+            batch_cpus, self.batch_cpus = self.batch_cpus, []
         out = {
             "requests": self.requests,
             "read_cpu_ns": self.read,
@@ -58,6 +61,7 @@ class Probe:
             "loop_cpu_ns": cpu() - self.loop_cpu0,
             "wall_ns": wall() - self.wall0,
             "batches": batches,
+            "batch_cpus": batch_cpus,
             "waits": self.waits,
             "servers": self.servers,
         }
@@ -134,11 +138,12 @@ def instrument(ours_module: Any) -> None:
     UNTIMED["process_batch"] = process_batch
 
     def timed_process_batch(self: Any, batch: list[Any]) -> Any:
-        start = wall()
+        start, start_cpu = wall(), cpu()
         out = process_batch(self, batch)
-        took = wall() - start
+        took, took_cpu = wall() - start, cpu() - start_cpu
         with PROBE.lock:
             PROBE.batches.append((len(batch), took))
+            PROBE.batch_cpus.append(took_cpu)
         return out
 
     KerasAsyncBatcher.process_batch = timed_process_batch  # type: ignore[method-assign]

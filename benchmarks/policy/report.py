@@ -19,7 +19,19 @@ from .runner import Run
 from .sim.traffic import Scenario
 from .variants import Variant
 
-__all__ = ["CSV_FIELDS", "P99_RATIO", "THROUGHPUT_RATIO", "Verdicts", "judge", "serves", "write_csv"]
+__all__ = [
+    "CSV_FIELDS",
+    "P99_RATIO",
+    "THROUGHPUT_RATIO",
+    "Verdicts",
+    "candidates_table",
+    "judge",
+    "leading",
+    "met",
+    "serves",
+    "targets",
+    "write_csv",
+]
 
 P99_RATIO = 1.1
 THROUGHPUT_RATIO = 0.97
@@ -116,6 +128,61 @@ def _ms(seconds: float) -> str:
 
 def _verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
+
+
+def targets(x: Verdicts, name: str, peers: list[str]) -> dict[str, bool]:
+    """The targets ``name`` is judged on in scenario ``x``, and whether it meets each: ``p99`` (at most
+    :data:`P99_RATIO` x the grid's best), ``throughput`` (closed loops: at least :data:`THROUGHPUT_RATIO` x the grid's
+    best), ``peers`` (no peer better, where peers ran)."""
+    out = {"p99": x.p99_ratio(name) <= P99_RATIO}
+    if _closed(x.scenario):
+        out["throughput"] = x.throughput_ratio(name) >= THROUGHPUT_RATIO
+    ran = [p for p in peers if p in x.runs]
+    if ran:
+        out["peers"] = all(x.beats(name, p) for p in ran)
+    return out
+
+
+def met(verdicts: list[Verdicts], name: str, peers: list[str]) -> tuple[int, int]:
+    """The targets ``name`` meets, and those it is judged on, over every scenario it ran in."""
+    per = [targets(x, name, peers) for x in verdicts if name in x.runs]
+    return sum(sum(t.values()) for t in per), sum(len(t) for t in per)
+
+
+def leading(verdicts: list[Verdicts], names: list[str], peers: list[str], n: int) -> list[str]:
+    """The ``n`` of ``names`` that meet the most targets (ties: in their order)."""
+    return sorted(names, key=lambda name: -met(verdicts, name, peers)[0])[:n]
+
+
+def candidates_table(verdicts: list[Verdicts], names: list[str], peers: list[str]) -> list[str]:
+    """Each candidate default: the targets it meets of those judged, by kind, and the scenarios where it misses one
+    (p: p99, t: req/s, v: a peer better); the most targets met first."""
+    lines = [
+        f"| candidate | targets met | p99 ≤ {P99_RATIO}x | req/s ≥ {THROUGHPUT_RATIO}x | ≥ peers | worst p99 ratio "
+        "(scenario) | misses |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    rows = []
+    for name in names:
+        judged = [x for x in verdicts if name in x.runs]
+        if not judged:
+            continue
+        per = [(x, targets(x, name, peers)) for x in judged]
+        kinds = {k: [t[k] for _, t in per if k in t] for k in ("p99", "throughput", "peers")}
+        met = sum(sum(v) for v in kinds.values())
+        total = sum(len(v) for v in kinds.values())
+        worst = max(judged, key=lambda x: x.p99_ratio(name))
+        misses = [
+            f"{x.scenario.name} ({''.join(k[0] if k != 'peers' else 'v' for k, ok in t.items() if not ok)})"
+            for x, t in per
+            if not all(t.values())
+        ]
+        cells = [f"{sum(v)}/{len(v)}" if v else "-" for v in kinds.values()]
+        worst_cell = f"{worst.p99_ratio(name):.2f} ({worst.scenario.name})"
+        line = f"| {name} | {met} of {total} | {' | '.join(cells)} | {worst_cell} | {', '.join(misses) or '-'} |"
+        rows.append((-met, line))
+    lines += [line for _, line in sorted(rows, key=lambda r: r[0])]
+    return lines
 
 
 def targets_table(verdicts: list[Verdicts], default: str, peers: list[str]) -> tuple[list[str], int, int]:

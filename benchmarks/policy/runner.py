@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +32,7 @@ class Run:
     scenario: Scenario
     variant: Variant
     result: dict[str, Any]
+    cores: float = 2.0
 
 
 def interpreters(kinds: set[str], peers_dir: Path) -> tuple[dict[str, Path], dict[str, str]]:
@@ -58,10 +59,13 @@ def run_all(
     workers: int,
     progress: Callable[[int, int], None] | None = None,
     clock: str = "uvloop",
+    cores: float | Sequence[float] = 2.0,
 ) -> list[Run]:
-    """Run every (scenario, variant) pair; raises on the first job that failed, with its traceback."""
-    jobs = [
-        {"id": i, "scenario": s.as_dict(), "costs": costs.as_dict(), "clock": clock, **v.job()}
+    """Run every (scenario, variant) pair, on ``cores`` (one value, or one per pair); raises on the first job that
+    failed, with its traceback."""
+    each = [float(cores)] * len(pairs) if isinstance(cores, int | float) else [float(c) for c in cores]
+    jobs: list[dict[str, Any]] = [
+        {"id": i, "scenario": s.as_dict(), "costs": costs.as_dict(), "clock": clock, "cores": each[i], **v.job()}
         for i, (s, v) in enumerate(pairs)
         if v.kind in pythons
     ]
@@ -97,7 +101,7 @@ def run_all(
     with ThreadPoolExecutor(max(1, workers)) as pool:
         for future in [pool.submit(one, chunk) for chunk in chunks]:
             future.result()
-    return [Run(pairs[i][0], pairs[i][1], results[i]) for i in sorted(results)]
+    return [Run(pairs[i][0], pairs[i][1], results[i], each[i]) for i in sorted(results)]
 
 
 def _weight(scenario: Scenario) -> float:

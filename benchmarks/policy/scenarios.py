@@ -1,4 +1,5 @@
-"""The traffic the report covers, at fractions of the simulated server's capacity (:meth:`Costs.capacity`).
+"""The traffic the report covers, at fractions of the simulated server's capacity (:meth:`Costs.capacity`, on the
+simulation's cores).
 
 * Poisson arrivals at 10 to 130 % of capacity;
 * on/off bursts: Poisson at 120 % of capacity for 50 ms out of every 200 ms (30 % on average), and at 160 % for
@@ -24,8 +25,10 @@ THINK = 0.005
 QUICK = ("poisson-50", "closed-8", "keyed-poisson-50")
 
 
-def scenarios(costs: Costs, *, duration: float = 10.0, warmup: float = 1.0, seed: int = 1) -> list[Scenario]:
-    capacity = costs.capacity(MAX_BATCH_SIZE)
+def scenarios(
+    costs: Costs, *, duration: float = 10.0, warmup: float = 1.0, seed: int = 1, cores: float = 2.0
+) -> list[Scenario]:
+    capacity = costs.capacity(MAX_BATCH_SIZE, cores)
 
     def make(name: str, kind: str, **traffic: Any) -> Scenario:
         return Scenario(name, kind, duration=duration, warmup=warmup, seed=seed, **traffic)

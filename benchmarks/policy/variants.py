@@ -8,7 +8,10 @@ simulator builds (in the worker that runs it, :mod:`benchmarks.policy.worker`), 
 every run, add it to :data:`REGISTRY` and to :data:`EXTRA` (or pass ``--variant NAME``).
 
 The grid (:func:`grid`) is every combination of :data:`QUEUE_TIMES` and :data:`HOLD_TIMES` at the README's other
-settings; its ``max_queue_time=0``, no-hold point is named ``greedy``.
+settings (the policies' four turns), its ``max_queue_time=0``, no-hold point named ``greedy``, and that point at the
+other :data:`TURNS` (``greedy-turns0`` ...): the best of the grid is the best a user can set. :func:`candidates` are
+the settings considered for the default: the grid's ``greedy`` points, the same without the regather, latency
+budgets, and closed-loop holds over them.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ __all__ = [
     "QUEUE_TIMES",
     "RECOMMENDED",
     "REGISTRY",
+    "TURNS",
+    "TURNS0",
     "Variant",
+    "candidates",
     "grid",
     "parse",
 ]
 
-ROLES = ("constructor", "recommended", "grid", "peer", "extra")
+ROLES = ("constructor", "recommended", "grid", "peer", "candidate", "extra")
 
 
 @dataclass(frozen=True)
@@ -54,21 +60,57 @@ PEERS = (
 )
 QUEUE_TIMES = (0.0, 0.0005, 0.001, 0.002, 0.005)
 HOLD_TIMES = (0.0, 0.001, 0.002, 0.005)
+TURNS = (0, 1, 2, 8, 16, 32)  # besides the policies' default, 4
+# Ours with a policy object: the README's other settings, the policies in scope.
+POLICIES = "from async_batcher.policies import ClosedLoopHold, Deadline, LatencyBudget"
+SETTINGS = "max_batch_size=256, max_queue_size=4096"
+
+
+def _policy(name: str, policy: str, role: str = "candidate") -> Variant:
+    return Variant(name, "ours", f"{SETTINGS}, policy={policy}", role, POLICIES)
+
+
+# The head-to-head's ``ours-greedy``: max_queue_time=0 without turns (the calibration's).
+TURNS0 = _policy("turns0", "Deadline(0, turns=0)", "extra")
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:g}ms"
 
 
-def grid(queue_times: tuple[float, ...] = QUEUE_TIMES, hold_times: tuple[float, ...] = HOLD_TIMES) -> list[Variant]:
-    """Fixed settings: every ``max_queue_time`` with every ``max_hold_time``, the README's other settings kept."""
+def grid(
+    queue_times: tuple[float, ...] = QUEUE_TIMES,
+    hold_times: tuple[float, ...] = HOLD_TIMES,
+    turns: tuple[int, ...] = TURNS,
+) -> list[Variant]:
+    """Fixed settings: every ``max_queue_time`` with every ``max_hold_time``, the README's other settings kept; and
+    ``max_queue_time=0`` without a hold at each of ``turns``."""
     out = []
     for wait in queue_times:
         for hold in hold_times:
             name = "greedy" if wait == 0 and hold == 0 else f"wait{_ms(wait)}" + (f"+hold{_ms(hold)}" if hold else "")
             kwargs = f"max_batch_size=256, max_queue_time={wait!r}, max_hold_time={hold!r}, max_queue_size=4096"
             out.append(Variant(name, "ours", kwargs, "grid"))
+    out += [_policy(f"greedy-turns{t}", f"Deadline(0, turns={t})", "grid") for t in turns]
     return out
+
+
+def candidates(the_grid: list[Variant]) -> tuple[list[str], list[Variant]]:
+    """The settings considered for the default: their names, and the variants to run besides the grid's."""
+    extra = [
+        *(_policy(f"greedy-turns{t}-noregather", f"Deadline(0, turns={t}, regather=False)") for t in (1, 2, 4, 8, 16)),
+        *(_policy(f"budget{b}ms", f"LatencyBudget({b / 1000!r})") for b in (10, 25, 50)),
+        _policy("budget25ms-turns1", "LatencyBudget(0.025, turns=1)"),
+        _policy("budget25ms-turns16", "LatencyBudget(0.025, turns=16)"),
+        _policy("hold2ms-turns1", "ClosedLoopHold(0.002, Deadline(0, turns=1))"),
+        _policy("hold5ms-turns1", "ClosedLoopHold(0.005, Deadline(0, turns=1))"),
+        _policy("hold2ms-turns16", "ClosedLoopHold(0.002, Deadline(0, turns=16))"),
+        _policy("hold2ms-budget25ms", "ClosedLoopHold(0.002, LatencyBudget(0.025))"),
+    ]
+    names = {v.name for v in the_grid}
+    from_grid = [n for n in ("greedy", *(f"greedy-turns{t}" for t in TURNS), "wait0ms+hold2ms", "wait0ms+hold5ms")
+                 if n in names]  # fmt: skip
+    return [*from_grid, *(v.name for v in extra)], extra
 
 
 # Named variants besides the grid, for --variant NAME; EXTRA are run by default too.
@@ -79,6 +121,8 @@ REGISTRY: dict[str, Variant] = {
         RECOMMENDED,
         *PEERS,
         Variant("adaptive", "ours", "max_batch_size=256, max_latency=0.025, max_queue_size=4096"),
+        # Keyed traffic with a slot per key, as the peers' batchers per key have (sim/batchers.py).
+        Variant("slots32", "ours", "max_batch_size=256, max_queue_time=0, max_queue_size=4096, concurrency=32"),
     )
 }
 EXTRA: tuple[str, ...] = ()

@@ -5,7 +5,7 @@ and the engine is ``benchmarks.policy.sim``. Without (a peer, in its own virtual
 ``async_batcher`` must not be importable: async-batcher 0.2.2 has the same import name), the engine's folder is
 loaded by path as the package ``_policy_sim``, and nothing of this repository is on ``sys.path``.
 
-A job: ``{"id", "kind", "kwargs", "setup", "scenario", "costs", "clock"}``. ``kwargs`` is the batcher's keyword
+A job: ``{"id", "kind", "kwargs", "setup", "scenario", "costs", "clock", "cores"}``. ``kwargs`` is the batcher's keyword
 arguments as in a Python call (``max_queue_time=0, max_hold_time=0.002``), evaluated anew for every batcher built,
 after the statements of ``setup`` (imports, say), in a namespace that holds ``async_batcher``'s public names for
 ours: a variant may pass objects (``policy=SomePolicy(...)``). A result line: ``{"id", "result"}`` or
@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
                 versions[kind] = check_distribution(kind, args.repo)
             make = batchers.adapter_factory(kind, kwargs_maker(kind, job["kwargs"], job.get("setup", "")))
             scenario = traffic.Scenario(**job["scenario"])
-            result = server.run(scenario, server.Costs.from_dict(job["costs"]), make, job.get("clock", "uvloop"))
+            costs = server.Costs.from_dict(job["costs"])
+            result = server.run(scenario, costs, make, job.get("clock", "uvloop"), job.get("cores", 2.0))
             line["result"] = {**result.as_dict(), "version": versions[kind]}
         except Exception:
             line["error"] = traceback.format_exc()

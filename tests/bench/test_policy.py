@@ -1,6 +1,7 @@
-"""The dispatch simulator (``python -m benchmarks.policy``): its loop's clock, an analysable case against its exact
-answer, a variant's keyword arguments evaluated anew for each batcher, and a quick run's report (its structure, and
-the same numbers from the same seed, other numbers from another). No peers: their environments need PyPI."""
+"""The dispatch simulator (``python -m benchmarks.policy``): its loop's clock, the loop and the model sharing one
+core or running on two, analysable cases against their exact answers, a variant's keyword arguments evaluated anew
+for each batcher, and a quick run's report (its structure, and the same numbers from the same seed, other numbers
+from another). No peers: their environments need PyPI."""
 
 from __future__ import annotations
 
@@ -72,12 +73,62 @@ def test_the_uvloop_clock_counts_whole_milliseconds() -> None:
     assert fired["1.6ms"] == pytest.approx(0.0143)  # 2 ms
 
 
-def test_one_client_without_think_time_waits_exactly_the_costs() -> None:
+def _shared(cores: float, job: float, start: float, spend: float) -> tuple[float, float]:
+    """A model job of ``job`` CPU seconds submitted at 0, and the loop's ``spend`` seconds of CPU from ``start``, on
+    ``cores``: when the loop's work ends, and when the job's result reaches the loop."""
+    loop = SimLoop(clock="asyncio", cores=cores)
+    loop.default_executor.cost = lambda: job
+    ends: dict[str, float] = {}
+
+    def work() -> None:
+        loop.spend(spend)
+        ends["loop"] = loop.now
+
+    async def main() -> None:
+        loop.at(start, work)
+        await loop.run_in_executor(None, lambda: None)
+        ends["job"] = loop.now
+        await asyncio.sleep(max(0.0, start + 2 * spend - loop.now) + 0.1)
+
+    loop.run_until_complete(main())
+    loop.close()
+    return ends["loop"], ends["job"]
+
+
+@pytest.mark.parametrize(
+    ("cores", "job", "start", "spend", "loop_end", "job_end"),
+    [
+        # Two cores: neither waits.
+        (2.0, 1.0, 0.1, 0.4, 0.5, 1.0),
+        # One core: from 0.1 to 0.9 each gets half of it, the loop's 0.4 s then the job's 0.4 s; the job's last
+        # 0.5 s alone after that. Each is late by the CPU the other took beside it.
+        (1.0, 1.0, 0.1, 0.4, 0.9, 1.4),
+        # The job ends while the loop works (its last 0.1 s shared: 0.2 s of wall time): the loop learns it once its
+        # callback is done.
+        (1.0, 0.2, 0.1, 1.0, 1.2, 1.2),
+        # 1.5 cores: each gets 0.75 of a core while both work.
+        (1.5, 1.0, 0.1, 0.4, 0.1 + 0.4 / 0.75, 0.1 + 0.4 / 0.75 + 0.5),
+    ],
+)
+def test_the_loop_and_the_model_share_the_cores(
+    cores: float, job: float, start: float, spend: float, loop_end: float, job_end: float
+) -> None:
+    assert _shared(cores, job, start, spend) == pytest.approx((loop_end, job_end), rel=0, abs=1e-12)
+
+
+def test_fewer_than_one_core_is_refused() -> None:
+    with pytest.raises(ValueError, match="cores must be 1 or more"):
+        SimLoop(cores=0.5)
+
+
+@pytest.mark.parametrize("cores", [1.0, 2.0])
+def test_one_client_without_think_time_waits_exactly_the_costs(cores: float) -> None:
     """One closed-loop client on an idle batcher: every request costs the loop read + pre + submit + post, the model
-    a + b (one item), the network net: nothing else, to the nanosecond."""
+    a + b (one item), the network net: nothing else, to the nanosecond, on one core as on two (the model never runs
+    while the loop works)."""
     scenario = Scenario("one", "closed", clients=1, duration=1.0, warmup=0.1)
     make = adapter_factory("ours", worker.kwargs_maker("ours", RECOMMENDED.kwargs, ""))
-    result = run(scenario, COSTS, make, clock="asyncio")
+    result = run(scenario, COSTS, make, clock="asyncio", cores=cores)
     c = COSTS
     expected = c.net + c.read + c.pre + c.submit + c.model_a + c.model_b + c.post
     assert result.p50 == pytest.approx(expected, rel=0, abs=1e-9)
@@ -85,6 +136,26 @@ def test_one_client_without_think_time_waits_exactly_the_costs() -> None:
     assert result.items_per_call == 1.0
     assert result.throughput == pytest.approx(1 / expected, rel=0.01)
     assert result.wall_clock_reads == 0
+
+
+def test_on_one_core_two_cohorts_that_alternate_gain_nothing() -> None:
+    """Eight clients, batches formed at once (no turns): they split into two cohorts of four, one in the model while
+    the loop serves the other. On two cores that overlap is free; on one, the loop pays for the model's time, and
+    two model calls per round cost more than one: fewer requests a second than on two cores, and than one cohort of
+    eight (four turns) on one core."""
+    scenario = Scenario("eight", "closed", clients=8, duration=1.0, warmup=0.2)
+
+    def rps(kwargs: str, cores: float) -> tuple[float, float]:
+        setup = "from async_batcher.policies import Deadline"
+        result = run(scenario, COSTS, adapter_factory("ours", worker.kwargs_maker("ours", kwargs, setup)), cores=cores)
+        return result.throughput, result.items_per_call
+
+    split = "max_batch_size=256, policy=Deadline(0, turns=0)"
+    (two, two_ipc), (one, one_ipc) = rps(split, 2.0), rps(split, 1.0)
+    together, together_ipc = rps("max_batch_size=256, policy=Deadline(0, turns=4)", 1.0)
+    assert two_ipc == pytest.approx(4, abs=0.2) and one_ipc == pytest.approx(4, abs=0.2) and together_ipc > 6
+    assert one < 0.8 * two
+    assert one < 0.9 * together
 
 
 def test_a_variants_kwargs_are_evaluated_anew_for_each_batcher() -> None:
@@ -116,11 +187,13 @@ def test_quick_run_reports_every_scenario_and_the_same_seed_gives_the_same_numbe
     assert rows != other_seed
     assert md.splitlines()[0] == "# Dispatch policy on a simulated server (`make bench-policy`)"
     headings = ["## The simulated server", "## Calibration", "## Targets (issue 44)", "### recommended"]
-    headings += ["### constructor-defaults", "## Which setting serves which traffic", "## Per scenario"]
+    headings += ["### constructor-defaults", "## Candidates for the default", "## Which setting serves which traffic"]
+    headings += ["## Per scenario"]
     for heading in headings:
         assert heading in md, heading
     scenarios = {"poisson-50", "closed-8", "keyed-poisson-50"}
     variants = {"recommended", "constructor-defaults", "greedy", "wait2ms", "wait0ms+hold2ms", "wait2ms+hold2ms"}
+    variants.add("greedy-turns0")
     assert {(r["scenario"], r["variant"]) for r in rows} == {(s, v) for s in scenarios for v in variants}
     for r in rows:
         assert int(r["answered"]) > 0 and float(r["throughput"]) > 0, r

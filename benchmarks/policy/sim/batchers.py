@@ -9,6 +9,13 @@ model's executor, as in the HTTP benchmark's apps).
 * ``batched``: ``batched.aio.dynamically`` on the plain ``def``, which it runs with ``asyncio.to_thread`` (the loop's
   default executor: here the model's); keyed traffic through one processor per key.
 
+Keyed traffic is like for like where it matters: every batcher's model calls run in the one model thread (the
+simulator's one-worker executor: 0.2.2's batchers get it as ``executor=``, batched's ``asyncio.to_thread`` lands in
+the loop's default executor, which is the same one), one batch at a time, at the same cost. What differs is each
+design's own: a peer's batchers per key each send their batch when their own rule says, and the batches queue for
+the model thread (up to one per key in flight); ours, with one slot (``concurrency=1``), forms the next batch when
+the model is free, of the due key served longest ago. ``--variant slots32`` runs ours with a slot per key.
+
 Both peers time themselves by the loop's clock (``loop.time()``, ``asyncio.sleep``, ``asyncio.wait_for``): they
 need no patching (the simulator counts wall-clock reads all the same, :func:`.server.run`).
 """

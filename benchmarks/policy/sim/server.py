@@ -55,12 +55,13 @@ class Costs:
     def request_cpu(self) -> float:
         return self.read + self.pre + self.post
 
-    def capacity(self, max_batch_size: int) -> float:
-        """Requests a second at saturation: the loop's CPU or the model, whichever binds first, at full batches."""
+    def capacity(self, max_batch_size: int, cores: float = 2.0) -> float:
+        """Requests a second at saturation, at full batches: the loop's CPU, the model's, or both on ``cores``
+        processors, whichever binds first."""
         n = max_batch_size
-        loop_bound = 1.0 / (self.request_cpu + self.submit / n)
-        model_bound = n / (self.model_a + self.model_b * n)
-        return min(loop_bound, model_bound)
+        loop = self.request_cpu + self.submit / n  # a request's CPU on the loop
+        model = (self.model_a + self.model_b * n) / n  # and in the model's thread
+        return min(1.0 / loop, 1.0 / model, cores / (loop + model))
 
 
 class Model:
@@ -288,9 +289,10 @@ async def _main(loop: SimLoop, scenario: Scenario, costs: Costs, make: MakeAdapt
     return server
 
 
-def run(scenario: Scenario, costs: Costs, make: MakeAdapter, clock: str = "uvloop") -> Result:
-    """Run ``scenario`` through the batcher ``make`` builds, on a fresh :class:`SimLoop` with ``clock``."""
-    loop = SimLoop(clock)
+def run(scenario: Scenario, costs: Costs, make: MakeAdapter, clock: str = "uvloop", cores: float = 2.0) -> Result:
+    """Run ``scenario`` through the batcher ``make`` builds, on a fresh :class:`SimLoop` with ``clock`` and
+    ``cores``."""
+    loop = SimLoop(clock, cores)
     model = Model(costs, scenario)
     wall = time.perf_counter()
     try:

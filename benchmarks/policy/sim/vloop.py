@@ -14,6 +14,15 @@ but the future it returns resolves only when the virtual time the work costs has
 :class:`~.server.Model` charged while ``fn`` ran), one job at a time per worker; its done-callbacks then reach the
 loop through ``call_soon_threadsafe``, as a real thread's do. A batcher with a plain ``def process_batch`` thus runs
 the code path it runs in a server, deterministically.
+
+**Cores.** The loop and the model's jobs share ``cores`` processors (:class:`SimLoop`'s ``cores``): while ``k``
+threads have work (the loop, during :meth:`SimLoop.spend`, and each job running), each gets ``min(1, cores / k)`` of
+a processor (processor sharing, as the OS scheduler shares a core between runnable threads). With ``cores=2`` (one
+job at a time) nothing ever waits: the model runs beside the loop, as on a machine with a core for each. With
+``cores=1`` they take turns on one core: a job's CPU time spent while the loop works stretches the loop's callback,
+and the loop's CPU spent while a job runs delays the job's end (each by the CPU the other got meanwhile: a job of
+``c`` seconds that starts as the loop begins ``s`` seconds of work ends ``c + min(c, s)`` later). A fractional
+``cores`` between 1 and 2 stands for partial contention (the GIL, another process on the machine).
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ __all__ = ["CLOCKS", "SimExecutor", "SimLoop"]
 
 
 CLOCKS = ("uvloop", "asyncio")
+#: CPU seconds left below which a job has ended (its end computed through other times than it started by).
+EPSILON = 1e-12
 
 
 class SimLoop(asyncio.BaseEventLoop):
@@ -42,13 +53,17 @@ class SimLoop(asyncio.BaseEventLoop):
     way (:meth:`at`); :attr:`now` is the exact time.
     """
 
-    def __init__(self, clock: str = "uvloop") -> None:
-        if clock not in CLOCKS:
-            raise ValueError(f"clock {clock!r} is not one of {CLOCKS}")
+    def __init__(self, clock: str = "uvloop", cores: float = 2.0) -> None:
         super().__init__()
+        if clock not in CLOCKS or not cores >= 1:
+            self.close()
+            if clock not in CLOCKS:
+                raise ValueError(f"clock {clock!r} is not one of {CLOCKS}")
+            raise ValueError(f"cores must be 1 or more, got {cores!r}")
         self._now = 0.0
         self._ms = clock == "uvloop"
         self.busy = 0.0
+        self.cores = float(cores)
         self.default_executor = SimExecutor(self, workers=1)
 
     @property
@@ -71,10 +86,15 @@ class SimLoop(asyncio.BaseEventLoop):
         return asyncio.BaseEventLoop.call_at(self, when, callback, *args)
 
     def spend(self, seconds: float) -> None:
-        """The running callback takes ``seconds`` of the loop's CPU: the clock moves, nothing else runs."""
+        """The running callback takes ``seconds`` of the loop's CPU: the clock moves, nothing else runs on the loop
+        (the model's jobs share the cores with it: the module's docstring)."""
         if seconds > 0:
-            self._now += seconds
             self.busy += seconds
+            executor = self.default_executor
+            if executor.running and executor.contended:
+                self._now = executor.share(self._now, seconds)
+            else:
+                self._now += seconds
 
     def _process_events(self, event_list: list[Any]) -> None:
         pass
@@ -134,15 +154,27 @@ class SimLoop(asyncio.BaseEventLoop):
         pass
 
 
+class _Job:
+    """A job on a model thread: its outcome (known at once), its CPU time ``left`` to run, and the timer of its end."""
+
+    __slots__ = ("error", "fut", "handle", "left", "result")
+
+    def __init__(self, fut: concurrent.futures.Future[Any], result: Any, error: BaseException | None, left: float):
+        self.fut, self.result, self.error, self.left = fut, result, error, left
+        self.handle: asyncio.TimerHandle | None = None
+
+
 class SimExecutor(concurrent.futures.Executor):
     """``workers`` model threads on the loop's virtual clock (module docstring). ``cost()`` is asked, right after
-    each job ran, for the virtual seconds it takes; ``on_submit`` is called on every submission (the loop's own CPU
-    for handing a job over, say)."""
+    each job ran, for the CPU seconds it takes; ``on_submit`` is called on every submission (the loop's own CPU for
+    handing a job over, say). The jobs running share the loop's ``cores`` with it (the module's docstring)."""
 
     def __init__(self, loop: SimLoop, workers: int = 1) -> None:
         self._loop = loop
         self._idle = workers
         self._queue: deque[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...]]] = deque()
+        self.running: list[_Job] = []  # the jobs with CPU time left, in the order they started
+        self._last = 0.0  # when the jobs' ``left`` was last brought up to date
         self.cost: Callable[[], float] = lambda: 0.0
         self.on_submit: Callable[[], None] = lambda: None
 
@@ -153,6 +185,11 @@ class SimExecutor(concurrent.futures.Executor):
         self.on_submit()
         self._start()
         return fut
+
+    @property
+    def contended(self) -> bool:
+        """The loop at work would slow the jobs running, and they the loop: more threads than cores."""
+        return len(self.running) + 1 > self._loop.cores
 
     def _start(self) -> None:
         loop = self._loop
@@ -165,14 +202,90 @@ class SimExecutor(concurrent.futures.Executor):
                 result, error = fn(*args), None
             except BaseException as exc:  # the job's outcome, delivered when its time is up
                 result, error = None, exc
-            loop.at(loop.now + self.cost(), self._finish, fut, result, error)
+            self._sync(loop.now)
+            self.running.append(_Job(fut, result, error, self.cost()))
+            self._project(loop.now)
 
-    def _finish(self, fut: concurrent.futures.Future[Any], result: Any, error: BaseException | None) -> None:
+    def _rate(self, threads: int) -> float:
+        """The share of a processor each of ``threads`` runnable threads gets."""
+        return min(1.0, self._loop.cores / threads)
+
+    def _sync(self, now: float) -> None:
+        """Bring the jobs' CPU left up to ``now``, the loop idle since the last time (the loop's work brings them up
+        to date as it goes, :meth:`share`)."""
+        elapsed, self._last = now - self._last, now
+        running = self.running
+        while elapsed > 0 and running:
+            rate = self._rate(len(running))
+            least = min(job.left for job in running)
+            if least > elapsed * rate + EPSILON:
+                for job in running:
+                    job.left -= elapsed * rate
+                return
+            elapsed -= least / rate
+            self._advance(least)
+            running = self.running
+
+    def _advance(self, cpu: float) -> None:
+        """Every running job got ``cpu`` seconds of a processor: those done leave the running ones."""
+        for job in self.running:
+            job.left -= cpu
+        if any(job.left <= EPSILON for job in self.running):
+            self.running = [job for job in self.running if job.left > EPSILON]
+
+    def share(self, now: float, seconds: float) -> float:
+        """The loop begins ``seconds`` of CPU at ``now`` beside the jobs running: when it is done (it and they get
+        an equal share of the cores, :meth:`_rate`). The jobs' ends move by the CPU the loop took meanwhile: their
+        timers, set for the earliest they could end (:meth:`_project`), find them running and are set again."""
+        self._sync(now)
+        running = self.running
+        while seconds > 0 and running:
+            rate = self._rate(len(running) + 1)
+            least = min(job.left for job in running)
+            if seconds <= least:
+                now += seconds / rate
+                for job in running:
+                    job.left -= seconds
+                seconds = 0.0
+                break
+            now += least / rate
+            seconds -= least
+            self._advance(least)  # (a job that ended: its timer, due by now, fires once the loop is done)
+            running = self.running
+        now += seconds  # (alone once every job has ended)
+        self._last = now
+        return now
+
+    def _project(self, now: float) -> None:
+        """Set each running job's timer for its end if the loop stays idle from ``now`` (the jobs sharing the cores
+        among themselves): the earliest it can end, since more work (the loop's, another job's) only delays it."""
+        t, done = now, 0.0
+        running = sorted(self.running, key=lambda job: job.left) if len(self.running) > 1 else self.running
+        for i, job in enumerate(running):
+            t += (job.left - done) / self._rate(len(running) - i)
+            done = job.left
+            self._at(job, t)
+
+    def _at(self, job: _Job, when: float) -> None:
+        handle = job.handle
+        if handle is not None:
+            if handle.when() == when or not handle._scheduled:  # type: ignore[attr-defined]
+                return  # (not scheduled: its time came, it is among the callbacks ready to run)
+            handle.cancel()
+        job.handle = self._loop.at(when, self._finish, job)
+
+    def _finish(self, job: _Job) -> None:
+        now = self._loop.now
+        self._sync(now)
+        if job in self.running:  # the loop's work delayed it: its end is later
+            job.handle = None
+            self._project(now)
+            return
         self._idle += 1
-        if error is None:
-            fut.set_result(result)
+        if job.error is None:
+            job.fut.set_result(job.result)
         else:
-            fut.set_exception(error)
+            job.fut.set_exception(job.error)
         self._start()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
