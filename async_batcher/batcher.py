@@ -405,7 +405,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             queued=engine.queue.waiting,
             awaiting_room=engine.room.awaiting,
             in_flight=engine.in_flight,
-            ceilings=engine.ceilings() if engine.split is not None else None,
+            ceilings=engine.feedback.ceilings(),
             queue_weight=engine.room.held,
         )
 

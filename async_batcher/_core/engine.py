@@ -21,17 +21,17 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from async_batcher._checks import plural
-from async_batcher._core import ceiling
 from async_batcher._core.batch import Batch, current_batch
 from async_batcher._core.deadlines import Deadlines
 from async_batcher._core.deadlines import violations as deadline_violations
 from async_batcher._core.dispatch import Dispatch
 from async_batcher._core.execution import Runner
+from async_batcher._core.feedback import RunFeedback
 from async_batcher._core.lane import Entry, Lane, WeightedEntry
 from async_batcher._core.policy import UNLIMITED, DispatchPolicy
 from async_batcher._core.queue import Queue
 from async_batcher._core.queue import violations as queue_violations
-from async_batcher._core.retrying import Backoffs, Budget, sink_of
+from async_batcher._core.retrying import sink_of
 from async_batcher._core.room import Room
 from async_batcher._core.room import violations as room_violations
 from async_batcher._core.sinks import Bulk, fail_sinks
@@ -39,7 +39,6 @@ from async_batcher._core.state import DISPATCHING, State
 from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ReentrantCallError
 
 if TYPE_CHECKING:
-    from async_batcher._core.failures import RetryPolicy, SplitOn
     from async_batcher._core.recovery import Recovery
     from async_batcher.stats import _Recorder
 
@@ -61,12 +60,11 @@ class Engine(Dispatch):
     """
 
     __slots__ = (
-        "backoffs",
         "batch_limit",
         "batches",
-        "budget",
         "clock",
         "deadlines",
+        "feedback",
         "flushing",
         "in_flight",
         "keyed",
@@ -79,11 +77,9 @@ class Engine(Dispatch):
         "pump_handle",
         "queue",
         "recorder",
-        "retry",
         "room",
         "runner",
         "slot_limit",
-        "split",
         "state",
         "timer",
         "timer_at",
@@ -125,12 +121,9 @@ class Engine(Dispatch):
         self.room = Room(self.queue, name)
         self.deadlines = Deadlines(loop)  # the callers' timeouts: one timer for all of them
         # How this run's batches run: made here, told of their end, of how items join a streaming batch, and of what
-        # a failed call leads to (the engine's Feedback: retries, ceilings).
-        self.runner = runner(on_end=self.batch_ended, join=self.join, feedback=self)
-        self.backoffs = Backoffs()  # items waiting out their backoff before they are tried again
-        self.budget = Budget()  # the retry budget's balance
-        self.retry: RetryPolicy | None = None
-        self.split: SplitOn | None = None
+        # a failed call leads to (the run's feedback: retries, backoffs, ceilings).
+        self.feedback = RunFeedback(loop, self.queue, self.requeue)
+        self.runner = runner(on_end=self.batch_ended, join=self.join, feedback=self.feedback)
         self.policy = policy
         self.batches: dict[Batch, None] = {}
         self.in_flight = 0
@@ -186,11 +179,9 @@ class Engine(Dispatch):
         self.runner.stall_limit = stall_limit
         runner = self.runner
         runner.recovery = None if runner.is_stream else recovery
-        self.retry = None if recovery is None else recovery.retry
-        self.split = None if recovery is None else recovery.split
-        if self.split is None:
-            for lane in self.queue.lanes.values():  # split_on turned off: no ceiling left
-                lane.ceiling, lane.weight_ceiling, lane.capacity = UNLIMITED, math.inf, None
+        self.feedback.configure(
+            None if recovery is None else recovery.retry, None if recovery is None else recovery.split
+        )
         self.batch_limit, self.slot_limit, self.weight_limit = batch_limit, slot_limit, weight_limit
         self.room.set_limit(room_limit, queue_size, queue_weight_limit)
         self.priority_wait = priority_wait
@@ -348,20 +339,10 @@ class Engine(Dispatch):
             "concurrency, or do the work directly"
         )
 
-    # ------------------------------------------------------------------ what the runner tells of failures (Feedback)
+    # ------------------------------------------------------------------ retried items coming back
 
-    def retry_later(self, key: Hashable, entries: list[WeightedEntry], delay: float) -> None:
-        """Items that failed transiently go back to the head of ``key``'s lane (and join its next batch) once
-        ``delay`` seconds have passed; meanwhile they wait out of the queue (a stop's drain waits for them)."""
-        if delay <= 0:
-            self._retry_now(key, entries)
-            return
-        self.backoffs.add(self.loop, delay, entries, partial(self._backoff_over, key))
-
-    def _backoff_over(self, key: Hashable, group: int) -> None:
-        self._retry_now(key, self.backoffs.take(group))
-
-    def _retry_now(self, key: Hashable, entries: Sequence[WeightedEntry]) -> None:
+    def requeue(self, key: Hashable, entries: Sequence[WeightedEntry]) -> None:
+        """Retried items, their backoff over: to the head of ``key``'s lane (``feedback``'s ``requeue``)."""
         live = [entry for entry in entries if not entry.sink.done()]  # (a caller who left meanwhile: not sent)
         if live and self.state not in DISPATCHING:  # (not reached: a stop fails them, and cancels their timers)
             fail_sinks(
@@ -375,41 +356,6 @@ class Engine(Dispatch):
             self.repump()
         elif not self.queue.waiting:
             self.check_drained()
-
-    def retries_allowed(self, n: int) -> int:
-        policy = self.retry
-        if policy is None or policy.budget is None:
-            return n
-        return self.budget.spend(policy.budget, n, self.loop.time())
-
-    def retries_earned(self, n: int) -> None:
-        policy = self.retry
-        if policy is not None and policy.budget is not None:
-            self.budget.earn(policy.budget, n, self.loop.time())
-
-    def lowered(self, lane: Lane, size: int, weight: float) -> float:
-        split = self.split
-        if split is None:  # (split_on was turned off while the batch ran: its parts are halves, no ceiling is kept)
-            return weight / 2 if self.queue.weighted else float(max(1, size // 2))
-        return ceiling.lower(lane, size, weight, weighted=self.queue.weighted, grow_by=split.grow_by)
-
-    def held(self, lane: Lane, size: int, weight: float) -> None:
-        split = self.split
-        if split is not None:
-            ceiling.held(lane, size, weight, weighted=self.queue.weighted, grow_after=split.grow_after)
-
-    def settled(self, lane: Lane, size: int, weight: float) -> None:
-        if self.split is not None:
-            ceiling.settle(lane, size, weight, weighted=self.queue.weighted)
-
-    def ceilings(self) -> dict[Hashable, float]:
-        """The ceiling of each lane that has one, by key (``None``: the default lane's)."""
-        found: dict[Hashable, float] = {}
-        for key, lane in self.queue.lanes.items():
-            at = ceiling.ceiling_of(lane, weighted=self.queue.weighted)
-            if at is not None:
-                found[None if lane is self.queue.lane0 else key] = at
-        return found
 
     # ------------------------------------------------------------------ stopping, failing everything
 
@@ -428,7 +374,7 @@ class Engine(Dispatch):
         The callers of a batch cut off inside ``process_batch`` get what ``abandoned_error()`` says."""
         rec = self.recorder
         fail_sinks(self.queue.clear(), exc, rec)
-        fail_sinks([sink_of(entry) for entry in self.backoffs.clear()], exc, rec)
+        fail_sinks([sink_of(entry) for entry in self.feedback.backoffs.clear()], exc, rec)
         self.room.fail(exc)
         for batch in self.batches:
             batch.abandoned = True
@@ -447,14 +393,19 @@ class Engine(Dispatch):
 
     def check_drained(self) -> None:
         """During a stop: once nothing is queued or in flight, the drain is over (the stop's ``on_drained``, once)."""
-        if self.state is State.STOPPING and not self.queue.waiting and not self.in_flight and not self.backoffs.waiting:
+        if (
+            self.state is State.STOPPING
+            and not self.queue.waiting
+            and not self.in_flight
+            and not self.feedback.backoffs.waiting
+        ):
             on_drained, self.on_drained = self.on_drained, _ignore
             on_drained()
 
     def finish(self) -> None:
         """The end of the run: no wake-up left, and the state says so."""
         self._cancel_timer()
-        self.backoffs.clear()
+        self.feedback.backoffs.clear()
         if self.pump_handle is not None:
             self.pump_handle.cancel()  # (a stopped run is never dispatched again: a new run starts afresh)
         self.state = State.STOPPED
