@@ -83,19 +83,18 @@ def _plots(grouped: dict[str, list[dict[str, Any]]], out_dir: Path) -> list[str]
     matplotlib.use("Agg")  # files only: no display on a server
     import matplotlib.pyplot as plt
 
-    names = []
-    for metric, ylabel, filename, log in (
-        ("rps", "requests/s", "throughput.png", False),
-        ("p95_ms", "p95 latency (ms)", "latency_p95.png", True),
+    # One figure, two panels (throughput, p95 latency), so that the report is one image.
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), dpi=110)
+    ticks = sorted({s["users"] for rows in grouped.values() for s in rows})
+    for ax, (metric, ylabel, log) in zip(
+        axes, (("rps", "requests/s", False), ("p95_ms", "p95 latency (ms)", True)), strict=True
     ):
-        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
         for endpoint, rows in grouped.items():
             users = [s["users"] for s in rows]
             ax.plot(users, [s[metric] for s in rows], marker="o", label=LABELS.get(endpoint, endpoint))
         if metric == "p95_ms":
             ax.axhline(P95_LIMIT_MS, color="grey", linestyle=":", linewidth=1, label=f"{P95_LIMIT_MS:.0f} ms")
         ax.set_xscale("log", base=2)
-        ticks = sorted({s["users"] for rows in grouped.values() for s in rows})
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         if log:
@@ -107,11 +106,11 @@ def _plots(grouped: dict[str, list[dict[str, Any]]], out_dir: Path) -> list[str]
         ax.set_title(f"Keras example: {ylabel} against users")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / filename)
-        plt.close(fig)
-        names.append(filename)
-    return names
+    fig.tight_layout()
+    filename = "throughput_latency.png"
+    fig.savefig(out_dir / filename)
+    plt.close(fig)
+    return [filename]
 
 
 def _summary_csv(steps: list[dict[str, Any]], path: Path) -> None:
