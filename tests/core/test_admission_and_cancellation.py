@@ -585,7 +585,7 @@ async def test_max_queue_size_changed_under_callers_waiting_for_room(
         "three": asyncio.ensure_future(b.process_many(range(30, 33))),
     }
     await asyncio.sleep(0.01)
-    assert b._run.awaiting_room == 13
+    assert b.stats.awaiting_room == 13
     for size in changes:
         b.max_queue_size = size
         await asyncio.sleep(0)

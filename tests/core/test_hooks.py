@@ -20,6 +20,7 @@ from async_batcher import (
     ReentrantCallError,
 )
 from tests.batchers import Recording, Tens, outcome, settled
+from tests.core.test_short_paths import calls
 from tests.loops import VirtualClockLoop
 
 pytestmark = pytest.mark.virtual_time
@@ -96,10 +97,13 @@ async def test_the_short_path_opens_once_on_start_is_over() -> None:
 
     b = Slow(max_queue_time=0)
     b.start()
-    assert b._run.fast_loop is None  # a call from on_start() must reach the long path, which refuses it
-    async with asyncio.timeout(WAIT):
+    with calls() as counted:  # a call from on_start() must reach the long path, which refuses it
         assert await b.process(1) == 2
-        assert b._run.fast_loop is asyncio.get_running_loop()
+    assert counted["Admission.submit"] >= 1
+    async with asyncio.timeout(WAIT):
+        with calls() as counted:
+            assert await b.process(1) == 2
+        assert (counted["Engine.put"], counted["Admission.submit"]) == (1, 0)
         await b.stop()
 
 
@@ -383,6 +387,7 @@ class Hooked(Recording):
         super().__init__(**kwargs)
         self.how = how
         self.seen: list[Any] = []
+        self.startup: asyncio.Task[Any] | None = None  # on_start()'s task, where a test's on_start() keeps it
 
     async def on_stop(self) -> None:
         self.seen.append(("on_stop", asyncio.get_running_loop().time()))
@@ -496,6 +501,7 @@ async def test_a_stop_during_on_start_lets_it_end_before_on_stop_runs_and_return
 
     class Opening(Hooked):
         async def on_start(self) -> None:
+            self.startup = asyncio.current_task()
             self.seen.append("opening")
             try:
                 await asyncio.sleep(10)
@@ -512,7 +518,7 @@ async def test_a_stop_during_on_start_lets_it_end_before_on_stop_runs_and_return
         async with asyncio.timeout(WAIT):
             await b.stop(**kwargs)
         assert b.seen == ["opening", ("on_start ended", began + 1), ("on_stop", began + 1)], kwargs
-        assert b._run.startup is not None and b._run.startup.done()
+        assert b.startup is not None and b.startup.done()
         assert loop.time() == began + 1 and settled(b)
 
 
@@ -523,6 +529,7 @@ async def test_a_stop_with_a_timeout_is_not_held_by_an_on_start_that_ignores_its
 
     class Stubborn(Hooked):
         async def on_start(self) -> None:
+            self.startup = asyncio.current_task()
             try:
                 await asyncio.sleep(100)
             except asyncio.CancelledError:
@@ -536,7 +543,7 @@ async def test_a_stop_with_a_timeout_is_not_held_by_an_on_start_that_ignores_its
             await b.stop(timeout=4)
         assert loop.time() == 5.0 and b.seen == [] and not await b.is_running()
         assert any("on_stop() did not finish within the 4 s left" in m for m in caplog.messages)
-        startup = b._run.startup
+        startup = b.startup
         assert startup is not None and not startup.done()
         startup.cancel()  # (the test's own cleanup)
         await asyncio.wait([startup])
