@@ -39,26 +39,22 @@ import pytest
 
 from async_batcher import END, AsyncBatcher, BatcherStoppedError, testing
 from async_batcher._core.engine import Engine
-from async_batcher._core.lane import Lane
 from async_batcher._core.queue import KEEP_IDLE
-from async_batcher.policies import ClosedLoopHold, Deadline, Layer
-from tests.batchers import AllKeyed, Recording, engine_of, idle_and_clean, later, stop_as, turns, until, warm
+from async_batcher.policies import ClosedLoopHold, Deadline
+from tests.batchers import (
+    AllKeyed,
+    Recording,
+    engine_of,
+    idle_and_clean,
+    later,
+    regather_until,
+    stop_as,
+    turns,
+    until,
+    warm,
+)
 
 pytestmark = pytest.mark.virtual_time
-
-
-def regather_until(b: AsyncBatcher[Any, Any], lane: Lane | None = None) -> float:
-    """Until when ``lane``'s next arrival (the default lane's by default) lets the turns pass: what the batcher's
-    :class:`Deadline` recorded of the lane in its memo, while the engine asks it about that arrival (``lane.watch``);
-    0.0 when it does not."""
-    if lane is None:
-        lane = engine_of(b).queue.lane0
-    policy = b.policy
-    while isinstance(policy, Layer):
-        policy = policy.inner
-    assert isinstance(policy, Deadline), policy
-    record = (lane.memo or {}).get(policy)
-    return float(record.until) if record is not None and lane.watch else 0.0
 
 
 def turn_pending(engine: Engine) -> bool:
