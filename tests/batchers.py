@@ -9,6 +9,8 @@ from typing import Any
 
 from async_batcher import AsyncBatcher, testing
 from async_batcher._core.engine import Engine
+from async_batcher._core.lane import Lane
+from async_batcher.policies import Deadline, Layer
 from tests.loops import until
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "idle_and_clean",
     "later",
     "outcome",
+    "regather_until",
     "settled",
     "stop_as",
     "turns",
@@ -126,6 +129,20 @@ def engine_of(b: AsyncBatcher[Any, Any]) -> Engine:
     engine = b._life.run.engine
     assert engine is not None
     return engine
+
+
+def regather_until(b: AsyncBatcher[Any, Any], lane: Lane | None = None) -> float:
+    """Until when ``lane``'s next arrival (the default lane's by default) lets the regather's turns pass: what
+    ``b``'s :class:`~async_batcher.policies.Deadline` recorded of the lane in its memo, while the engine asks it about
+    that arrival (``lane.watch``); 0.0 when it does not."""
+    if lane is None:
+        lane = engine_of(b).queue.lane0
+    policy = b.policy
+    while isinstance(policy, Layer):
+        policy = policy.inner
+    assert isinstance(policy, Deadline), policy
+    record = (lane.memo or {}).get(policy)
+    return float(record.until) if record is not None and lane.watch else 0.0
 
 
 def idle_and_clean(b: AsyncBatcher[Any, Any]) -> None:

@@ -8,21 +8,23 @@ resolves every caller once. Turns, not time: the clock does not move for them. E
 The callers come back as tasks that, once answered, let ``lag`` turns of the loop pass before calling again, as the
 handlers of requests read one after another reach the batcher some turns apart.
 
-The rule (``_dispatch.batch_ended``, ``_dispatch.wake``, ``_policy.answered``): when a batch ends with nothing
-waiting and its lane's batch answered a cohort (two callers or more, nothing arrived in the lane while it ran, and
-the lane's rate would have brought an item), the lane's ``regather_until`` is set one lane cycle ahead; its first
-arrival into a free slot before then schedules the pump after ``b._turns`` (4) turns of the loop instead of at once
-(unless its lane holds a full batch); ``launch`` clears it. The tests after the first few check it from the outside:
-other lanes, several slots, ``process_many``, callers leaving or timing out during the turns, callers waiting for
-room, stops and restarts, live settings, re-entrant calls, ``max_queue_time``, the hold and streams. Invariants
-checked: every accepted item resolves once and never reaches ``process_batch`` after its caller left; an idle
-batcher keeps no timer and no pump scheduled; the counters add up; the turns cost no virtual time.
+The rule (``Deadline``'s ``ended`` and ``arrival``, ``async_batcher/_core/waits.py``; ``Engine.batch_ended`` and
+``Engine._wake``): when a batch ends with nothing of its lane waiting and it answered a cohort (two callers or more,
+nothing arrived in the lane while it ran, and the lane's rate would have brought an item), the policy records in its
+memo of the lane that the regather lasts one lane cycle, and asks to see the lane's next arrival; that arrival, into a
+free slot before then, schedules the pump after the policy's ``turns`` (4) turns of the loop instead of at once
+(unless its lane holds a full batch); a batch that goes ends it. The tests after the first few check it from the
+outside: other lanes, several slots, ``process_many``, callers leaving or timing out during the turns, callers
+waiting for room, stops and restarts, live settings, re-entrant calls, ``max_queue_time``, the hold and streams.
+Invariants checked: every accepted item resolves once and never reaches ``process_batch`` after its caller left; an
+idle batcher keeps no timer and no pump scheduled (``testing.idle``); the counters add up; the turns cost no virtual
+time.
 
 Found by these tests and mended: the regather's state was the run's, so an arrival in another lane used up (and
-paid) a cohort's turns; it is the lane's now. And a keyed lane (other than the default one) was forgotten once empty
-without a hold, so its batches never answered a cohort and the regather never applied to it: the idle lanes that
-ended last are kept now (``KEEP_IDLE``), and a lane pushed out by newer keys starts afresh. A streaming batch counts
-no callers answered, so the regather never follows one (by design, undocumented).
+paid) a cohort's turns; it is the lane's now (the policy's memo of the lane). And a keyed lane (other than the default
+one) was forgotten once empty without a hold, so its batches never answered a cohort and the regather never applied
+to it: the idle lanes that ended last are kept now (``KEEP_IDLE``), and a lane pushed out by newer keys starts
+afresh. A streaming batch counts no callers answered, so the regather never follows one (by design, undocumented).
 
 Every wait is bounded (``asyncio.timeout`` on the loop's clock, ``until``): a hang fails instead of blocking.
 """
@@ -34,12 +36,30 @@ from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
 import pytest
-from async_batcher._queue import DEFAULT_KEY, KEEP_IDLE
 
-from async_batcher import END, AsyncBatcher, BatcherStoppedError
-from tests.batchers import AllKeyed, Recording, idle_and_clean, later, stop_as, turns, until, warm
+from async_batcher import END, AsyncBatcher, BatcherStoppedError, testing
+from async_batcher._core.engine import Engine
+from async_batcher._core.queue import KEEP_IDLE
+from async_batcher.policies import ClosedLoopHold, Deadline
+from tests.batchers import (
+    AllKeyed,
+    Recording,
+    engine_of,
+    idle_and_clean,
+    later,
+    regather_until,
+    stop_as,
+    turns,
+    until,
+    warm,
+)
 
 pytestmark = pytest.mark.virtual_time
+
+
+def turn_pending(engine: Engine) -> bool:
+    """A pump is scheduled (the regather's turns, while no batch has formed): ``testing.idle`` lists it too."""
+    return engine.pump_handle is not None and not engine.pump_handle.cancelled()
 
 
 async def _client(b: Recording, x: int, lag: int, rounds: int) -> list[int]:
@@ -62,8 +82,7 @@ async def test_a_cohort_that_comes_back_over_a_few_turns_stays_whole(regather: b
     # the first one back goes with those of its turn (two here), and the others follow; from then on, with the
     # regather, every batch holds all eight (the last, those that had a round left). Without it (the rule before),
     # the cohort stays split: more model calls for the same items.
-    b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
-    b._regather = regather
+    b = Recording(delay=1.0, policy=Deadline(0, regather=regather))
     lags = [0, 1, 2, 3] * 2
     results = await _cohort(b, lags, rounds=6)
     assert results == [[2 * (i + 100 * r) for r in range(6)] for i in range(8)]
@@ -73,8 +92,7 @@ async def test_a_cohort_that_comes_back_over_a_few_turns_stays_whole(regather: b
     else:
         assert sizes[:3] == [8, 2, 8] and len(sizes) > 8 and min(sizes[3:]) < 8
     assert all(t == int(t) for t in b.started_at)  # turns take no time: every batch starts on a whole second
-    run = b._run
-    assert run.timer is None and run.pump_handle is None  # an idle batcher keeps nothing scheduled
+    assert testing.idle(b) == []  # an idle batcher keeps nothing scheduled
     await b.stop()
 
 
@@ -165,15 +183,14 @@ async def test_a_stop_during_the_regathers_turns_resolves_every_caller_once(forc
         assert b.batches[2:] == [[3]]
     stats = b.stats
     assert stats.in_flight == 0 and stats.queued == 0
-    assert b._run.timer is None
-    assert b._run.pump_handle is None or b._run.pump_handle.cancelled()
+    assert testing.idle(b) == []
 
 
 @pytest.mark.parametrize(("turns", "batches"), [(4, [[0, 1], [100, 101]]), (0, [[0, 1], [100], [101]])])
 async def test_no_turns_no_regather(turns: int, batches: list[list[int]]) -> None:
-    # _turns = 0 (the benchmarks' plain greedy reference): the first caller back goes alone.
-    b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
-    b._turns = turns
+    # turns=0 (the benchmarks' plain greedy reference): the first caller back goes alone. (4 is the default.)
+    assert Deadline().turns == 4
+    b = Recording(delay=1.0, policy=Deadline(0, turns=turns))
     async with asyncio.timeout(10):
         await warm(b, range(2))
     await _cohort(b, [0, 1], rounds=2)
@@ -190,7 +207,7 @@ class Keyed(Recording):
     """Items below 100 go to the default lane (it is never forgotten); 100-199 to key 1, 200-299 to key 2..."""
 
     def batch_key(self, item: int) -> Hashable:
-        return DEFAULT_KEY if item < 100 else item // 100
+        return super().batch_key(item) if item < 100 else item // 100
 
 
 # ---------------------------------------------------------------------- lanes
@@ -205,7 +222,7 @@ async def _two_lanes(other_lane_first: bool) -> Keyed:
         for _ in range(2):
             await b.process(100)
         await warm(b, [0, 1])
-        assert b._run.queue.lane0.regather_until > asyncio.get_running_loop().time()
+        assert regather_until(b) > asyncio.get_running_loop().time()
         del b.batches[:]
         calls = [later(5, lambda: b.process(10)), later(6, lambda: b.process(11))]
         if other_lane_first:
@@ -242,13 +259,13 @@ async def test_a_full_batch_of_another_lane_in_the_first_arrival_waits_out_the_t
         b = Keyed(delay=1.0, max_queue_time=0, max_hold_time=0, max_batch_size=3, concurrency=2)
         await warm(b, [1, 2])
         now = asyncio.get_running_loop().time()
-        assert b._run.queue.lane0.regather_until > now
+        assert regather_until(b) > now
         del b.batches[:], b.started_at[:]
         seen: list[int] = []
 
         async def look() -> None:
             await turns(2)
-            seen.append(b._run.in_flight)
+            seen.append(b.stats.in_flight)
 
         got = await asyncio.gather(b.process_many([4, 150, 151, 152]), later(1, lambda: b.process(5)), look())
     assert got[:2] == [[8, 300, 302, 304], 10]
@@ -286,9 +303,10 @@ async def test_a_stream_of_new_keys_keeps_only_the_idle_lanes_that_ended_last() 
     async with asyncio.timeout(1000):
         for key in range(40):
             await b.process(key * 100)
-        lanes = b._run.queue.lanes
+        queue = engine_of(b).queue
+        lanes = queue.lanes
         assert len(lanes) <= 2 + KEEP_IDLE, len(lanes)  # the default lane, the bound, the last one (not pumped since)
-        assert set(range(40 - KEEP_IDLE, 40)) <= set(lanes), sorted(k for k in lanes if k is not DEFAULT_KEY)
+        assert set(range(40 - KEEP_IDLE, 40)) <= set(lanes), sorted(k for k in lanes if k is not queue.lane0.key)
     idle_and_clean(b)
     await b.stop()
 
@@ -300,11 +318,11 @@ async def test_a_keyed_lane_pushed_out_by_newer_keys_starts_afresh() -> None:
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(1000):
         await warm(b, [1, 2])
-        assert b._run.queue.lanes[0].regather_until > loop.time()
+        assert regather_until(b, engine_of(b).queue.lanes[0]) > loop.time()
         b.delay, now = 0.0, loop.time()
         for key in range(1, KEEP_IDLE + 3):
             await b.process(100 * key)
-        assert loop.time() == now and 0 not in b._run.queue.lanes
+        assert loop.time() == now and 0 not in engine_of(b).queue.lanes
         b.delay = 1.0
         del b.batches[:]
         assert await asyncio.gather(b.process(3), later(1, lambda: b.process(4))) == [6, 8]
@@ -319,7 +337,7 @@ async def test_a_keyed_lane_pushed_out_by_newer_keys_starts_afresh() -> None:
 async def _cohort_batcher(**kwargs: Any) -> Recording:
     b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0, **kwargs)
     await warm(b, [1, 2])
-    assert b._run.queue.lane0.regather_until > asyncio.get_running_loop().time()
+    assert regather_until(b) > asyncio.get_running_loop().time()
     del b.batches[:], b.started_at[:]
     return b
 
@@ -364,7 +382,7 @@ async def test_the_first_arrival_leaves_during_the_turns(how: str) -> None:
         first = asyncio.ensure_future(b.process(4) if how == "cancel" else b.process(4, timeout=0))
         second = asyncio.ensure_future(later(1, lambda: b.process(5)))
         await turns(2)
-        assert b.batches == [] and b._run.pump_handle is not None  # the turns are pending
+        assert b.batches == [] and turn_pending(engine_of(b))  # the turns are pending
         if how == "cancel":
             first.cancel()
         outcomes = await asyncio.gather(first, second, return_exceptions=True)
@@ -389,8 +407,8 @@ async def test_the_only_arrival_leaves_during_the_turns() -> None:
         with pytest.raises(asyncio.CancelledError):
             await first
         await turns(6)
-        assert b._run.pump_handle is None and b._run.timer is None
-        assert b._run.queue.lane0.regather_until == 0.0
+        assert testing.idle(b) == []
+        assert regather_until(b) == 0.0
         got = await asyncio.gather(b.process(6), later(1, lambda: b.process(7)))
     assert got == [12, 14]
     assert b.batches == [[6], [7]]
@@ -417,7 +435,7 @@ async def test_a_setting_changed_during_the_regathers_turns(change: str) -> None
 
         async def change_it() -> None:
             await turns(2)
-            assert b._run.pump_handle is not None, "no turn pending"
+            assert turn_pending(engine_of(b)), "no turn pending"
             if change == "max_batch_size":
                 b.max_batch_size = 2
             elif change == "concurrency":
@@ -426,7 +444,7 @@ async def test_a_setting_changed_during_the_regathers_turns(change: str) -> None
             else:
                 b.max_queue_time = 5
             await turns(1)
-            waiting.append((b._run.queue.waiting, len(b.batches)))
+            waiting.append((b.stats.queued, len(b.batches)))
 
         got = await asyncio.gather(
             b.process(4), b.process(5), later(3, lambda: b.process(6)), change_it(), return_exceptions=True
@@ -459,7 +477,7 @@ async def test_a_caller_waiting_for_room_during_the_turns() -> None:
             await turns(1)
             call = asyncio.ensure_future(b.process(5))
             await turns(1)
-            room.append(b._run.awaiting_room)
+            room.append(b.stats.awaiting_room)
             return await call
 
         got = await asyncio.gather(b.process(4), second())
@@ -497,16 +515,16 @@ async def test_a_batch_ending_during_the_regathers_turns_with_two_slots() -> Non
 
         long_one = asyncio.ensure_future(long_caller())
         b.delay = 1.0
-        await until(lambda: b._run.in_flight == 1)
+        await until(lambda: b.stats.in_flight == 1)
         await warm(b, [1, 2])  # t=0..1 and 1..2, beside [90]
         loop = asyncio.get_running_loop()
-        assert b._run.queue.lane0.regather_until > loop.time()
+        assert regather_until(b) > loop.time()
         now = loop.time()
         del b.batches[:], b.started_at[:]
 
         async def open_gate() -> None:
             await turns(2)
-            assert b._run.pump_handle is not None and b.batches == []  # the regather's turns are pending
+            assert turn_pending(engine_of(b)) and b.batches == []  # the regather's turns are pending
             b.gate90.set()
 
         got = await asyncio.gather(b.process(4), later(1, lambda: b.process(5)), long_one, open_gate())
@@ -526,14 +544,14 @@ async def test_a_stop_during_the_turns_then_a_restart(how: str) -> None:
     # instant starts afresh: its first caller goes at once (a task one turn later follows in a batch of its own).
     async with asyncio.timeout(100):
         b = await _cohort_batcher()
-        old = b._run
+        old = engine_of(b)
         first = asyncio.ensure_future(b.process(4))
         await turns(2)
-        assert old.pump_handle is not None and b.batches == []
+        assert turn_pending(old) and b.batches == []
         await stop_as(b, how, timeout=0.5)
         outcome = (await asyncio.gather(first, return_exceptions=True))[0]
-        assert old.timer is None and (old.pump_handle is None or old.pump_handle.cancelled())
-        assert not old.queue.waiting and not old.in_flight
+        assert old.timer is None and not turn_pending(old)  # nothing left scheduled on the stopped run
+        assert not old.queue.waiting and not old.in_flight and not await b.is_running()
         if how == "drain":
             assert outcome == 8 and b.batches == [[4]]
         else:
@@ -542,7 +560,7 @@ async def test_a_stop_during_the_turns_then_a_restart(how: str) -> None:
         del b.batches[:]
         b.start()
         got = await asyncio.gather(b.process(6), later(1, lambda: b.process(7)))
-    assert b._run is not old
+    assert engine_of(b) is not old
     assert got == [12, 14] and b.batches == [[6], [7]]
     idle_and_clean(b)
     await b.stop()
@@ -556,11 +574,11 @@ async def test_a_cohort_ending_during_a_drain_leaves_nothing_to_the_next_run() -
         b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0)
         await asyncio.gather(b.process(1), b.process(2))
         calls = asyncio.gather(b.process(1), b.process(2))
-        await until(lambda: b._run.in_flight == 1)
-        old = b._run
+        await until(lambda: b.stats.in_flight == 1)
+        old = engine_of(b)
         await b.stop()
         assert await calls == [2, 4]
-        assert old.queue.lane0.regather_until > 0  # (set during the drain: harmless, the run is over)
+        assert regather_until(b, old.queue.lane0) > 0  # (set during the drain: harmless, the run is over)
         with pytest.raises(BatcherStoppedError):
             await b.process(9)
         del b.batches[:]
@@ -580,11 +598,10 @@ async def test_max_queue_time_with_the_regather_costs_no_time(regather: bool) ->
     # cohort's batch waits for the turns, then for its deadline (a timer), exactly as without the regather: its
     # batch, with the caller one turn later, goes 0.5 s after it came; no timer is left.
     async with asyncio.timeout(100):
-        b = Recording(delay=1.0, max_queue_time=0.5, max_hold_time=0)
-        b._regather = regather
+        b = Recording(delay=1.0, policy=Deadline(0.5, regather=regather))
         await warm(b, [1, 2])
         loop = asyncio.get_running_loop()
-        assert (b._run.queue.lane0.regather_until > loop.time()) is regather
+        assert (regather_until(b) > loop.time()) is regather
         now = loop.time()
         del b.batches[:], b.started_at[:]
         got = await asyncio.gather(b.process(4), later(1, lambda: b.process(5)))
@@ -602,9 +619,10 @@ async def test_the_hold_with_the_regather(regather: bool, back: int) -> None:
     # arrival for half the time the batch took (0.5 s). The same with the regather as without: the turns take no
     # time, and nothing stays scheduled.
     async with asyncio.timeout(100):
-        b = Recording(delay=1.0, max_queue_time=0, max_hold_time=0.5)
-        b._regather = regather
+        # (What max_queue_time=0, max_hold_time=0.5 build, with the regather on or off.)
+        b = Recording(delay=1.0, policy=ClosedLoopHold(0.5, Deadline(0, regather=regather)))
         await warm(b, [1, 2])
+        assert (regather_until(b) > asyncio.get_running_loop().time()) is regather
         now = asyncio.get_running_loop().time()
         del b.batches[:], b.started_at[:]
         calls = [b.process(4)] + ([later(1, lambda: b.process(5))] if back == 2 else [])
@@ -633,15 +651,15 @@ async def test_a_reentrant_call_is_the_first_arrival_after_the_cohort() -> None:
     async with asyncio.timeout(100):
         b = Reentrant(delay=1.0, max_queue_time=0, max_hold_time=0, concurrency=2)
         outer = asyncio.ensure_future(b.process(7))
-        await until(lambda: b._run.in_flight == 1)
+        await until(lambda: b.stats.in_flight == 1)
         await warm(b, [1, 2])
         loop = asyncio.get_running_loop()
-        assert b._run.queue.lane0.regather_until == 3.0 and loop.time() == 2.0
+        assert regather_until(b) == 3.0 and loop.time() == 2.0
         del b.batches[:], b.started_at[:]
 
         async def outside() -> int:
             await asyncio.sleep(0.5)
-            await until(lambda: b._run.queue.waiting == 1)  # 70 has come
+            await until(lambda: b.stats.queued == 1)  # 70 has come
             await turns(1)
             return await b.process(71)
 
@@ -678,13 +696,10 @@ async def test_a_streaming_batch_sets_no_regather() -> None:
     async with asyncio.timeout(100):
         for _ in range(2):
             await asyncio.gather(consume(1), consume(2))
-        assert b._run.queue.lane0.regather_until == 0.0
+        assert regather_until(b) == 0.0
         del b.batches[:]
         got = await asyncio.gather(consume(4), later(1, lambda: consume(5)))
     assert got == [[8], [10]]
     assert b.batches == [[4], [5]]
-    run = b._run
-    assert run.timer is None and run.pump_handle is None and not run.queue.waiting and not run.in_flight
-    s = b.stats
-    assert s.submitted == s.succeeded + s.failed + s.cancelled + s.timed_out, s
+    idle_and_clean(b)
     await b.stop()
