@@ -1643,3 +1643,35 @@ async def test_a_short_batch_ending_during_a_hold_does_not_cut_the_gap_for_the_l
     assert await asyncio.wait_for(asyncio.gather(*back), 5) == [0, 2, 4, 6]
     assert [len(x) for x in b.batches[2:]] == [4], (b.batches, b.started_at)
     await b.stop()
+
+
+class KeyedMarked(Marked, Keyed):
+    """:class:`Marked` on the keyed path."""
+
+
+@pytest.mark.parametrize("cls", [Marked, KeyedMarked], ids=["plain", "keyed"])
+async def test_a_batch_of_the_lane_that_ends_during_a_hold_adds_its_callers_to_it(cls: type[Marked]) -> None:
+    # Two slots. A (four items, 0.1 s) from 0 to 0.1: a probe holds the free slot for its four. B (four items, item
+    # 100 in it: 0.12 s), of the same lane, ends at 0.12, during the hold: the hold waits for B's four too. A's four
+    # are back at 0.125, B's at 0.13, within the quiet gap (0.05 of A's 0.1 s): one batch of eight. (Were B's callers
+    # not added, the hold would be over once A's four were back, and the eight would go in two batches of four.)
+    loop = asyncio.get_running_loop()
+    b = cls(marked=0.12, delay=0.1, max_queue_time=0, max_hold_time=1.0, concurrency=2)
+    a = [asyncio.ensure_future(b.process(i)) for i in range(4)]
+    await asyncio.sleep(0)
+    bb = [asyncio.ensure_future(b.process(100 + i)) for i in range(4)]
+    await asyncio.sleep(0.001)
+    assert b.batches == [[0, 1, 2, 3], [100, 101, 102, 103]]
+    assert await asyncio.wait_for(asyncio.gather(*a), 5) == [0, 2, 4, 6]
+    assert held(b)
+
+    async def back(items: range, at: float) -> list[int]:
+        await asyncio.sleep(at - loop.time())
+        return list(await asyncio.gather(*(b.process(i) for i in items)))
+
+    assert await asyncio.wait_for(asyncio.gather(*bb), 5) == [200, 202, 204, 206]
+    assert held(b)  # after B's end: still waiting, for A's four and B's four
+    got = await asyncio.wait_for(asyncio.gather(back(range(4), 0.125), back(range(100, 104), 0.13)), 5)
+    assert got == [[0, 2, 4, 6], [200, 202, 204, 206]]
+    assert [len(x) for x in b.batches[2:]] == [8] and b.started_at[2] == pytest.approx(0.13), b.batches
+    await b.stop()
