@@ -110,7 +110,7 @@ def idle_without_timer(b: AsyncBatcher[Any, Any]) -> None:
 
 def hold_of(b: AsyncBatcher[Any, Any]) -> ClosedLoopHold | None:
     """The hold layer of ``b``'s policy (``None`` without one: ``max_hold_time=0`` builds none)."""
-    policy = b.policy
+    policy: Any = b.policy
     while not isinstance(policy, ClosedLoopHold):
         policy = getattr(policy, "inner", None)  # (a layer's inner policy)
         if policy is None:
@@ -206,7 +206,7 @@ class Probes:
 
     def __call__(self, i: int) -> None:
         present = self.key is None or self.key in engine_of(self.b).queue.lanes
-        record = record_of(self.b, self.key) if present else None
+        record: Any = record_of(self.b, self.key) if present else None
         if record is not None:
             if record.probe_at != -math.inf and (not self.at or record.probe_at != self.at[-1]):
                 self.at.append(record.probe_at)
@@ -217,7 +217,7 @@ class Probes:
         self.observed += 1
         if held(self.b, self.key):
             self.held += 1
-            self.gate_on += not record.probing
+            self.gate_on += not record.probing  # (held: the hold has a record of the lane)
 
 
 @pytest.mark.parametrize(
@@ -532,7 +532,7 @@ async def test_a_caller_that_left_while_its_batch_ran_is_not_waited_for(cls: typ
 @both_paths
 async def test_a_hold_goes_when_the_callers_owed_are_back_even_if_one_of_them_left_again(cls: type[Recording]) -> None:
     # Four answered at 0.1 (a probe holds for them). Back: one at 0.1, one at 0.11 (cancelled at 0.12), one at
-    # 0.13, one at 0.14: as many arrivals as callers owed, so the hold is over (the policy says so: holds() is
+    # 0.13, one at 0.14: as many arrivals as callers owed, so the hold is over (the policy says so: held() is
     # False) and the batch goes at 0.14. On process()'s short path the wake-up threshold was computed before the
     # withdrawal: the arrival at 0.14 would wake nobody and the batch wait for the hold's timer, at 1.1.
     b = cls(max_queue_time=0, max_hold_time=1.0, delay=0.1)
@@ -683,7 +683,7 @@ async def test_a_hold_keeps_a_free_slot_idle_at_most_max_hold_time_while_batches
 @both_paths
 async def test_max_hold_time_set_to_zero_ends_a_hold_under_way(cls: type[Recording]) -> None:
     # max_hold_time=0 means never hold. Set during a hold (of 10 s), it ends it: the waiting item goes at once.
-    # (Were the hold's end fixed when the batch ended, holds() not looking at the setting, the item would wait the
+    # (Were the hold's end fixed when the batch ended, the hold not looking at the setting, the item would wait the
     # old 10 s.)
     loop = asyncio.get_running_loop()
     b = cls(max_queue_time=0, max_hold_time=10.0, delay=0.1)
@@ -1421,7 +1421,7 @@ async def test_newest_is_over_all_priority_levels() -> None:
     low = asyncio.ensure_future(b.process(1, priority=5))
     await asyncio.sleep(0.03)
     high = asyncio.ensure_future(b.process(2, priority=0))
-    assert await asyncio.wait_for(asyncio.gather(low, high), 5) == [2, 4]
+    assert list(await asyncio.wait_for(asyncio.gather(low, high), 5)) == [2, 4]
     assert b.batches[1] == [2, 1] and b.started_at[1] == pytest.approx(0.19)
     await b.stop()
 
@@ -1540,11 +1540,14 @@ async def test_process_many_spanning_batches_during_a_hold_is_bounded() -> None:
 
 
 class Varied(Recording):
-    """Each batch takes a duration drawn from ``durations`` (0 included); items of 666 make the batch raise."""
+    """Each batch takes a duration drawn by ``rng`` (0 included); an item that 97 divides makes its batch raise;
+    keys by ``item % keys``; records each batch's span (start, end, key, items) in ``spans``."""
 
     rng: random.Random
+    keys: int
+    spans: list[tuple[float, float, int, list[int]]]
 
-    def batch_key(self, item: int) -> Hashable:
+    def batch_key(self, item: int) -> int:
         return item % self.keys
 
     async def process_batch(self, batch: list[int]) -> Any:
@@ -1611,7 +1614,7 @@ async def test_random_holds_stay_within_both_bounds(seed: int) -> None:
     await asyncio.sleep(50)
     assert loop.jumps == jumps + 1, "the idle batcher woke the loop"
     spans = sorted(b.spans)
-    bad = []
+    bad: list[tuple[Any, ...]] = []
     for (s0, e0, _, _), (s1, _, _, items) in itertools.pairwise(spans):
         r = e0 - s0
         oldest = min(item_arrival[v] for v in items)
@@ -1672,6 +1675,6 @@ async def test_a_batch_of_the_lane_that_ends_during_a_hold_adds_its_callers_to_i
     assert await asyncio.wait_for(asyncio.gather(*bb), 5) == [200, 202, 204, 206]
     assert held(b)  # after B's end: still waiting, for A's four and B's four
     got = await asyncio.wait_for(asyncio.gather(back(range(4), 0.125), back(range(100, 104), 0.13)), 5)
-    assert got == [[0, 2, 4, 6], [200, 202, 204, 206]]
+    assert list(got) == [[0, 2, 4, 6], [200, 202, 204, 206]]
     assert [len(x) for x in b.batches[2:]] == [8] and b.started_at[2] == pytest.approx(0.13), b.batches
     await b.stop()
