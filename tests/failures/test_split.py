@@ -159,24 +159,6 @@ async def test_a_batch_function_is_split_too() -> None:
     await embed.stop()
 
 
-def test_out_of_memory_recognises_the_frameworks_errors() -> None:
-    torch = pytest.importorskip("torch")
-    assert out_of_memory(MemoryError())
-    assert out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"))
-    assert out_of_memory(RuntimeError("MPS backend out of memory (MPS allocated: 1.2 GB)"))
-    assert not out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
-    assert not out_of_memory(ValueError("out of memory"))  # not an error a framework raises for it
-    wrapped = ValueError("inference failed")
-    wrapped.__cause__ = MemoryError()
-    assert out_of_memory(wrapped)
-
-
-def test_out_of_memory_recognises_tensorflows() -> None:
-    tf = pytest.importorskip("tensorflow")
-    assert out_of_memory(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor"))
-    assert not out_of_memory(tf.errors.InvalidArgumentError(None, None, "shapes differ"))
-
-
 def test_the_settings_are_checked() -> None:
     with pytest.raises(TypeError, match="split_on"):
         Limited(1, split_on="MemoryError")  # type: ignore[arg-type]

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
-from async_batcher.failures import SplitOn
+from async_batcher.failures import SplitOn, out_of_memory
+from tests.requires import require
 
-torch = pytest.importorskip("torch")
-TorchAsyncBatcher = pytest.importorskip("async_batcher.ml.torch").TorchAsyncBatcher
+torch = require("torch", "make test-all installs its CPU build (mk/torch.mk)")
+
+from async_batcher.ml.torch import TorchAsyncBatcher  # noqa: E402
 
 pytestmark = pytest.mark.single_loop
 
@@ -76,3 +78,14 @@ async def test_a_single_row_that_does_not_fit_fails_alone_with_the_models_error(
         results = await asyncio.gather(*(batcher.process(x) for x in inputs), return_exceptions=True)
     assert isinstance(results[5], torch.OutOfMemoryError)
     assert all(isinstance(r, torch.Tensor) for i, r in enumerate(results) if i != 5)
+
+
+def test_out_of_memory_recognises_the_frameworks_errors() -> None:
+    assert out_of_memory(MemoryError())
+    assert out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"))
+    assert out_of_memory(RuntimeError("MPS backend out of memory (MPS allocated: 1.2 GB)"))
+    assert not out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not out_of_memory(ValueError("out of memory"))  # not an error a framework raises for it
+    wrapped = ValueError("inference failed")
+    wrapped.__cause__ = MemoryError()
+    assert out_of_memory(wrapped)
