@@ -11,7 +11,6 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TypeAlias
 
 __all__ = ["BatchObserver", "BatcherStats", "LatencySummary"]
@@ -106,11 +105,11 @@ class BatcherStats:
     #: Why the batches counted in ``batches`` went, a count per reason (:class:`~async_batcher.policies.Reason`:
     #: ``"full"``, ``"size"``, ``"deadline"``, ``"hold"``, ``"stop"``, ``"flush"``; ``"split"``: the calls of the parts
     #: of a failed batch): why batches are small, answered.
-    reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    reasons: Mapping[str, int] = field(default_factory=dict)
     #: Items of the callers waiting in line for room in a full queue now (``wait_when_full``).
     awaiting_room: int = 0
     #: What the dispatch policy counted (``Signals.count``): the hold's ``"held"`` and ``"probes"``, a policy's own.
-    counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    counts: Mapping[str, int] = field(default_factory=dict)
     #: Items handed back for another try after a transient failure (``retry=``), each time.
     retried: int = 0
     #: Items that failed transiently and were not tried again because the retry budget was spent.
@@ -124,12 +123,12 @@ class BatcherStats:
     extra_calls: int = 0
     #: The ceiling out-of-memory splits set now, per batch key (``None``: the key of a batcher without keys): the
     #: most items (weight, with ``item_weight``) its batches take. Keys without a ceiling are absent.
-    ceilings: Mapping[Hashable, float] = field(default_factory=lambda: MappingProxyType({}))
+    ceilings: Mapping[Hashable, float] = field(default_factory=dict)
     #: Why the items counted in ``rejected`` were refused, a count per reason: ``"queue_full"`` (``max_queue_size``),
     #: ``"queue_weight"`` (``max_queue_weight``), ``"oversized"`` (heavier than a weight limit alone), ``"late"``
     #: (``refuse_late``: predicted past its deadline), ``"stopped"`` (the batcher stopping or stopped),
     #: ``"reentrant"`` (a call that would wait for itself).
-    rejected_reasons: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    rejected_reasons: Mapping[str, int] = field(default_factory=dict)
     #: Weight admitted and not yet resolved now (kept while ``max_queue_weight`` is set; 0.0 otherwise).
     queue_weight: float = 0.0
     #: Calls that shared the row of an identical item waiting or in flight (``dedup_key``) instead of taking one.
@@ -244,16 +243,16 @@ class _Recorder:
             process_time=LatencySummary.of([p for _, p in window]),
             held=self.counts["held"],
             probes=self.counts["probes"],
-            reasons=MappingProxyType({str(reason): n for reason, n in self.reasons.items()}),
+            reasons={str(reason): n for reason, n in self.reasons.items()},
             awaiting_room=awaiting_room,
-            counts=MappingProxyType(dict(self.counts)),
+            counts=dict(self.counts),
             retried=self.counts["retried"],
             retries_refused=self.counts["retries_refused"],
             isolated=self.counts["isolated"],
             splits=self.counts["splits"],
             extra_calls=self.counts["extra_calls"],
-            ceilings=MappingProxyType(dict(ceilings or {})),
-            rejected_reasons=MappingProxyType(dict(self.refusals)),
+            ceilings=dict(ceilings or {}),
+            rejected_reasons=dict(self.refusals),
             queue_weight=queue_weight,
             deduplicated=self.counts["deduplicated"],
             cache_hits=self.counts["cache_hits"],

@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import inspect
+import json
 import logging
 import math
 import re
@@ -376,6 +377,12 @@ async def test_stats_count_every_outcome() -> None:
     assert s.process_time.p50 == 0.0 and s.process_time.p99 == pytest.approx(0.6)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.batches = 0  # type: ignore[misc]
+    # A snapshot converts as a dataclass does, to JSON too (a /stats endpoint): its mappings are plain dicts, copies.
+    as_dict = dataclasses.asdict(s)
+    assert as_dict["reasons"] == {"full": 2} and as_dict["rejected_reasons"] == {"queue_full": 1}
+    assert json.loads(json.dumps(as_dict).replace("NaN", "null"))["submitted"] == 6
+    s.reasons["full"] = 99  # type: ignore[index]
+    assert b.stats.reasons["full"] == 2
     await b.stop()
 
 
