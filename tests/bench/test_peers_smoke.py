@@ -77,8 +77,8 @@ def test_report_says_what_ran(run: dict[str, Any]) -> None:
     for v in VARIANTS:
         assert f"| {v} |" in md
     assert "max_queue_time=0.002" in md  # the settings given on the command line reached the server
-    # ours-greedy is plain greedy dispatch: its app takes _turns (a batcher keyword would refuse it) and sets it.
-    assert "max_queue_time=0, max_hold_time=0, max_queue_size=4096, _turns=0." in md
+    # ours-greedy is plain greedy dispatch: its app takes turns= and builds the Deadline policy with it.
+    assert "max_queue_time=0, max_hold_time=0, max_queue_size=4096, turns=0." in md
     assert "## Closed loop (wrk)" in md and "## Open loop, Poisson" in md  # both modes, one report
     assert "## Targets (issue 24)" in md and "| ours | Poisson " in md
     assert "ours-greedy's open-loop capacity: the last rate of a Poisson ramp" in md and "req/s: wrk, " in md
@@ -92,7 +92,7 @@ def test_settings_on_the_command_line() -> None:
         ("none", "none", {}),
         ("ours", "ours", {}),
         ("ours-a", "ours", {"max_queue_time": 0.001, "max_latency": None}),
-        ("ours-greedy", "ours", {"max_queue_time": 0, "max_hold_time": 0, "_turns": 0}),  # plain greedy: the reference
+        ("ours-greedy", "ours", {"max_queue_time": 0, "max_hold_time": 0, "turns": 0}),  # plain greedy: the reference
     ]
     assert [n for n, _, _ in parse_args(["--variants", "ours", "--modes", "closed"]).plan] == ["ours"]
     given = parse_args(["--variants", "ours", "--ours", "greedy:max_queue_time=0,max_hold_time=0.001"]).plan
