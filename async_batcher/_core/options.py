@@ -83,6 +83,8 @@ class BatcherOptions(TypedDict, total=False):
     concurrency: int | None
     #: ``Limits.max_queue_size``, given alone: the most items waiting for a batch (``None``: no limit).
     max_queue_size: int | None
+    #: ``Limits.max_queue_weight``, given alone: the most total ``item_weight`` admitted and not yet answered, held
+    #: until each call resolves (``None``: no limit).
     max_queue_weight: float | None
     #: The policy's wait, a :class:`~async_batcher.policies.Deadline`: the most seconds the oldest item waits for
     #: its batch to fill once a slot is free. Default 0.01.
