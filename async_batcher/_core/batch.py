@@ -114,7 +114,7 @@ class Batch:
         self.tries = taken.tries
         self.called = started  # when its current call of process_batch began (a part's, after a failure)
         # With failure handling on: its items as process_batch was given them (it may change the list), and, once a
-        # call of it has failed, what is left to do (:class:`~async_batcher._core.recovery.Tree`).
+        # call of it has failed, what is left to do (:class:`~async_batcher._core.parts.Tree`).
         self.kept: list[Any] | None = None
         self.tree: Any = None
 

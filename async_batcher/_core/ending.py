@@ -17,7 +17,8 @@ from async_batcher._core.sinks import as_results, deliver, fail_sinks
 from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ProcessBatchCancelledError
 
 if TYPE_CHECKING:
-    from async_batcher._core.recovery import Feedback, Recovery
+    from async_batcher._core.feedback import Feedback
+    from async_batcher._core.recovery import Recovery
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []

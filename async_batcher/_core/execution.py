@@ -34,7 +34,8 @@ from async_batcher._core.ending import Ending
 from async_batcher.exceptions import BatcherStoppedError, ProcessBatchCancelledError
 
 if TYPE_CHECKING:
-    from async_batcher._core.recovery import Feedback, Recovery
+    from async_batcher._core.feedback import Feedback
+    from async_batcher._core.recovery import Recovery
     from async_batcher.stats import _Recorder
 
 __all__: list[str] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from async_batcher._core import ceiling
 from async_batcher._core.lane import Lane, WeightedEntry
@@ -25,7 +25,29 @@ if TYPE_CHECKING:
 
     from async_batcher._core.failures import RetryPolicy, SplitOn
 
-__all__ = ["RunFeedback"]
+__all__ = ["Feedback", "RunFeedback"]
+
+
+class Feedback(Protocol):
+    """What the runner tells the engine of a batch's failures (:class:`RunFeedback` implements it)."""
+
+    def retry_later(self, key: Hashable, entries: list[WeightedEntry], delay: float) -> None:
+        """Queue ``entries`` again at the head of ``key``'s lane in ``delay`` seconds."""
+
+    def retries_allowed(self, n: int) -> int:
+        """How many of ``n`` retries the retry budget allows now (spent)."""
+
+    def retries_earned(self, n: int) -> None:
+        """``n`` items were answered: the retry budget earns its share."""
+
+    def lowered(self, lane: Lane, size: int, weight: float) -> float:
+        """A call of ``size`` items (``weight``) ran out of memory: lower the lane's ceiling; return it."""
+
+    def held(self, lane: Lane, size: int, weight: float) -> None:
+        """A call of ``size`` items (``weight``) of the lane succeeded."""
+
+    def settled(self, lane: Lane, size: int, weight: float) -> None:
+        """A batch's splits are over; the largest of its parts that succeeded was ``size`` items (``weight``)."""
 
 
 class RunFeedback:

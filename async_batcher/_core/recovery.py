@@ -6,10 +6,11 @@ A batcher with ``on_batch_error=``, ``retry=`` or ``split_on=`` gives its runner
 
 - the items answered are answered. Those answered with :class:`~async_batcher.failures.Retry`, and every item of a
   call that raised an error of ``retry_on``, go back to the engine, which queues them again at the head of their lane
-  once their backoff has passed (:meth:`Feedback.retry_later`), unless they may not be tried again (their attempts,
-  the retry budget, their deadline): then their callers get the error;
+  once their backoff has passed (``retry_later`` of the runner's
+  :class:`~async_batcher._core.feedback.Feedback`), unless they may not be tried again (their attempts, the retry
+  budget, their deadline): then their callers get the error;
 - a call that ran out of memory (``split_on``) is split into parts that fit the lane's ceiling, which the engine
-  lowers (:meth:`Feedback.lowered`); a call that raised another error is bisected (``on_batch_error``).
+  lowers (``lowered``); a call that raised another error is bisected (``on_batch_error``).
 
 The parts of a batch run one after the other in its own slot, before it frees it: they go before new arrivals. They
 run in the same :class:`~async_batcher._core.batch.Batch`, whose items, sinks and contexts are the part's while it
@@ -21,133 +22,22 @@ past its deadline), handed to the engine for another try, or dropped when its ca
 from __future__ import annotations
 
 import logging
-import math
-from collections import deque
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from async_batcher._checks import plural
 from async_batcher._core.failures import Isolate, Retry, RetryPolicy, SplitOn, matches
 from async_batcher._core.lane import WeightedEntry
+from async_batcher._core.parts import Part, Tree
 from async_batcher._core.policy import Reason
 from async_batcher._core.sinks import as_results, deliver, fail_sinks
 
 if TYPE_CHECKING:
     from async_batcher._core.batch import Batch
     from async_batcher._core.ending import Ending
-    from async_batcher._core.lane import Lane
 
 __all__: list[str] = []
 
 logger = logging.getLogger("async_batcher")
-
-
-class Feedback(Protocol):
-    """What the runner tells the engine of a batch's failures (the engine implements it)."""
-
-    def retry_later(self, key: Hashable, entries: list[WeightedEntry], delay: float) -> None:
-        """Queue ``entries`` again at the head of ``key``'s lane in ``delay`` seconds."""
-
-    def retries_allowed(self, n: int) -> int:
-        """How many of ``n`` retries the retry budget allows now (spent)."""
-
-    def retries_earned(self, n: int) -> None:
-        """``n`` items were answered: the retry budget earns its share."""
-
-    def lowered(self, lane: Lane, size: int, weight: float) -> float:
-        """A call of ``size`` items (``weight``) ran out of memory: lower the lane's ceiling; return it."""
-
-    def held(self, lane: Lane, size: int, weight: float) -> None:
-        """A call of ``size`` items (``weight``) of the lane succeeded."""
-
-    def settled(self, lane: Lane, size: int, weight: float) -> None:
-        """A batch's splits are over; the largest of its parts that succeeded was ``size`` items (``weight``)."""
-
-
-class Part:
-    """Items of a batch to call ``process_batch`` on (``index``: their places in the :class:`Tree`).
-
-    ``error``: the error of the failed call it comes from, which its items get if it is never called.
-    ``isolating``: a part of a bisection (its call counts in the extra calls). ``sibling``: the other half of the
-    same bisected part, which this one's success presumes at fault (``presumed``: split without being called).
-    ``whole``: the whole batch (its first call, or a call again of ``retry_first``).
-    """
-
-    __slots__ = ("error", "index", "isolating", "presumed", "sibling", "whole")
-
-    def __init__(
-        self, index: list[int], error: BaseException | None = None, *, isolating: bool = False, whole: bool = False
-    ) -> None:
-        self.index = index
-        self.error = error
-        self.isolating = isolating
-        self.whole = whole  # the whole batch (its first call, or one of isolate's retry_first)
-        self.presumed = False
-        self.sibling: Part | None = None
-
-
-class Tree:
-    """What is left of a batch once a call of it has failed or answered items with ``Retry``: its items one by one
-    (a ``process_many`` call's run of items split into single ones), the part being called, those left to call,
-    and the isolation's extra calls left."""
-
-    __slots__ = (
-        "answered",
-        "attempts",
-        "contexts",
-        "deadlines",
-        "extra_left",
-        "first_left",
-        "futures_only",
-        "items",
-        "ok_size",
-        "ok_weight",
-        "part",
-        "pending",
-        "recovery",
-        "sinks",
-        "tries",
-        "weights",
-    )
-
-    def __init__(self, recovery: Recovery, batch: Batch) -> None:
-        self.recovery = recovery
-        self.items: list[Any] = batch.kept if batch.kept is not None else list(batch.items)
-        n = len(self.items)
-        if batch.futures_only:
-            self.sinks: list[Any] = list(batch.sinks)
-            self.contexts: list[Any] = list(batch.contexts)
-        else:
-            self.sinks, self.contexts = [], []
-            for sink, context in zip(batch.sinks, batch.contexts, strict=True):
-                if sink.__class__ is tuple:
-                    bulk, start, count = sink
-                    self.sinks.extend((bulk, start + j, 1) for j in range(count))
-                    self.contexts.extend([context] * count)
-                else:
-                    self.sinks.append(sink)
-                    self.contexts.append(context)
-        self.futures_only = batch.futures_only
-        self.weights = batch.weights
-        self.deadlines: list[float] = batch.deadlines if batch.deadlines is not None else [math.inf] * n
-        self.attempts: list[int] = batch.attempts if batch.attempts is not None else [0] * n
-        self.tries: list[int] = batch.tries if batch.tries is not None else [0] * n
-        self.part = Part(list(range(n)), whole=True)
-        self.pending: deque[Part] = deque()
-        isolate = recovery.isolate
-        self.extra_left = 0 if isolate is None else isolate.budget(n)
-        self.first_left = 0 if isolate is None else isolate.retry_first
-        self.answered = 0
-        self.ok_size = 0  # the largest part that succeeded (a split's)
-        self.ok_weight = 0.0
-
-    def weight(self, index: list[int]) -> float:
-        weights = self.weights
-        return float(len(index)) if weights is None else sum(weights[i] for i in index)
-
-    def pending_sinks(self) -> list[Any]:
-        """The sinks of the items of the parts left to call (a forced stop fails them)."""
-        return [self.sinks[i] for part in self.pending for i in part.index]
 
 
 def _done(sink: Any) -> bool:
