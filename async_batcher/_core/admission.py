@@ -7,7 +7,7 @@ for room (:meth:`~async_batcher._core.room.Room.wait`), then queues its items as
 
 What is refused, and why, before anything is queued (:meth:`Admission.make_room`): an item heavier than
 ``max_queue_weight`` (it could never fit), an item predicted to miss its deadline (``refuse_late``,
-:mod:`~async_batcher._core.late`), and, without ``wait_when_full``, an item for which there is no room. An admitted
+:mod:`~async_batcher._core.refusal`), and, without ``wait_when_full``, an item for which there is no room. An admitted
 item's weight is held until its call resolves (:meth:`Admission.hold`). With ``dedup_key`` overridden, a call whose
 key matches a row waiting or in flight joins it (:mod:`~async_batcher._core.dedup`).
 """
@@ -25,14 +25,12 @@ from async_batcher import _checks
 from async_batcher._core.dedup import Rows, Shared
 from async_batcher._core.engine import Engine
 from async_batcher._core.lane import Entry, WeightedEntry
-from async_batcher._core.late import Lateness
 from async_batcher._core.queue import DEFAULT_KEY
+from async_batcher._core.refusal import LateRefusal
 from async_batcher._core.room import Room
-from async_batcher._core.settings import find
 from async_batcher._core.sinks import END, Bulk
 from async_batcher._core.state import State
 from async_batcher._core.streaming import StreamSink
-from async_batcher._core.waits import LatencyBudget
 from async_batcher.exceptions import (
     BatcherStoppedError,
     LateRefusalError,
@@ -57,8 +55,7 @@ class Admission:
         self.recorder = life.recorder
         self.deduplicated = "dedup_key" in life.overridden
         self.rows: Rows | None = None  # the shared rows of the current run (dedup_key)
-        self.lateness: Lateness | None = None  # what refuse_late measures, from the first time it is on
-        self.measure_lateness()
+        self.late = LateRefusal(life, settings, self.recorder)  # refuse_late
 
     @property
     def name(self) -> str:
@@ -290,56 +287,6 @@ class Admission:
             ) from None
         return tag
 
-    # ------------------------------------------------------------------ refusing the late (refuse_late)
-
-    def measure_lateness(self) -> Lateness | None:
-        """With ``refuse_late`` on: what is measured of the batches to predict an item's answer, from now on."""
-        if self.lateness is None and self.settings.refuse_late:
-            self.lateness = Lateness()
-            self.recorder.add_observer(self.lateness.observe)
-        return self.lateness
-
-    def deadline_of(self, deadline: float | None, now: float) -> float:
-        """By when an item arriving now is due: its call's deadline, and within ``max_latency`` (``inf``: never)."""
-        due = math.inf if deadline is None else deadline
-        policy = find(self.settings.policy, LatencyBudget)
-        if policy is not None:
-            due = min(due, now + policy.max_latency)
-        return due
-
-    def refuse_if_late(self, engine: Engine, n: int, deadline: float | None, *, waited: bool = False) -> float | None:
-        """With ``refuse_late``: refuse ``n`` items (a call's) predicted to be answered after their deadline, or to
-        make the items ahead of them in their batch late (:class:`LateRefusalError`, with when to try again); else
-        return their deadline (``inf``: none), to note once they are admitted. ``waited``: they waited in line for
-        room, and count as submitted (then failed), not as rejected."""
-        if not self.settings.refuse_late:
-            return None
-        lateness = self.measure_lateness()
-        assert lateness is not None
-        now = engine.loop.time()
-        due = self.deadline_of(deadline, now)
-        prediction = None if due == math.inf else lateness.predict(engine, now, n)
-        if prediction is None or prediction.late_by(now, due) <= 0:
-            return due
-        if waited:
-            self.recorder.exited += n
-            self.recorder.failed += n
-        else:
-            self.recorder.reject(n, "late")
-        late = prediction.late_by(now, due)
-        whose = "its deadline" if due <= prediction.tail else "the deadline of the items ahead of it in its batch"
-        budget = min(due, prediction.tail) - now
-        retry = prediction.retry(due - now)
-        raise LateRefusalError(
-            f"{self.name}: refused: predicted to be answered in {prediction.seconds * 1e3:.1f} ms (margin "
-            f"{prediction.margin * 1e3:.1f} ms; {_checks.plural(engine.queue.waiting, 'item')} queued ahead), "
-            f"{late * 1e3:.1f} ms past {whose}; retry after {retry:.3f} s",
-            predicted=prediction.seconds,
-            margin=prediction.margin,
-            budget=budget,
-            retry_after=retry,
-        )
-
     # ------------------------------------------------------------------ checks
 
     def key_and_weight(self, engine: Engine, item: Any, n: int) -> tuple[Hashable, float]:
@@ -398,17 +345,17 @@ class Admission:
         if weight > room.weight_limit:
             self.recorder.reject(n, "oversized")
             raise room.never_fits(n, weight)
-        due = self.refuse_if_late(engine, n, deadline)
+        due = self.late.refuse_if_late(engine, n, deadline)
         if room.no_room(n, weight):
             await self.wait_for_room(engine, n, deadline, weight)
             if self.settings.refuse_late:  # time passed in line: still in time?
                 try:
-                    due = self.refuse_if_late(engine, n, deadline, waited=True)
+                    due = self.late.refuse_if_late(engine, n, deadline, waited=True)
                 except LateRefusalError:
                     room.wake()  # the room it was given goes to the next in line
                     raise
-        if due is not None and self.lateness is not None:
-            self.lateness.admitted(engine, n, due)  # (admitted now: the tail it joins is held to its deadline)
+        if due is not None:
+            self.late.admitted(engine, n, due)
 
     def hold(self, room: Room, sink: asyncio.Future[Any], weight: float) -> None:
         """With ``max_queue_weight`` set: ``weight`` is held from now until ``sink`` (the call's future, or its

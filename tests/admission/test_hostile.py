@@ -205,7 +205,7 @@ async def test_a_refusal_with_a_fit_gone_negative_or_nan_never_happens() -> None
     b = Heavy(refuse_late=True, max_queue_time=0, delay=0.01)
     for size in range(1, 10):
         await asyncio.gather(*(b.process(float(i)) for i in range(size)))
-    lateness = b._admission.lateness
+    lateness = b._admission.late.lateness
     assert lateness is not None
     for bad in (-5.0, math.nan, math.inf):
         lateness.observe(3, 0.0, bad)  # ignored: what a clock gone wrong might report

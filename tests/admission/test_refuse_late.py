@@ -262,7 +262,7 @@ async def test_turned_on_live_it_starts_measuring_and_the_short_path_closes() ->
     b.refuse_late = True
     assert b._life.run.fast is None
     await warm_up(b)
-    assert b._admission.lateness is not None and b._admission.lateness.fit.observations >= WARMUP
+    assert b._admission.late.lateness is not None and b._admission.late.lateness.fit.observations >= WARMUP
     with pytest.raises(TypeError, match="refuse_late must be True or False"):
         b.refuse_late = 1  # type: ignore[assignment]
     await b.stop()

@@ -59,7 +59,7 @@ async def test_oversized_is_413_and_late_is_503_with_its_computed_retry_after() 
             too_big = await client.post("/size", json={"data": "x" * 101})
             assert too_big.status_code == 413 and "Retry-After" not in too_big.headers
             assert "can never fit in max_queue_weight=100" in too_big.json()["detail"]
-            lateness = batcher._admission.lateness
+            lateness = batcher._admission.late.lateness
             assert lateness is not None
             for _ in range(10):  # batches measured: as if each took 2 s
                 lateness.observe(1, 0.0, 2.0)
@@ -88,7 +88,7 @@ async def test_the_refusals_by_reason_are_metrics() -> None:
         await batcher.process(b"x" * 11)
     batcher.refuse_late = True
     assert await batcher.process(b"z") == 1  # (measuring from the first call after it is turned on)
-    lateness = batcher._admission.lateness
+    lateness = batcher._admission.late.lateness
     assert lateness is not None
     for _ in range(10):
         lateness.observe(1, 0.0, 2.0)

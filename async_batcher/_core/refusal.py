@@ -1,0 +1,94 @@
+"""``refuse_late`` for one batcher (private; the admission layer's): what is measured of its batches to predict when
+an item arriving now would be answered (:class:`~async_batcher._core.late.Lateness`, from the first time the setting
+is on), and the refusal, at admission, of an item predicted to be answered after its deadline
+(:class:`~async_batcher.LateRefusalError`, with when to try again).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from async_batcher import _checks
+from async_batcher._core.late import Lateness
+from async_batcher._core.settings import find
+from async_batcher._core.waits import LatencyBudget
+from async_batcher.exceptions import LateRefusalError
+
+if TYPE_CHECKING:
+    from async_batcher._core.engine import Engine
+    from async_batcher._core.lifecycle import Lifecycle
+    from async_batcher._core.settings import Settings
+    from async_batcher.stats import _Recorder
+
+__all__ = ["LateRefusal"]
+
+
+class LateRefusal:
+    """The refusal of the late for one batcher, under its settings as they are now."""
+
+    __slots__ = ("lateness", "life", "recorder", "settings")
+
+    def __init__(self, life: Lifecycle, settings: Settings, recorder: _Recorder) -> None:
+        self.life = life
+        self.settings = settings
+        self.recorder = recorder
+        self.lateness: Lateness | None = None  # what is measured, from the first time refuse_late is on
+        self.measure_lateness()
+
+    @property
+    def name(self) -> str:
+        return self.life.name
+
+    def measure_lateness(self) -> Lateness | None:
+        """With ``refuse_late`` on: what is measured of the batches to predict an item's answer, from now on."""
+        if self.lateness is None and self.settings.refuse_late:
+            self.lateness = Lateness()
+            self.recorder.add_observer(self.lateness.observe)
+        return self.lateness
+
+    def deadline_of(self, deadline: float | None, now: float) -> float:
+        """By when an item arriving now is due: its call's deadline, and within ``max_latency`` (``inf``: never)."""
+        due = math.inf if deadline is None else deadline
+        policy = find(self.settings.policy, LatencyBudget)
+        if policy is not None:
+            due = min(due, now + policy.max_latency)
+        return due
+
+    def refuse_if_late(self, engine: Engine, n: int, deadline: float | None, *, waited: bool = False) -> float | None:
+        """With ``refuse_late``: refuse ``n`` items (a call's) predicted to be answered after their deadline, or to
+        make the items ahead of them in their batch late (:class:`LateRefusalError`, with when to try again); else
+        return their deadline (``inf``: none), to note once they are admitted. ``waited``: they waited in line for
+        room, and count as submitted (then failed), not as rejected."""
+        if not self.settings.refuse_late:
+            return None
+        lateness = self.measure_lateness()
+        assert lateness is not None
+        now = engine.loop.time()
+        due = self.deadline_of(deadline, now)
+        prediction = None if due == math.inf else lateness.predict(engine, now, n)
+        if prediction is None or prediction.late_by(now, due) <= 0:
+            return due
+        if waited:
+            self.recorder.exited += n
+            self.recorder.failed += n
+        else:
+            self.recorder.reject(n, "late")
+        late = prediction.late_by(now, due)
+        whose = "its deadline" if due <= prediction.tail else "the deadline of the items ahead of it in its batch"
+        budget = min(due, prediction.tail) - now
+        retry = prediction.retry(due - now)
+        raise LateRefusalError(
+            f"{self.name}: refused: predicted to be answered in {prediction.seconds * 1e3:.1f} ms (margin "
+            f"{prediction.margin * 1e3:.1f} ms; {_checks.plural(engine.queue.waiting, 'item')} queued ahead), "
+            f"{late * 1e3:.1f} ms past {whose}; retry after {retry:.3f} s",
+            predicted=prediction.seconds,
+            margin=prediction.margin,
+            budget=budget,
+            retry_after=retry,
+        )
+
+    def admitted(self, engine: Engine, n: int, due: float) -> None:
+        """``n`` items due by ``due`` were admitted now: the tail they join is held to their deadline."""
+        if self.lateness is not None:
+            self.lateness.admitted(engine, n, due)
