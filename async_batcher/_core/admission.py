@@ -270,22 +270,25 @@ class Admission:
         tag: Hashable | None = self.hooks.dedup_key(item)
         if tag is None:
             return None
-        if getattr(type(tag), "__await__", None) is not None:
-            close = getattr(tag, "close", None)
+        return self._checked_key("dedup_key", tag, " (a tuple of the item's fields, a string or bytes, say)")
+
+    def _checked_key(self, hook: str, key: Hashable, hint: str = "") -> Hashable:
+        """What ``hook`` (``batch_key``, ``dedup_key``) returned, refused if it is an awaitable (an async def behind a
+        wrapper that the check at class definition could not see through: its coroutine is hashable, and every item
+        would silently get a key of its own) or unhashable."""
+        if getattr(type(key), "__await__", None) is not None:
+            close = getattr(key, "close", None)
             if close is not None:
                 close()
             raise TypeError(
-                f"{self.name}: {type(self.hooks).__name__}.dedup_key() returned {tag!r}, an awaitable: it must be a "
+                f"{self.name}: {type(self.hooks).__name__}.{hook}() returned {key!r}, an awaitable: it must be a "
                 "plain def that returns the key, not an async def"
             )
         try:
-            hash(tag)
+            hash(key)
         except TypeError:
-            raise TypeError(
-                f"{self.name}: dedup_key() returned an unhashable key: {tag!r} (a tuple of the item's fields, a "
-                "string or bytes, say)"
-            ) from None
-        return tag
+            raise TypeError(f"{self.name}: {hook}() returned an unhashable key: {key!r}{hint}") from None
+        return key
 
     # ------------------------------------------------------------------ checks
 
@@ -294,20 +297,7 @@ class Admission:
         hooks = self.hooks
         key = hooks.batch_key(item) if engine.keyed else DEFAULT_KEY
         if key is not DEFAULT_KEY:
-            if getattr(type(key), "__await__", None) is not None:
-                # An async def behind a wrapper that the check at class definition could not see through: its
-                # coroutine is hashable, and every item would silently get a batch of its own.
-                close = getattr(key, "close", None)
-                if close is not None:
-                    close()
-                raise TypeError(
-                    f"{self.name}: {type(hooks).__name__}.batch_key() returned {key!r}, an awaitable: it must be a "
-                    "plain def that returns the key, not an async def"
-                )
-            try:
-                hash(key)
-            except TypeError:
-                raise TypeError(f"{self.name}: batch_key() returned an unhashable key: {key!r}") from None
+            key = self._checked_key("batch_key", key)
         if not engine.queue.weighted:
             return key, 1.0
         weight = hooks.item_weight(item)
