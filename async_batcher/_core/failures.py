@@ -233,11 +233,12 @@ class Isolate:
     halves, recursively, until the failing items are alone; only their callers get the error (the one their own call
     raised, with its traceback), every other item its result. AWS Lambda's ``BisectBatchOnFunctionError``.
 
-    The halves run one after the other in the batch's own slot, before new arrivals; they follow
-    ``preferred_batch_sizes`` where it has a size near the half. A half whose other half succeeded is split without
-    being called whole (it holds the fault), so one bad item in a batch of ``n`` costs at most ``2 * log2(n)`` extra
-    calls. Errors of ``split_on`` or of ``RetryPolicy.retry_on`` are never bisected (bisecting a throttle fails healthy
-    items), nor is an error of a batch that did not reach ``process_batch``.
+    The halves run one after the other in the batch's own slot, before new arrivals; they are halves whatever
+    ``preferred_batch_sizes`` says (a cut at a preferred size far from the half would make the search linear). A
+    half whose other half succeeded is split without being called whole (it holds the fault), so one bad item in a
+    batch of ``n`` costs at most ``2 * log2(n)`` extra calls. Errors of ``split_on`` or of ``RetryPolicy.retry_on``
+    are never bisected (bisecting a throttle fails healthy items), nor is an error of a batch that did not reach
+    ``process_batch``.
 
     Args:
         max_extra_calls: The most calls of ``process_batch`` that one batch may cost beyond its first; when they run
