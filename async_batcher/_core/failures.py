@@ -163,13 +163,16 @@ class RetryPolicy:
     answered with :class:`Retry`, and every item of a call that raised an error of ``retry_on``.
 
     Only those items are tried again, never the items answered: they go back to the head of their lane once their
-    backoff has passed and join its next batch. An attempt counts only when nothing progressed: a call that answered
-    some of its items (DynamoDB's ``UnprocessedItems``) does not use up the attempts of the others. An item is never
-    tried past its deadline (its caller's ``timeout``): one whose backoff would end after it fails at once with its
-    error. Kafka's ``retries`` bounded by ``delivery.timeout.ms`` is the model.
+    backoff has passed and join its next batch. How tries count against ``attempts``: an item's first try always
+    counts; a later one counts only when its call made no progress (answered none of its items), so a call that
+    answered some of its items (DynamoDB's ``UnprocessedItems``) does not use up the attempts of the others, and
+    ``max_tries`` bounds every try, progress or not. An item is never tried past its deadline (its caller's
+    ``timeout``): one whose backoff would end after it fails at once with its error. Kafka's ``retries`` bounded by
+    ``delivery.timeout.ms`` is the model.
 
     Args:
-        attempts: The most tries of an item in a row that make no progress, the first included (``1``: none again).
+        attempts: The most tries of an item that count, the first included (``1``: never tried again, whatever its
+            call answered); a try after the first counts only when its call answered none of its items.
         backoff: Seconds, the bound of the first wait; it grows ``multiplier`` times with each attempt, up to ``cap``.
         multiplier: How the bound grows from one attempt to the next.
         cap: The most seconds of one wait.

@@ -224,7 +224,8 @@ class Recovery:
         for i, outcome, error in zip(index, outcomes, errors, strict=True):
             if _done(tree.sinks[i]):
                 continue  # its caller has left: nothing to try again for
-            attempts = tree.attempts[i] + (0 if progress else 1)
+            # Its first try counts whatever its call did; a later one only if its call answered no one.
+            attempts = tree.attempts[i] + (0 if progress and tree.tries[i] else 1)
             tries = tree.tries[i] + 1
             if attempts >= policy.attempts or tries >= policy.tries_limit:
                 self._give_up(runner, tree, [i], [error], f"tried {plural(tries, 'time')}")

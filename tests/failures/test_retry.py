@@ -150,6 +150,28 @@ async def test_an_attempt_counts_only_when_nothing_progressed() -> None:
     await b.stop()
 
 
+@pytest.mark.parametrize("others", [0, 1])
+async def test_attempts_1_never_tries_again_even_when_the_call_answered_other_items(others: int) -> None:
+    # "1: none again": the first try always counts, whether or not its call answered other items.
+    refused = ConnectionError("throttled")
+    b = Flaky(lambda x, call: Retry(refused) if x == 1 else None, retry=RetryPolicy(attempts=1, **NO_JITTER))
+    results = await gather(b, [1, *range(10, 10 + others)])
+    assert results == [refused, *(2 * x for x in range(10, 10 + others))]
+    assert len(b.calls) == 1 and b.stats.retried == 0
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_the_first_try_counts_even_when_its_call_answered_other_items() -> None:
+    # attempts=2: item 1's first try counts (its call answered item 10), its second (alone, no progress) too: it
+    # gets its error after two tries, not three.
+    b = Flaky(lambda x, call: Retry() if x == 1 else None, retry=RetryPolicy(attempts=2, **NO_JITTER))
+    results = await gather(b, [1, 10])
+    assert isinstance(results[0], TransientError) and "tried 2 times" in str(results[0]) and results[1] == 20
+    assert b.calls == [[1, 10], [1]]
+    await b.stop()
+
+
 async def test_max_tries_bounds_an_item_tried_again_while_others_progress() -> None:
     # Item 0 is asked again forever while a new item succeeds with it each time: it progresses, but not forever.
     b = Flaky(lambda x, call: Retry() if x == 0 else None, retry=RetryPolicy(attempts=10, max_tries=4, **NO_JITTER))
