@@ -280,7 +280,8 @@ class SplitOn:
     ceiling of that batch key's batches to that size (multiplicative decrease), and raises it by ``grow_by`` after
     each ``grow_after`` calls in a row that succeed at the ceiling (additive increase), so that a transient spike
     does not shrink it for good; at the size that failed first the ceiling is lifted. A single item that still fails
-    fails alone, with the error. The ceilings are in ``stats.ceilings``, the splits in ``stats.splits``.
+    fails alone, with the error. The ceilings are in ``stats.ceilings``, the splits in ``stats.splits``. A key's
+    ceiling outlives its idle lane: it is kept for 1024 keys at most, the key idle longest forgotten first.
 
     Args:
         errors: Exception classes, or functions of an error, that mean "too big": ``SplitOn(torch.OutOfMemoryError,

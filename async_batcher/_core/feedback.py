@@ -74,6 +74,7 @@ class RunFeedback:
         if split is None:
             for lane in self.queue.lanes.values():  # split_on turned off: no ceiling left
                 lane.ceiling, lane.weight_ceiling, lane.capacity = UNLIMITED, math.inf, None
+            self.queue.ceilings.clear()
 
     def retry_later(self, key: Hashable, entries: list[WeightedEntry], delay: float) -> None:
         """Items that failed transiently go back to the head of ``key``'s lane (and join its next batch) once
@@ -116,7 +117,7 @@ class RunFeedback:
         """The ceiling of each lane that has one, by key (``None``: the default lane's); None without split_on."""
         if self.split is None:
             return None
-        found: dict[Hashable, float] = {}
+        found: dict[Hashable, float] = dict(self.queue.ceilings.ceilings(weighted=self.queue.weighted))
         for key, lane in self.queue.lanes.items():
             at = ceiling.ceiling_of(lane, weighted=self.queue.weighted)
             if at is not None:

@@ -128,6 +128,48 @@ async def test_each_key_has_its_own_ceiling() -> None:
     await b.stop()
 
 
+async def test_a_ceiling_is_kept_when_more_keys_come_and_go_than_idle_lanes_are_kept() -> None:
+    # 17 keys in turn, three rounds: more than the 16 idle lanes kept for their history. Each key runs out of memory
+    # once, and its ceiling holds in the later rounds (51 splits when it went with its lane).
+    class Keyed(Limited):
+        def batch_key(self, item: int) -> Hashable:
+            return item // 100
+
+    b = Keyed(2, max_batch_size=4, max_queue_time=1.0, split_on=SplitOn(MemoryError))
+    for _ in range(3):
+        for key in range(17):
+            assert await burst(b, 4, start=100 * key) == [2 * x for x in range(100 * key, 100 * key + 4)]
+    s = b.stats
+    assert s.splits == 17 and len(b.failed) == 17
+    assert s.ceilings == dict.fromkeys(range(17), 2.0)
+    b.split_on = None  # off: no ceiling is kept, of a lane or of a key let go
+    assert b.stats.ceilings == {}
+    b.split_on = SplitOn(MemoryError)
+    assert await burst(b, 4) == [0, 2, 4, 6]
+    assert b.stats.splits == 18
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_the_ceilings_of_keys_let_go_are_bounded_the_key_idle_longest_forgotten_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from async_batcher._core import ceiling
+
+    monkeypatch.setattr(ceiling, "KEEP_CEILINGS", 3)
+
+    class Keyed(Limited):
+        def batch_key(self, item: int) -> Hashable:
+            return item // 100
+
+    b = Keyed(2, max_batch_size=4, max_queue_time=1.0, split_on=SplitOn(MemoryError))
+    for key in range(20):
+        await burst(b, 4, start=100 * key)
+    # The 16 idle lanes kept (keys 4 to 19) have theirs; of the four keys let go, the three let go last.
+    assert sorted(b.stats.ceilings) == list(range(1, 20))
+    await b.stop()
+
+
 async def test_out_of_memory_is_never_bisected_nor_retried_as_a_bad_item() -> None:
     b = Limited(1, max_batch_size=4, max_queue_time=1.0, split_on=SplitOn(MemoryError), on_batch_error=Isolate())
     assert await burst(b, 4) == [0, 2, 4, 6]
