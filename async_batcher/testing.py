@@ -278,8 +278,9 @@ def violations(batcher: AsyncBatcher[Any, Any]) -> list[str]:
 
 
 def idle(batcher: AsyncBatcher[Any, Any]) -> list[str]:
-    """Why ``batcher`` is not idle: items queued or in flight, a timer, a pending wake-up, a timeout timer; and
-    :func:`violations`. Empty when nothing waits and nothing is scheduled: an idle batcher costs nothing."""
+    """Why ``batcher`` is not idle: items queued or in flight, a timer, a pending wake-up, a timeout timer, items
+    waiting out a retry backoff; and :func:`violations`. Empty when nothing waits and nothing is scheduled: an idle
+    batcher costs nothing."""
     engine = _engine(batcher)
     if engine is None:
         return []
@@ -295,4 +296,7 @@ def idle(batcher: AsyncBatcher[Any, Any]) -> list[str]:
         found.append(f"a pending wake-up {engine.pump_handle!r}")
     if engine.deadlines.timer is not None:
         found.append("a timeout timer")
+    backoffs = engine.feedback.backoffs
+    if backoffs.groups:
+        found.append(f"{plural(backoffs.waiting, 'item')} waiting out a retry backoff, with a timer")
     return found + _violations(engine)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from async_batcher import AsyncBatcher, BatcherStoppedError, TransientError, batch
+from async_batcher import AsyncBatcher, BatcherStoppedError, TransientError, batch, testing
 from async_batcher.failures import Isolate, Retry, RetryBudget, RetryPolicy
 from tests.batchers import idle_and_clean, until
 
@@ -310,6 +310,31 @@ async def test_a_caller_who_leaves_during_its_backoff_is_not_tried_again() -> No
     await asyncio.sleep(10.0)
     assert len(b.calls) == 1
     await b.stop()
+    idle_and_clean(b)
+
+
+@pytest.mark.parametrize("how", ["process", "process_many"])
+async def test_a_backoff_whose_callers_all_left_keeps_no_timer_and_no_stop_waits_for_it(how: str) -> None:
+    loop = asyncio.get_running_loop()
+    b = Flaky(lambda x, call: Retry(), retry=RetryPolicy(backoff=5.0, **NO_JITTER), max_queue_time=0.0)
+    if how == "process":
+        calls = [asyncio.ensure_future(b.process(x)) for x in (1, 2)]
+    else:
+        calls = [asyncio.ensure_future(b.process_many([1, 2]))]
+    await until(lambda: len(b.calls) == 1)
+    assert testing.idle(b) != [] and loop.timers() == 1  # the backoff's
+    calls[0].cancel()
+    await asyncio.gather(*calls[:1], return_exceptions=True)
+    if len(calls) > 1:  # another caller still waits: the timer stays
+        assert loop.timers() == 1
+        calls[1].cancel()
+        await asyncio.gather(*calls[1:], return_exceptions=True)
+    await asyncio.sleep(0)
+    assert loop.timers() == 0 and testing.idle(b) == []  # an idle batcher keeps no timer
+    began = loop.time()
+    await b.stop()
+    assert loop.time() == began  # nothing left to wait for
+    assert len(b.calls) == 1
     idle_and_clean(b)
 
 
