@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from async_batcher import AsyncBatcher, batch
-from async_batcher.failures import Isolate, SplitOn, out_of_memory
+from async_batcher.failures import Isolate, RetryPolicy, SplitOn, out_of_memory
 from tests.batchers import idle_and_clean
 
 pytestmark = pytest.mark.virtual_time
@@ -217,3 +217,20 @@ def test_a_streaming_batcher_refuses_the_failure_keywords() -> None:
 
     with pytest.raises(TypeError, match="streaming"):
         Streams(split_on=MemoryError)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("retry", RetryPolicy()), ("on_batch_error", Isolate()), ("split_on", MemoryError)]
+)
+async def test_a_streaming_batcher_refuses_the_failure_settings_set_live(name: str, value: Any) -> None:
+    class Streams(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> Any:  # type: ignore[override]
+            yield [x * 2 for x in batch]
+
+    b = Streams(max_queue_time=0)
+    assert [part async for part in b.stream(1)] == [2]
+    with pytest.raises(TypeError, match=rf"Streams: {name}= is for a process_batch that returns its results; a stream"):
+        setattr(b, name, value)
+    assert getattr(b, name) is None  # the old value stays
+    setattr(b, name, None)  # (off is fine)
+    await b.stop()
