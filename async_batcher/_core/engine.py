@@ -28,6 +28,7 @@ from async_batcher._core.dispatch import Dispatch
 from async_batcher._core.execution import Runner
 from async_batcher._core.feedback import RunFeedback
 from async_batcher._core.lane import Entry, Lane, WeightedEntry
+from async_batcher._core.layers import keeps
 from async_batcher._core.policy import UNLIMITED, DispatchPolicy
 from async_batcher._core.queue import Queue
 from async_batcher._core.queue import violations as queue_violations
@@ -187,7 +188,13 @@ class Engine(Dispatch):
         self.priority_wait = priority_wait
         if policy is not self.policy:
             policy.bind(self)  # (before it is switched in: one whose bind() raises is not)
-            self.policy = policy
+            old, self.policy = self.policy, policy
+            try:
+                if not keeps(policy, old):  # (one the new policy wraps goes on)
+                    old.replaced(policy, self.queue.lanes.values(), self.loop.time())
+            except Exception as exc:  # (the new policy is in place: the batcher serves on)
+                message = f"{self.name}: {type(old).__name__}.replaced() raised"
+                self.loop.call_exception_handler({"message": message, "exception": exc})
         if weighted and not self.queue.weighted:
             self.queue.keep_weights()
         if self.room.putters:
