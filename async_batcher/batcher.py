@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import Self, Unpack
 
+    from async_batcher._core.batch import Watcher
+
 __all__ = ["AsyncBatcher"]
 
 T = TypeVar("T")
@@ -405,6 +407,10 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             ceilings=engine.feedback.ceilings(),
             queue_weight=engine.room.held,
         )
+
+    def _batch_watchers(self) -> list[Watcher]:
+        """Told of every batch of every run as it goes and as it ends (:mod:`async_batcher.testing`'s)."""
+        return self._life.watchers
 
     def __repr__(self) -> str:
         stats = self.stats

@@ -153,39 +153,41 @@ def _engine(batcher: AsyncBatcher[Any, Any]) -> Engine | None:
 async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
     """Send what waits in ``batcher`` now, whatever its settings say (as slots come free: ``concurrency`` holds),
     and return once those batches have ended. The loop runs one turn first, so that tasks created just before the
-    call (``asyncio.ensure_future(b.process(x))``) have queued their items; items that arrive later wait as usual."""
+    call (``asyncio.ensure_future(b.process(x))``) have queued their items; items that arrive later wait as usual,
+    also while the flush waits for a busy slot. Of each batch key it sends as many items as waited, the first in line
+    (one that came later with a better ``priority`` may take a place; those it kept out go at the next pass)."""
     await asyncio.sleep(0)
     engine = _engine(batcher)
     if engine is None:
         return
-    mine = engine.queue.waiting
+    queue = engine.queue
+    marked = queue.waiting_now()
     ended: asyncio.Future[None] = engine.loop.create_future()
     pending: set[Batch] = set()
+    sending = True
 
     def sent(batch: Batch) -> None:
-        nonlocal mine
-        if mine > 0:
-            mine -= len(batch.items)
+        if sending:
             pending.add(batch)
 
     def over(batch: Batch) -> None:
         pending.discard(batch)
-        if mine <= 0 and not pending and not ended.done():
+        if not sending and not pending and not ended.done():
             ended.set_result(None)
 
     engine.watchers.append((sent, over))
     try:
-        while mine > 0 and engine.queue.waiting:
-            engine.flush()
+        while quota := queue.still_queued(marked):
+            engine.flush(quota)
             await asyncio.sleep(0)
-            if mine > 0 and engine.queue.waiting and engine.in_flight >= engine.slot_limit:
+            if queue.still_queued(marked) and engine.in_flight >= engine.slot_limit:
                 if engine.inside_own_batch():
                     raise ReentrantCallError(
                         f"{batcher.name}: flush() inside its own process_batch with every slot taken would wait for "
                         "that batch forever"
                     )
                 await _until_a_slot(engine)
-        mine = 0
+        sending = False
         if pending:
             await ended
     finally:
@@ -229,42 +231,40 @@ class BatchRecord:
 
 @contextmanager
 def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord]]:
-    """Record every batch ``batcher`` sends while inside (started before it is entered): a list of
-    :class:`BatchRecord`, in the order the batches went, each completed with its end."""
-    engine = _engine(batcher)
-    if engine is None:
-        raise RuntimeError(f"{batcher.name} is not started: start() it (in its loop) before recording its batches")
+    """Record every batch ``batcher`` sends while inside: a list of :class:`BatchRecord`, in the order the batches
+    went, each completed with its end. It needs no ``start()`` (the batches of a run started inside are recorded
+    too). Each call of ``process_batch`` is a record: a part of a failed batch called on its own (bisected by
+    ``on_batch_error``, split by ``split_on``) is one, with the reason ``split``, as ``stats.reasons`` counts it."""
+    watchers = batcher._batch_watchers()
     log: list[BatchRecord] = []
     index: dict[Batch, int] = {}
 
-    def sent(batch: Batch) -> None:
+    def close(i: int) -> None:
+        record = log[i]
+        now = asyncio.get_running_loop().time()
+        log[i] = BatchRecord(record.items, record.key, record.reason, record.started, record.waited, now)
 
+    def sent(batch: Batch) -> None:
+        i = index.get(batch)
+        if i is not None:  # a part of a failed batch: the call before it has ended
+            close(i)
         key = batch.lane.key
-        waited = tuple(batch.started - arrival for arrival in (batch.arrivals or ()))
+        started = batch.called  # (a batch's first call: when it was formed; a part's: when it is called)
+        waited = tuple(started - arrival for arrival in (batch.arrivals or ()))
         index[batch] = len(log)
-        log.append(
-            BatchRecord(list(batch.items), None if key is DEFAULT_KEY else key, batch.reason, batch.started, waited)
-        )
+        log.append(BatchRecord(list(batch.items), None if key is DEFAULT_KEY else key, batch.reason, started, waited))
 
     def over(batch: Batch) -> None:
         i = index.pop(batch, None)
         if i is not None:
-            record = log[i]
-            log[i] = BatchRecord(
-                record.items, record.key, record.reason, record.started, record.waited, engine.loop.time()
-            )
+            close(i)
 
     watcher = (sent, over)
-    engine.watchers.append(watcher)
+    watchers.append(watcher)
     try:
         yield log
     finally:
-        engine.watchers.remove(watcher)
-    if _engine(batcher) is not engine:
-        raise RuntimeError(
-            f"{batcher.name} was stopped and started again inside record_batches(): the batches of its new run were "
-            "not recorded; enter record_batches() again after start()"
-        )
+        watchers.remove(watcher)
 
 
 # ---------------------------------------------------------------------- the batcher's own checks

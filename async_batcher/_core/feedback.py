@@ -23,6 +23,7 @@ from async_batcher._core.retrying import Backoffs, Budget
 if TYPE_CHECKING:
     import asyncio
 
+    from async_batcher._core.batch import Batch
     from async_batcher._core.failures import RetryPolicy, SplitOn
 
 __all__ = ["Feedback", "RunFeedback"]
@@ -49,21 +50,26 @@ class Feedback(Protocol):
     def settled(self, lane: Lane, size: int, weight: float) -> None:
         """A batch's splits are over; the largest of its parts that succeeded was ``size`` items (``weight``)."""
 
+    def calling(self, batch: Batch) -> None:
+        """A part of a failed batch is about to be called, in the batch's slot (it goes, as a batch does)."""
+
 
 class RunFeedback:
     """The retries and ceilings of one run, under the settings :meth:`configure` gave last."""
 
-    __slots__ = ("backoffs", "budget", "loop", "queue", "requeue", "retry", "split")
+    __slots__ = ("backoffs", "budget", "calling", "loop", "queue", "requeue", "retry", "split")
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         queue: Queue,
         requeue: Callable[[Hashable, Sequence[WeightedEntry]], None],
+        calling: Callable[[Batch], None],
     ) -> None:
         self.loop = loop
         self.queue = queue
         self.requeue = requeue  # back to the head of the key's lane, or failed if the run no longer dispatches
+        self.calling = calling  # a part of a failed batch goes: the engine's watchers see it (Feedback.calling)
         self.backoffs = Backoffs()  # items waiting out their backoff before they are tried again
         self.budget = Budget()  # the retry budget's balance
         self.retry: RetryPolicy | None = None

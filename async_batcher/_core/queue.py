@@ -208,6 +208,26 @@ class Queue:
             fifo.popleft()
         return None
 
+    def waiting_now(self) -> list[Any]:
+        """The entries queued now (a plain ``process_many`` call's one entry): what a flush sends
+        (:meth:`still_queued`)."""
+        return [entry for lane in self.lanes.values() for entry in lane.entries() if entry.lane is not None]
+
+    def still_queued(self, entries: list[Any]) -> dict[Lane, int]:
+        """Of ``entries`` (:meth:`waiting_now`), the items still queued whose callers wait, by lane."""
+        found: dict[Lane, int] = {}
+        for entry in entries:
+            lane = entry.lane
+            if lane is None:
+                continue
+            if entry.__class__ is Bulk:
+                n = 0 if entry.future.done() else len(entry.items) - entry.pos
+            else:
+                n = 0 if entry.sink.done() else 1
+            if n > 0:
+                found[lane] = found.get(lane, 0) + n
+        return found
+
     def oldest(self, lane: Lane) -> float:
         """Arrival time of the lane's oldest waiting item (``inf`` if its callers all left)."""
         oldest = math.inf

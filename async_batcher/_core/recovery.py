@@ -329,6 +329,7 @@ class Recovery:
                 tree.extra_left -= 1
             self._install(runner, batch, tree, part)
             runner.recorder.count("extra_calls")
+            runner.feedback.calling(batch)
             runner.launch(batch)
             return True
         if self.split is not None and tree.ok_size:
@@ -352,6 +353,7 @@ class Recovery:
         batch.deadlines = [tree.deadlines[i] for i in index]
         batch.attempts = [tree.attempts[i] for i in index]
         batch.tries = [tree.tries[i] for i in index]
+        batch.arrivals = None if tree.arrivals is None else [tree.arrivals[i] for i in index]
         batch.size = len(index)
         batch.futures_only = tree.futures_only
         batch.entered = False

@@ -1163,7 +1163,7 @@ async def test_flush_from_inside_process_batch_with_every_slot_taken_is_refused(
     assert len(got) == 1 and isinstance(got[0], ReentrantCallError), got
 
 
-async def test_record_batches_over_a_restart_records_the_new_runs_batches_or_says_it_cannot() -> None:
+async def test_record_batches_over_a_restart_records_the_new_runs_batches() -> None:
     b = Recording(max_queue_time=0)
     b.start()
     try:
@@ -1172,9 +1172,6 @@ async def test_record_batches_over_a_restart_records_the_new_runs_batches_or_say
             await b.stop()
             b.start()
             await b.process(2)
-    except RuntimeError as refused:  # (saying so is fine too)
-        assert "restart" in str(refused) or "start" in str(refused)
-    else:
         assert [r.items for r in log] == [[1], [2]]
     finally:
         await stopped_clean(b)

@@ -332,5 +332,6 @@ async def test_the_batches_record_their_parts() -> None:
     async with Poisoned({0}, max_batch_size=2, max_queue_time=1.0, on_batch_error=Isolate()) as b:
         with record_batches(b) as log:
             await gather(b, [0, 1])
-    assert [(r.items, r.reason) for r in log] == [([0, 1], "full")]
+    # Each call is a record, as stats.reasons counts it.
+    assert [(r.items, r.reason) for r in log] == [([0, 1], "full"), ([0], "split"), ([1], "split")]
     assert b.stats.reasons == {"full": 1, "split": 2}
