@@ -33,7 +33,9 @@ What it reads of a batcher is the package's own; none of it is needed in product
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
+import threading
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -109,13 +111,19 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         return sum(not handle.cancelled() for handle in scheduled)
 
     def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:  # type: ignore[override]
-        # While a thread works, time must not jump ahead of it.
+        # While a thread works, time must not jump ahead of it: until its future is done, and while its function
+        # runs (a future cancelled leaves its thread running).
+        work = _Work(self, func, args)
         self.busy_threads += 1
-        fut = super().run_in_executor(executor, func, *args)
-        fut.add_done_callback(self._thread_done)
+        try:
+            fut = super().run_in_executor(executor, work)
+        except BaseException:
+            self.busy_threads -= 1
+            raise
+        fut.add_done_callback(work.future_done)
         return fut
 
-    def _thread_done(self, _: asyncio.Future[Any]) -> None:
+    def _thread_done(self) -> None:
         self.busy_threads -= 1
 
     async def shutdown_default_executor(self, *args: Any, **kwargs: Any) -> None:
@@ -126,6 +134,46 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
             await super().shutdown_default_executor(*args, **kwargs)
         finally:
             self.busy_threads -= 1
+
+
+class _Work:
+    """A function run in an executor thread by :class:`VirtualClockLoop`, which counts it busy until its future is
+    done (the loop has heard of its end: the clock must not jump between the two), or, for a future cancelled while
+    the function runs, until the function returns."""
+
+    __slots__ = ("args", "func", "lock", "loop", "state")
+
+    def __init__(self, loop: VirtualClockLoop, func: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.loop = loop
+        self.func = func
+        self.args = args
+        self.lock = threading.Lock()
+        # "waiting", then "running" and "returned" in its thread; "dropped": its future was cancelled before it
+        # started (it never runs); "orphaned": cancelled while it runs (its end is counted as it returns).
+        self.state = "waiting"
+
+    def __call__(self) -> Any:
+        with self.lock:
+            if self.state == "dropped":
+                return None
+            self.state = "running"
+        try:
+            return self.func(*self.args)
+        finally:
+            with self.lock:
+                orphaned, self.state = self.state == "orphaned", "returned"
+            if orphaned:
+                with contextlib.suppress(RuntimeError):  # (its loop closed meanwhile)
+                    self.loop.call_soon_threadsafe(self.loop._thread_done)
+
+    def future_done(self, future: asyncio.Future[Any]) -> None:
+        with self.lock:
+            if self.state == "running":  # cancelled while it runs: counted busy until it returns
+                self.state = "orphaned"
+                return
+            if self.state == "waiting":
+                self.state = "dropped"
+        self.loop._thread_done()
 
 
 class VirtualClockPolicy(asyncio.DefaultEventLoopPolicy):

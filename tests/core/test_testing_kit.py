@@ -1,10 +1,11 @@
 """The testing kit (``async_batcher.testing``) where issue 50 found it wrong: ``flush()`` while it waits for a busy
-slot, ``record_batches()`` before a start and over the calls of a failed batch's parts. (``idle()`` during a retry
-backoff: tests/failures/test_retry.py.)"""
+slot, ``record_batches()`` before a start and over the calls of a failed batch's parts, and the virtual clock while
+an executor thread it started still runs. (``idle()`` during a retry backoff: tests/failures/test_retry.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
 from typing import Any
 
@@ -12,8 +13,8 @@ import pytest
 
 from async_batcher.failures import Isolate, SplitOn
 from async_batcher.policies import Reason
-from async_batcher.testing import flush, record_batches
-from tests.batchers import Recording, idle_and_clean, turns
+from async_batcher.testing import VirtualClockLoop, flush, record_batches
+from tests.batchers import Recording, idle_and_clean, turns, until
 
 pytestmark = pytest.mark.virtual_time
 
@@ -122,3 +123,32 @@ async def test_record_batches_records_the_parts_of_a_split() -> None:
     assert Counter(r.reason for r in log) == b.stats.reasons
     await b.stop()
     idle_and_clean(b)
+
+
+async def test_the_clock_stands_still_while_a_thread_runs_whose_caller_was_cancelled() -> None:
+    # A task awaits an executor thread and is cancelled: the thread runs on, and the clock must not jump ahead of
+    # it (it jumped as soon as the task's future was cancelled).
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualClockLoop)
+    release = threading.Event()
+    seen: list[float] = []
+
+    def work() -> None:
+        release.wait(30)
+        seen.append(loop.time())
+
+    task = asyncio.ensure_future(loop.run_in_executor(None, work))
+    await until(lambda: loop.busy_threads == 1)
+    began = loop.time()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    timer = threading.Timer(0.05, release.set)  # the thread's work takes a little real time
+    timer.start()
+    try:
+        await asyncio.sleep(5.0)  # a timer the clock must not reach before the thread is done
+    finally:
+        release.set()
+        timer.join()
+    assert seen == [began]
+    assert loop.time() == began + 5.0 and loop.busy_threads == 0
