@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import Self, Unpack
 
+    from async_batcher._core.batch import Watcher
+
 __all__ = ["AsyncBatcher"]
 
 T = TypeVar("T")
@@ -127,11 +129,8 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         super().__init__()
         cls = type(self)
         self._settings, name = settings_from(dict(options), f"{cls.__name__}()")
-        if self._settings.recovery is not None and inspect.isasyncgenfunction(self.process_batch):
-            raise TypeError(
-                f"{cls.__name__}(): retry=, on_batch_error= and split_on= are for a process_batch that returns its "
-                "results; a streaming one (an async generator) handles its failures itself"
-            )
+        if inspect.isasyncgenfunction(self.process_batch):
+            self._settings.streams_its_results(cls.__name__)
         self.name: str = _checks.name(name, cls.__name__)
         self._recorder = _Recorder()
         self._life = Lifecycle(self, self._settings, self._recorder, cls._overridden)
@@ -408,6 +407,10 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             ceilings=engine.feedback.ceilings(),
             queue_weight=engine.room.held,
         )
+
+    def _batch_watchers(self) -> list[Watcher]:
+        """Told of every batch of every run as it goes and as it ends (:mod:`async_batcher.testing`'s)."""
+        return self._life.watchers
 
     def __repr__(self) -> str:
         stats = self.stats

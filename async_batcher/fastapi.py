@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -120,8 +120,11 @@ def batcher_lifespan(
     return lifespan
 
 
-def batcher_dependency(name: str | None = None) -> Callable[[Request], AsyncBatcher[Any, Any]]:
+def batcher_dependency(name: str | None = None) -> Callable[[Request], Awaitable[AsyncBatcher[Any, Any]]]:
     """A FastAPI dependency that gives an endpoint the batcher named ``name`` from the app's lifespan state.
+
+    An ``async def``: FastAPI runs it on the event loop, with no hop to a worker thread (a plain ``def`` dependency
+    runs in one, which costs a thread hop per request, and on a test's virtual clock lets time jump meanwhile).
 
     ``Depends(batcher_dependency("predictor"))``; with ``name=None`` the state must hold exactly one batcher,
     which it gives. A batcher that is not there is a ``LookupError`` naming those that are (a bug in the app's
@@ -132,7 +135,7 @@ def batcher_dependency(name: str | None = None) -> Callable[[Request], AsyncBatc
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a batcher's name (a str) or None, got {name!r}")
 
-    def get_batcher(request: Request) -> AsyncBatcher[Any, Any]:
+    async def get_batcher(request: Request) -> AsyncBatcher[Any, Any]:
         state: Mapping[str, Any] = request.scope.get("state") or {}
         found = {key: value for key, value in state.items() if isinstance(value, AsyncBatcher)}
         if name is not None and name in found:

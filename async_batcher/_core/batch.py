@@ -7,9 +7,9 @@ import asyncio
 import contextvars
 import math
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from itertools import compress, repeat
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from async_batcher._core.sinks import without_departed
 
@@ -26,6 +26,10 @@ __all__: list[str] = []
 # that would wait for a slot its own batch holds is refused instead of waiting forever.
 current_batch: contextvars.ContextVar[Batch | None] = contextvars.ContextVar("async_batcher_batch", default=None)
 thread_batch = threading.local()
+
+#: Told of every batch as it goes (and of each call of a part of a failed batch) and as it ends: ``(sent, ended)``
+#: (async_batcher.testing's).
+Watcher: TypeAlias = "tuple[Callable[[Batch], None], Callable[[Batch], None]]"
 
 
 class Hooks(Protocol):
@@ -156,9 +160,9 @@ class Batch:
         items, sinks, contexts = without_departed(self.items, self.sinks, self.contexts, futures_only=self.futures_only)
         if items is self.items:
             return
-        if self.weights is not None or self.deadlines is not None or self.tree is not None:
+        if self.weights is not None or self.deadlines is not None or self.tree is not None or self.arrivals is not None:
             live = self.live_items()
-            for name in ("weights", "deadlines", "attempts", "tries"):
+            for name in ("weights", "deadlines", "attempts", "tries", "arrivals"):
                 values = getattr(self, name)
                 if values is not None:
                     setattr(self, name, list(compress(values, live)))

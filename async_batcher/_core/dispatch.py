@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from async_batcher._core import forming
-from async_batcher._core.batch import Batch
+from async_batcher._core.batch import Batch, Watcher
 from async_batcher._core.policy import DispatchPolicy, Reason
 from async_batcher._core.state import DISPATCHING, State
 from async_batcher.exceptions import AsyncBatchException
@@ -56,8 +55,8 @@ class Dispatch:
     timer: asyncio.Handle | None
     timer_at: float
     timer_when: float
-    flushing: bool
-    watchers: list[tuple[Callable[[Batch], None], Callable[[Batch], None]]]
+    flushing: dict[Lane, int]
+    watchers: list[Watcher]
 
     def check_drained(self) -> None: ...
 
@@ -83,7 +82,8 @@ class Dispatch:
                 if self.in_flight >= self.slot_limit:
                     break
                 self._dispatch(lane, now)
-        self.flushing = False
+        if self.flushing:
+            self.flushing = {}
         queue.drop_empty_lanes()
         if self.room.putters:
             self.room.wake()  # the batches just taken made room
@@ -115,7 +115,11 @@ class Dispatch:
         if not lane.count:
             lane.trigger = 1  # an arrival into an empty lane is looked at
             return math.inf
-        if self.state is State.STOPPING or self.flushing or lane.weight >= min(self.weight_limit, lane.weight_ceiling):
+        if (
+            self.state is State.STOPPING
+            or (self.flushing and lane in self.flushing)
+            or lane.weight >= min(self.weight_limit, lane.weight_ceiling)
+        ):
             return now
         trigger = lane.trigger = min(self.policy.full_at(lane, now), self.batch_limit, lane.ceiling)
         if lane.count >= trigger:
@@ -132,7 +136,7 @@ class Dispatch:
             return Reason.FULL
         if self.state is State.STOPPING:
             return Reason.STOP
-        if self.flushing:
+        if self.flushing and lane in self.flushing:
             return Reason.FLUSH
         if lane.count >= lane.trigger:
             return Reason.SIZE
@@ -157,6 +161,10 @@ class Dispatch:
             raise ValueError(f"{type(self.policy).__name__}.size() returned {size!r}: a batch takes one item or more")
         # (A lane's ceiling: the size an out-of-memory split found fits; none, but with split_on.)
         limit = min(size, self.batch_limit, lane.ceiling)
+        flushing = self.flushing
+        quota = flushing.get(lane, 0) if flushing else 0  # (a flush's: what waited when it began, not what came since)
+        if quota and reason is Reason.FLUSH:
+            limit = min(limit, quota)
         watchers = self.watchers
         taken = forming.take(
             queue,
@@ -169,6 +177,11 @@ class Dispatch:
         )
         if taken is None:
             return
+        if quota:
+            if quota > len(taken.items):
+                flushing[lane] = quota - len(taken.items)
+            else:
+                del flushing[lane]
         batch = Batch(self, taken, now, lane, reason)
         lane.watch = False  # (a batch that goes ends what the policy watched for)
         # In flight before the policy is told: if dispatched() raises, the abort that follows fails its callers too.
@@ -179,6 +192,11 @@ class Dispatch:
         for sent, _ in watchers:
             sent(batch)
         self.runner.launch(batch)
+
+    def part_sent(self, batch: Batch) -> None:
+        """A part of a failed batch is called in its slot (the runner's feedback says so): the watchers see it go."""
+        for sent, _ in self.watchers:
+            sent(batch)
 
     def batch_ended(self, batch: Batch, callers: int) -> None:
         """A batch has freed its slot, having answered ``callers``: the policy learns from it, and a free slot never
@@ -259,9 +277,13 @@ class Dispatch:
         if self.timer is not None:
             self.repump()
 
-    def flush(self) -> None:
-        """Send what waits now at the next pass, whatever the policy says (slots permitting)."""
-        self.flushing = True
+    def flush(self, quota: dict[Lane, int]) -> None:
+        """Send the next pass ``quota[lane]`` items of each lane of ``quota`` (the first in line), whatever the policy
+        says (slots permitting)."""
+        flushing = self.flushing
+        for lane, n in quota.items():
+            if n > flushing.get(lane, 0):
+                flushing[lane] = n
         if self.pump_handle is not None:
             self.pump_handle.cancel()
             self.pump_handle = None

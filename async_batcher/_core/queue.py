@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from async_batcher._core.ceiling import Kept
 from async_batcher._core.lane import Entry, Lane
 from async_batcher._core.sinks import Bulk
 
@@ -49,7 +50,18 @@ class Queue:
     - ``recorder.exited`` grows by one for each item that leaves the queue (sent or withdrawn), once.
     """
 
-    __slots__ = ("dispatches", "expire", "fifo0", "lane0", "lanes", "recorder", "tracked", "waiting", "weighted")
+    __slots__ = (
+        "ceilings",
+        "dispatches",
+        "expire",
+        "fifo0",
+        "lane0",
+        "lanes",
+        "recorder",
+        "tracked",
+        "waiting",
+        "weighted",
+    )
 
     def __init__(self, recorder: _Recorder, *, weighted: bool) -> None:
         self.dispatches = 0  # batches formed so far: the clock of Lane.served
@@ -63,6 +75,8 @@ class Queue:
         self.recorder = recorder
         # The engine's: an entry (or a plain bulk call) whose deadline passed has left the queue: fail its caller.
         self.expire: Callable[[Any], None] = _ignore
+        # The out-of-memory ceilings (split_on) of keys whose idle lanes were let go: kept beyond KEEP_IDLE.
+        self.ceilings = Kept()
 
     # ------------------------------------------------------------------ entering
 
@@ -72,6 +86,8 @@ class Queue:
             # Never served: it counts as served just before the batch formed last, so that it goes before the lanes
             # served since, and after those that have waited longer.
             lane = self.lanes[key] = Lane(key, self, self.dispatches - 0.5)
+            if self.ceilings.by_key:
+                self.ceilings.restore(lane)
         return lane
 
     def push(self, entry: Entry, priority: float) -> None:
@@ -192,6 +208,26 @@ class Queue:
             fifo.popleft()
         return None
 
+    def waiting_now(self) -> list[Any]:
+        """The entries queued now (a plain ``process_many`` call's one entry): what a flush sends
+        (:meth:`still_queued`)."""
+        return [entry for lane in self.lanes.values() for entry in lane.entries() if entry.lane is not None]
+
+    def still_queued(self, entries: list[Any]) -> dict[Lane, int]:
+        """Of ``entries`` (:meth:`waiting_now`), the items still queued whose callers wait, by lane."""
+        found: dict[Lane, int] = {}
+        for entry in entries:
+            lane = entry.lane
+            if lane is None:
+                continue
+            if entry.__class__ is Bulk:
+                n = 0 if entry.future.done() else len(entry.items) - entry.pos
+            else:
+                n = 0 if entry.sink.done() else 1
+            if n > 0:
+                found[lane] = found.get(lane, 0) + n
+        return found
+
     def oldest(self, lane: Lane) -> float:
         """Arrival time of the lane's oldest waiting item (``inf`` if its callers all left)."""
         oldest = math.inf
@@ -205,7 +241,9 @@ class Queue:
         """Keys come and go: forget the lanes that hold nothing and have no batch in flight, all but the
         :data:`KEEP_IDLE` whose last batch ended last; the default lane stays. A key used again finds its lane's
         history (when its last batch ended, the rate since, the policy's memo), as the default lane's callers do; a
-        stream of new keys keeps at most that many idle lanes. A lane kept idle lets go of what its levels still
+        stream of new keys keeps at most that many idle lanes. A lane's out-of-memory ceiling is kept longer, in
+        :attr:`ceilings` (:class:`~async_batcher._core.ceiling.Kept`): a key used again finds it, however many keys
+        came between. A lane kept idle lets go of what its levels still
         hold (the entries of callers who left, which the dispatcher would drop on reaching them) and of the levels
         themselves."""
         if len(self.lanes) == 1:
@@ -230,6 +268,8 @@ class Queue:
                     found = lanes.pop(lane.key, None)
                     if found is not None and found is not lane:
                         lanes[found.key] = found
+                    elif lane.capacity is not None:
+                        self.ceilings.park(lane)  # (its ceiling outlives it: Kept)
 
     def keep_weights(self) -> None:
         """Weights come into play on a running batcher: count the queued items' weights from now on."""

@@ -174,6 +174,7 @@ class Settings:
         self.retry: RetryPolicy | None = None
         self.on_batch_error: Isolate | None = None
         self.split_on: SplitOn | None = None
+        self.streams = ""  # process_batch is an async generator: its class's name (see streams_its_results)
         self.changed: Callable[..., None] = lambda **what: None
 
     # ------------------------------------------------------------------ what the engine compares against
@@ -229,20 +230,38 @@ class Settings:
 
     # ------------------------------------------------------------------ setting them
 
+    def streams_its_results(self, name: str) -> None:
+        """``process_batch`` of the class ``name`` is an async generator: it handles its failures itself, and
+        ``retry``, ``on_batch_error`` and ``split_on`` are refused, given to the constructor or set live."""
+        self.streams = name
+        for key in ("retry", "on_batch_error", "split_on"):
+            self._not_streaming(key, getattr(self, key), f"{name}()")
+
+    def _not_streaming(self, key: str, value: object, where: str = "") -> None:
+        if value is not None and self.streams:
+            raise TypeError(
+                f"{where or self.streams}: {key}= is for a process_batch that returns its results; a streaming one "
+                "(an async generator) handles its failures itself"
+            )
+
     def set_retry(self, value: object) -> None:
         if value is not None and not isinstance(value, RetryPolicy):
             raise TypeError(f"retry must be an async_batcher.failures.RetryPolicy or None, got {value!r}")
+        self._not_streaming("retry", value)
         self.retry = value
         self.changed()
 
     def set_on_batch_error(self, value: object) -> None:
         if value is not None and not isinstance(value, Isolate):
             raise TypeError(f"on_batch_error must be an async_batcher.failures.Isolate or None, got {value!r}")
+        self._not_streaming("on_batch_error", value)
         self.on_batch_error = value
         self.changed()
 
     def set_split_on(self, value: object) -> None:
-        self.split_on = SplitOn.of(value)
+        split = SplitOn.of(value)
+        self._not_streaming("split_on", split)
+        self.split_on = split
         self.changed()
 
     def set_limits(self, limits: Limits) -> None:
