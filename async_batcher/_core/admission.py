@@ -305,6 +305,8 @@ class Admission:
             raise ValueError(f"{self.name}: item_weight() must return a finite number >= 0, got {weight!r}")
         if weight > engine.weight_limit:
             self.recorder.reject(n, "oversized")
+            if weight > engine.room.weight_limit:  # over max_queue_weight too: the limit of what gets in
+                raise engine.room.never_fits(1, float(weight))
             raise OversizedItemError(
                 f"{self.name}: an item of weight {weight!r} can never fit in "
                 f"max_batch_weight={self.settings.limits.max_batch_weight!r}",

@@ -117,6 +117,7 @@ def take(
         lane.weight -= taken.weight
     queue.waiting -= n
     queue.recorder.exited += n
+    queue.changes += 1
     if not any(lane.order):
         lane.clean = True
     return taken

@@ -217,6 +217,19 @@ async def test_a_too_heavy_item_for_max_batch_weight_is_an_oversized_item_error_
     await b.stop()
 
 
+async def test_an_item_heavier_than_both_limits_is_refused_naming_max_queue_weight() -> None:
+    # The guide's example (max_queue_weight=1 000 000, max_batch_weight=800 000, an item of 1 200 000) was refused
+    # naming max_batch_weight: the limit of a batch, not of what gets in, which the example is about.
+    b = Weighed(max_queue_weight=10, max_batch_weight=8)
+    with pytest.raises(OversizedItemError, match="weight 11 can never fit in max_queue_weight=10") as info:
+        await b.process(11)
+    assert (info.value.weight, info.value.limit) == (11, 10)
+    with pytest.raises(OversizedItemError, match=r"weight 9\.0 can never fit in max_batch_weight=8\.0"):
+        await b.process(9)  # over max_batch_weight alone: that one
+    assert dict(b.stats.rejected_reasons) == {"oversized": 2}
+    await b.stop()
+
+
 @pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, True, "10"])
 def test_the_limit_is_a_finite_number_above_zero(bad: object) -> None:
     with pytest.raises(ValueError, match=f"max_queue_weight must be None or a finite number > 0, got {bad!r}"):

@@ -164,10 +164,16 @@ async def test_a_later_item_that_would_make_an_earlier_one_late_is_refused_thoug
     await after_time(lambda: b.stats.in_flight == 1)
     tight = asyncio.ensure_future(b.process(1, timeout=0.045))  # 20 ms + its batch of 1 (20 ms): in time
     await until(lambda: b.stats.queued == 1)
-    with pytest.raises(LateRefusalError, match="past the deadline of the items ahead of it in its batch"):
+    with pytest.raises(LateRefusalError, match="past the deadline of the items ahead of it in its batch") as info:
         await b.process(2, timeout=10)  # its batch of 2 would take 30 ms: the tight one would be late
-    assert await asyncio.gather(first, tight) == [0, 1]
+    # Its own deadline is far: what it waits for is the tight one's batch to go, when the first ends (20 ms). (It
+    # was 0: "retry after 0.000 s", an invitation to be refused again at once.)
+    assert 0.015 < info.value.retry_after <= 0.02
+    with pytest.raises(LateRefusalError):
+        await b.process(2, timeout=10)  # (as a retry at once is)
+    await asyncio.sleep(info.value.retry_after + 0.001)
     assert await b.process(2, timeout=10) == 2  # its own batch now
+    assert await asyncio.gather(first, tight) == [0, 1]
     await b.stop()
     idle_and_clean(b)
 
@@ -271,3 +277,71 @@ async def test_turned_on_live_it_starts_measuring_and_the_short_path_closes() ->
 def test_refuse_late_is_a_flag() -> None:
     with pytest.raises(TypeError, match="refuse_late must be True or False, got 'yes'"):
         Model(refuse_late="yes")  # type: ignore[arg-type]
+
+
+# The deadline an arriving item is held to (that of the items ahead of it in its batch) follows the items that set it
+# as they leave: cancelled, timed out, or sent in a batch cut to a preferred size. Before, it stayed, and an item
+# that would have been answered well inside its timeout was refused "past the deadline of the items ahead of it in
+# its batch", with "retry after 0.000 s".
+
+
+async def tail_with_a_tight_item(b: Model, *, relaxed_first: int = 1) -> tuple[list[asyncio.Future[int]], Any]:
+    """A batch in flight (11 ms), then ``relaxed_first`` items with a far deadline, then one due in 30 ms: the
+    queued items', in their order, and the tight one's future."""
+    await warm_up(b)
+    first = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    relaxed = [asyncio.ensure_future(b.process(i, timeout=10)) for i in range(1, relaxed_first + 1)]
+    tight = asyncio.ensure_future(b.process(100, timeout=0.03))
+    await until(lambda: b.stats.queued == relaxed_first + 1)
+    return [first, *relaxed], tight
+
+
+async def test_the_deadline_ahead_goes_with_an_item_that_is_cancelled() -> None:
+    b = Model(refuse_late=True, max_batch_size=64, max_queue_time=0)
+    others, tight = await tail_with_a_tight_item(b, relaxed_first=8)
+    with pytest.raises(LateRefusalError, match="the deadline of the items ahead of it"):
+        await b.process(200, timeout=10)  # 11 ms, then a batch of 10: 20 ms: the tight one would be late
+    tight.cancel()
+    await until(lambda: b.stats.queued == 8)
+    # 11 ms, then a batch of 10 (as with the tight one, which would have been late), well within their 10 s.
+    assert await asyncio.gather(b.process(200, timeout=10), b.process(201, timeout=10)) == [200, 201]
+    assert await asyncio.gather(*others) == list(range(9))
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_the_deadline_ahead_goes_with_an_item_that_timed_out() -> None:
+    b = Model(refuse_late=True, max_batch_size=64, max_queue_time=0)
+    await warm_up(b)
+    b.stall = 0.1  # the batch in flight takes 100 ms, where 11 ms are predicted: the tight one times out queued
+    first = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    relaxed = asyncio.ensure_future(b.process(1, timeout=10))
+    tight = asyncio.ensure_future(b.process(100, timeout=0.03))
+    with pytest.raises(TimeoutError):
+        await tight
+    assert b.stats.queued == 1 and b.stats.in_flight == 1
+    # The batch in flight is past its predicted end: the next batch, 1 and this one, would be answered within 10 s.
+    assert await b.process(200, timeout=10) == 200
+    assert await asyncio.gather(first, relaxed) == [0, 1]
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_the_deadline_ahead_goes_with_items_sent_in_a_batch_cut_to_a_preferred_size() -> None:
+    b = Model(refuse_late=True, max_batch_size=64, max_queue_time=0, preferred_batch_sizes=(2, 64))
+    await warm_up(b)
+    first = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    tight = asyncio.ensure_future(b.process(100, timeout=0.03))
+    relaxed = [asyncio.ensure_future(b.process(i, timeout=10)) for i in range(1, 9)]
+    await until(lambda: b.stats.queued == 9)
+    assert await first == 0
+    await until(lambda: b.sizes[-1] == 2)  # the tight one and the first relaxed one: a batch of the preferred 2
+    assert b.stats.queued == 7
+    # Behind that batch (12 ms), a batch of the 7 left and this one (18 ms): within their 10 s.
+    assert await b.process(200, timeout=10) == 200
+    assert await asyncio.gather(tight, *relaxed) == [100, *range(1, 9)]
+    await b.stop()
+    idle_and_clean(b)
