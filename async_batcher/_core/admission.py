@@ -230,10 +230,10 @@ class Admission:
                 else:
                     row.entry = Entry(item, row, engine.clock(), lane, context)
                 engine.put_entry(row.entry, priority)
-                return await self._await_row(engine, row, row.join(), deadline)
+                return await self._await_row(engine, row, row.join(deadline), deadline)
         self.recorder.exited += 1  # (submitted: it never waits in the queue, its row does)
         self.recorder.count("deduplicated")
-        return await self._await_row(engine, row, row.join(), deadline)
+        return await self._await_row(engine, row, row.join(deadline), deadline)
 
     async def _await_row(self, engine: Engine, row: Shared, fut: asyncio.Future[Any], deadline: float | None) -> Any:
         """A caller's wait for its shared row's result: leaving (cancelled, timed out) leaves the row to the others."""

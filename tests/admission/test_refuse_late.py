@@ -345,3 +345,26 @@ async def test_the_deadline_ahead_goes_with_items_sent_in_a_batch_cut_to_a_prefe
     assert await asyncio.gather(tight, *relaxed) == [100, *range(1, 9)]
     await b.stop()
     idle_and_clean(b)
+
+
+async def test_a_shared_row_holds_the_items_behind_it_to_its_callers_deadline_as_they_join() -> None:
+    class Shared(Model):
+        def dedup_key(self, item: int) -> int:
+            return item
+
+    b = Shared(refuse_late=True, max_batch_size=64, max_queue_time=0)
+    await warm_up(b)
+    first = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    tight = asyncio.ensure_future(b.process(100, timeout=0.03))  # a row due in 30 ms
+    await until(lambda: b.stats.queued == 1)
+    with pytest.raises(LateRefusalError, match="the deadline of the items ahead of it"):
+        await b.process_many(range(1, 10), timeout=10)  # 11 ms, then a batch of 10 (20 ms): the row would be late
+    relaxed = asyncio.ensure_future(b.process(100, timeout=10))  # joins the row: it is due in 10 s now
+    await asyncio.sleep(0)
+    assert await b.process_many(range(1, 10), timeout=10) == list(range(1, 10))
+    assert await asyncio.gather(first, relaxed) == [0, 100]
+    with pytest.raises(TimeoutError):  # (the row is answered for the caller who can wait: at 31 ms)
+        await tight
+    await b.stop()
+    idle_and_clean(b)
