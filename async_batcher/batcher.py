@@ -128,7 +128,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
     def __init__(self, **options: Unpack[BatcherOptions]) -> None:
         super().__init__()
         cls = type(self)
-        self._settings, name = settings_from(dict(options), f"{cls.__name__}()")
+        self._settings, name = settings_from(dict(options), f"{cls.__name__}()", cls._overridden)
         if inspect.isasyncgenfunction(self.process_batch):
             self._settings.streams_its_results(cls.__name__)
         self.name: str = _checks.name(name, cls.__name__)

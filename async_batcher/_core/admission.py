@@ -65,6 +65,8 @@ class Admission:
         """The engine ``n`` items go to, their priority and deadline; or refuse them."""
         priority = _checks.priority(priority)
         timeout = self.settings.default_timeout if timeout is None else _checks.timeout(timeout)
+        if timeout is None and self.settings.refuse_late:
+            self.late.refuse_without_deadline()
         loop = asyncio.get_running_loop()
         engine = self.life.admit(loop, n).engine
         assert engine is not None

@@ -52,6 +52,16 @@ class LateRefusal:
         policy = find(self.settings.policy, LatencyBudget)
         return math.inf if policy is None else float(policy.max_latency)
 
+    def refuse_without_deadline(self) -> None:
+        """A call with no ``timeout=`` on a batcher with no ``default_timeout``: with no ``max_latency`` either, its
+        items have no deadline, and ``refuse_late`` could never judge them: a ``ValueError`` rather than a setting
+        that silently does nothing."""
+        if self.latency() == math.inf:
+            raise ValueError(
+                f"{self.name}: refuse_late=True, but this call has no deadline to be judged by: pass timeout=, or set "
+                "default_timeout= or max_latency= on the batcher (a generous timeout for the calls that may wait)"
+            )
+
     def refuse_if_late(self, engine: Engine, n: int, deadline: float | None, *, waited: bool = False) -> float | None:
         """With ``refuse_late``: refuse ``n`` items (a call's) predicted to be answered after their deadline, or to
         make the items ahead of them in their batch late (:class:`LateRefusalError`, with when to try again); else

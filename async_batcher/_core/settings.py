@@ -2,8 +2,9 @@
 :class:`Settings` that holds them, validated (public through :mod:`async_batcher.settings`).
 
 "No limit" is spelled ``None`` everywhere; the spellings of async-batcher 0.2.2 and 1.0's first drafts (``-1``, and
-``0`` for ``max_queue_size``) are still accepted and read back as ``None``. Beside each setting, :class:`Settings`
-keeps the limit the engine compares against, with "no limit" as a number the hot path compares without a branch.
+``0`` for ``max_queue_size``) are still accepted, with a ``DeprecationWarning``, and read back as ``None``. Beside
+each setting, :class:`Settings` keeps the limit the engine compares against, with "no limit" as a number the hot
+path compares without a branch.
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ __all__ = ["Limits", "ResultCache", "Streaming"]
 
 
 def _limit(name: str, value: object, *, zero: bool = False) -> int | None:
-    """A count >= 1, or ``None`` for no limit (``-1``, and ``0`` where ``zero``, are old spellings of it)."""
+    """A count >= 1, or ``None`` for no limit (``-1``, and ``0`` where ``zero``, are old spellings of it, which
+    warn)."""
     if value is None:
         return None
     number = _checks.count(name, value, zero_means_unlimited=zero)
-    return None if number <= 0 else number
+    if number > 0:
+        return number
+    _checks.deprecated(f"{name}={value!r} for no limit is deprecated: use {name}=None")
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +180,9 @@ class Settings:
         self.on_batch_error: Isolate | None = None
         self.split_on: SplitOn | None = None
         self.streams = ""  # process_batch is an async generator: its class's name (see streams_its_results)
+        # The hooks the batcher's class overrides, against which the settings that need one are checked (None: not
+        # known, not checked).
+        self.hooks: frozenset[str] | None = None
         self.changed: Callable[..., None] = lambda **what: None
 
     # ------------------------------------------------------------------ what the engine compares against
@@ -268,6 +276,14 @@ class Settings:
         if not isinstance(limits, Limits):
             raise TypeError(f"limits must be an async_batcher.Limits, got {limits!r}")
         _check_sizes(limits, self.policy, limits_changed=True)
+        if limits.max_queue_weight is not None:
+            self._needs_hook(
+                "max_queue_weight",
+                limits.max_queue_weight,
+                "item_weight",
+                "weight",
+                "every item would weigh 1 (max_queue_size bounds their number)",
+            )
         old = self.limits
         weights = (limits.max_batch_weight, limits.max_queue_weight) != (None, None) and not self.weighted
         room = (limits.max_queue_size or UNLIMITED) > (old.max_queue_size or UNLIMITED) or (
@@ -311,6 +327,23 @@ class Settings:
         for layer in layers(policy):
             _set_owner(layer, weakref.ref(self))
 
+    def set_result_cache(self, value: object) -> None:
+        if value is not None and not isinstance(value, ResultCache):
+            raise TypeError(f"result_cache must be an async_batcher.ResultCache or None, got {value!r}")
+        if value is not None:
+            self._needs_hook("result_cache", value, "dedup_key", "dedup", "no row is shared, so nothing would be kept")
+        self.result_cache = value
+        self.changed()
+
+    def _needs_hook(self, name: str, value: object, hook: str, option: str, otherwise: str) -> None:
+        """Refuse a setting that does nothing (or something else than it says) unless the batcher's class overrides
+        ``hook`` (``option``: the keyword of ``@batch`` that gives it)."""
+        if self.hooks is not None and hook not in self.hooks:
+            raise ValueError(
+                f"{name}={value!r} needs the {hook}() hook, which the batcher does not override: {otherwise}; "
+                f"override {hook} (with @batch: {option}=), or leave {name} out"
+            )
+
     def set_timeout(self, value: object) -> None:
         self.default_timeout = None if value is None else _checks.seconds("default_timeout", value)
         self.changed()
@@ -347,7 +380,10 @@ class Settings:
         if layer is not None and not off and value is not None:
             setattr(layer, attribute, value)
         elif name == "max_queue_time" and self.from_keywords:
-            pass  # kept for when a Deadline comes back (max_latency=None)
+            raise TypeError(
+                f"max_queue_time={value!r} does nothing while max_latency={self.dispatch_keyword('max_latency')!r} "
+                "is set (the latency budget chooses the wait): set max_latency=None first"
+            )
         elif not self.from_keywords:
             raise TypeError(
                 f"{name} cannot be set on a batcher whose policy was given as policy={self.policy!r}: set the "

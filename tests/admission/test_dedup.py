@@ -262,6 +262,28 @@ def test_result_cache_is_checked() -> None:
         Lookup(result_cache={"ttl": 1})  # type: ignore[arg-type]
 
 
+def test_a_result_cache_without_dedup_key_is_an_error_at_construction_and_live() -> None:
+    # Nothing is shared without dedup_key: a cache of shared rows' results would keep nothing, silently.
+    cache = ResultCache(ttl=1, max_bytes=100)
+
+    class Plain(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            return batch
+
+    needs = r"result_cache=ResultCache\(.*\) needs the dedup_key\(\) hook, which the batcher does not override"
+    with pytest.raises(ValueError, match=needs) as info:
+        Plain(result_cache=cache)
+    assert "@batch: dedup=" in str(info.value)
+    b = Plain()
+    with pytest.raises(ValueError, match=needs):
+        b.result_cache = cache
+    assert b.result_cache is None
+    b.result_cache = None  # (nothing to keep: fine)
+    assert Lookup(result_cache=cache).result_cache is cache
+    with pytest.raises(ValueError, match="dedup="):
+        batch(result_cache=cache)(Plain.process_batch)
+
+
 async def test_the_decorator_takes_dedup_and_copy_result() -> None:
     seen: list[list[str]] = []
 

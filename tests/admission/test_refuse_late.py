@@ -17,9 +17,11 @@ pytestmark = pytest.mark.virtual_time
 
 
 class Model(AsyncBatcher[int, int]):
-    """A batch of ``n`` takes ``per_batch + per_item·n`` seconds on the loop's clock (``stall``: once, that long)."""
+    """A batch of ``n`` takes ``per_batch + per_item·n`` seconds on the loop's clock (``stall``: once, that long).
+    Every call has a deadline, 60 s unless it gives a timeout (``refuse_late`` needs one)."""
 
     def __init__(self, *, per_batch: float = 0.010, per_item: float = 0.001, **kwargs: Any) -> None:
+        kwargs.setdefault("default_timeout", 60.0)
         super().__init__(**kwargs)
         self.per_batch = per_batch
         self.per_item = per_item
@@ -130,16 +132,28 @@ async def test_a_refusal_says_why_and_when_to_retry_and_the_retry_is_admitted() 
     idle_and_clean(b)
 
 
-async def test_nothing_is_refused_during_the_warm_up_nor_without_a_deadline() -> None:
+async def test_nothing_is_refused_during_the_warm_up() -> None:
     b = Model(refuse_late=True, per_batch=1.0, per_item=0.0, max_queue_time=0)
     outcomes = await asyncio.gather(*(b.process(i, timeout=0.5) for i in range(3)), return_exceptions=True)
     assert all(isinstance(o, TimeoutError) for o in outcomes)  # late, but admitted: nothing measured yet
-    for _ in range(WARMUP):
-        await b.process(0)
-    # No deadline (no timeout, no default_timeout, no max_latency): never refused, however long the queue.
-    assert await asyncio.gather(*(b.process(i) for i in range(5))) == list(range(5))
     assert b.stats.rejected == 0
     await b.stop()
+
+
+async def test_a_call_without_a_deadline_is_an_error_naming_the_ways_to_give_one() -> None:
+    # No timeout=, no default_timeout, no max_latency: the item could never be judged, and refuse_late silently did
+    # nothing for it. A call that gives a timeout is judged; max_latency or default_timeout give every call one.
+    b = Model(refuse_late=True, default_timeout=None, max_queue_time=0)
+    for call in (lambda: b.process(1), lambda: b.process_many([1, 2]), lambda: anext(b.stream(1))):
+        with pytest.raises(ValueError, match="refuse_late=True, but this call has no deadline") as info:
+            await call()
+        assert all(way in str(info.value) for way in ("timeout=", "default_timeout=", "max_latency="))
+    assert b.stats.submitted == 0
+    assert await b.process(1, timeout=5) == 1
+    b.refuse_late = False
+    assert await b.process(2) == 2
+    await b.stop()
+    assert await Model(refuse_late=True, default_timeout=None, max_latency=0.5).process(3) == 3
 
 
 async def test_an_item_that_finds_the_batcher_idle_is_admitted_even_if_predicted_late() -> None:
@@ -262,10 +276,11 @@ async def test_refused_after_waiting_for_room_counts_as_submitted_and_failed() -
 
 
 async def test_turned_on_live_it_starts_measuring_and_the_short_path_closes() -> None:
-    b = Model(max_batch_size=64, max_queue_time=0)
+    b = Model(max_batch_size=64, max_queue_time=0, default_timeout=None)
     await b.process(0)
     assert b._life.run.fast is not None
     b.refuse_late = True
+    b.default_timeout = 60.0
     assert b._life.run.fast is None
     await warm_up(b)
     assert b._admission.late.lateness is not None and b._admission.late.lateness.fit.observations >= WARMUP

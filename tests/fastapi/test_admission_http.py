@@ -51,7 +51,7 @@ def _app(batcher: Slow) -> FastAPI:
 
 @pytest.mark.single_loop
 async def test_oversized_is_413_and_late_is_503_with_its_computed_retry_after() -> None:
-    batcher = Slow(max_queue_weight=100, refuse_late=True, max_queue_time=0)
+    batcher = Slow(max_queue_weight=100, refuse_late=True, max_queue_time=0, default_timeout=60.0)
     server = ThreadServer(_app(batcher))
     server.start()
     try:
@@ -81,7 +81,7 @@ async def test_oversized_is_413_and_late_is_503_with_its_computed_retry_after() 
 
 @pytest.mark.virtual_time
 async def test_the_refusals_by_reason_are_metrics() -> None:
-    batcher = Slow(max_queue_weight=10, max_queue_time=0)
+    batcher = Slow(max_queue_weight=10, max_queue_time=0, default_timeout=60.0)
     registry = CollectorRegistry()
     register_batcher(batcher, registry)
     with pytest.raises(OversizedItemError):
