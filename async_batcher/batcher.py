@@ -325,10 +325,18 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             return
         self._life.bind(loop, copy_context())
 
-    async def is_running(self) -> bool:
-        """Whether the batcher is started and not yet fully stopped (it is running while it drains)."""
+    @property
+    def running(self) -> bool:
+        """Whether the batcher is started and not yet fully stopped (it is running while it drains): a plain
+        property, for ``if batcher.running:``."""
         run = self._life.run
         return run.state in (State.RUNNING, State.STOPPING) and run.loop is not None and not run.loop.is_closed()
+
+    async def is_running(self) -> bool:
+        """:attr:`running`, as a coroutine (async-batcher 0.2.2's): ``await batcher.is_running()``. Without
+        ``await`` it is a coroutine object, always true: ``if batcher.is_running():`` is a bug; read
+        :attr:`running` there."""
+        return self.running
 
     async def stop(self, force: bool = False, timeout: float | None = None) -> None:
         """Stop: refuse new items, finish (or with ``force``, fail) the accepted ones, then run :meth:`on_stop`.

@@ -951,3 +951,26 @@ def test_no_message_of_the_package_writes_a_count_before_a_fixed_plural() -> Non
         if count.search(line) and not line.lstrip().startswith("#")
     ]
     assert not found, "\n".join(found)
+
+
+async def test_running_is_a_plain_property_beside_0_2_2s_coroutine() -> None:
+    # is_running() is a coroutine, as in 0.2.2: `if b.is_running():` tested a coroutine object, always true.
+    gate = asyncio.Event()
+    b = Recording(max_queue_time=0, gate=gate)
+    assert b.running is False and await b.is_running() is False
+    b.start()
+    assert b.running is True and await b.is_running() is True
+    call = asyncio.ensure_future(b.process(1))
+    await asyncio.sleep(0)
+    stopping = asyncio.ensure_future(b.stop())
+    await asyncio.sleep(0)
+    assert b.running is True  # draining: still running
+    gate.set()
+    await stopping
+    assert await call == 2
+    assert b.running is False and await b.is_running() is False
+    coroutine = b.is_running()
+    assert inspect.iscoroutine(coroutine)
+    coroutine.close()
+    with pytest.raises(AttributeError):
+        b.running = True  # type: ignore[misc]
