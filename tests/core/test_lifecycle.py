@@ -972,5 +972,16 @@ async def test_running_is_a_plain_property_beside_0_2_2s_coroutine() -> None:
     coroutine = b.is_running()
     assert inspect.iscoroutine(coroutine)
     coroutine.close()
-    with pytest.raises(AttributeError):
-        b.running = True  # type: ignore[misc]
+
+
+async def test_a_subclass_keeps_its_own_attribute_named_running() -> None:
+    # A name 0.2.2's subclasses were free to use: theirs wins for their instances (not a property without setter).
+    class Own(Recording):
+        def __init__(self) -> None:
+            super().__init__()
+            self.running = "mine"  # type: ignore[assignment]
+
+    b = Own()
+    assert b.running == "mine" and await b.is_running() is False
+    assert await b.process(1) == 2 and await b.is_running() is True
+    await b.stop()
