@@ -261,7 +261,8 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             OversizedItemError: the item alone weighs more than ``max_queue_weight`` or ``max_batch_weight``.
             BatcherStoppedError: the batcher is stopping or stopped, or the item was abandoned by a forced stop.
             TimeoutError: ``timeout`` seconds passed first; an item not yet sent is withdrawn.
-            ValueError: a bad ``timeout``/``priority``.
+            ValueError: a bad ``timeout``/``priority``; with ``refuse_late``, a call that has no deadline (no
+                ``timeout``, ``default_timeout`` or ``max_latency``).
             ReentrantCallError: called from inside this batcher's ``process_batch`` with every slot taken.
             BatchSizeMismatchError: ``process_batch`` returned the wrong number of results.
             Exception: whatever ``process_batch`` raised, or the ``Exception`` it returned for this item.

@@ -53,10 +53,11 @@ class BatcherOptions(TypedDict, total=False):
     #: On a full queue, wait for room instead of raising :class:`~async_batcher.QueueFullException`.
     wait_when_full: bool
     #: Refuse at admission an item predicted to be answered after its deadline (its ``timeout``, ``default_timeout``
-    #: or ``max_latency``), with :class:`~async_batcher.LateRefusalError`. Default False.
+    #: or ``max_latency``), with :class:`~async_batcher.LateRefusalError`; a call with none of them is a
+    #: ``ValueError``. Default False.
     refuse_late: bool
-    #: Keep the results of deduplicated items (``dedup_key``) for a while: :class:`~async_batcher.ResultCache`.
-    #: Default ``None``: nothing is kept once a row resolves.
+    #: Keep the results of deduplicated items (the ``dedup_key`` hook, which it needs) for a while:
+    #: :class:`~async_batcher.ResultCache`. Default ``None``: nothing is kept once a row resolves.
     result_cache: ResultCache | None
     #: Seconds every item may take at most (waiting for room included) when its call gives no ``timeout=``.
     default_timeout: float | None
@@ -84,7 +85,7 @@ class BatcherOptions(TypedDict, total=False):
     #: ``Limits.max_queue_size``, given alone: the most items waiting for a batch (``None``: no limit).
     max_queue_size: int | None
     #: ``Limits.max_queue_weight``, given alone: the most total ``item_weight`` admitted and not yet answered, held
-    #: until each call resolves (``None``: no limit).
+    #: until each call resolves (``None``: no limit); it needs the ``item_weight`` hook.
     max_queue_weight: float | None
     #: The policy's wait, a :class:`~async_batcher.policies.Deadline`: the most seconds the oldest item waits for
     #: its batch to fill once a slot is free. Default 0.01.

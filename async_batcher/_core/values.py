@@ -43,7 +43,8 @@ class Limits:
         max_queue_weight: The most total :meth:`~async_batcher.AsyncBatcher.item_weight` admitted and not yet
             answered (waiting *and* in flight: an item's weight is released when its call resolves); past it a call
             raises :class:`~async_batcher.QueueFullException` or waits its turn (``wait_when_full``). An item
-            heavier than the limit alone is refused at once (:class:`~async_batcher.OversizedItemError`).
+            heavier than the limit alone is refused at once (:class:`~async_batcher.OversizedItemError`). A batcher
+            given one must override ``item_weight`` (``weight=`` with ``@batch``): without, it is a ``ValueError``.
     """
 
     max_batch_size: int | None = None
