@@ -169,7 +169,7 @@ def _missing(name: str | None, state: Mapping[str, Any], found: Mapping[str, Asy
 def add_batcher_exception_handlers(app: Starlette, *, retry_after: int = 1) -> None:
     """Answer ``QueueFullException`` and ``BatcherStoppedError`` with 503 and ``Retry-After``: the request was not
     processed, try again. ``Retry-After`` is the seconds the exception computed (its ``retry_after``: a
-    :class:`~async_batcher.LateRefusalError`'s, rounded up), else ``retry_after``. Answer
+    :class:`~async_batcher.LateRefusalError`'s, rounded up, at least 1), else ``retry_after``. Answer
     :class:`~async_batcher.OversizedItemError` with 413: the item can never be admitted. Answer
     :class:`~async_batcher.OutcomeUnknownError` (a write or a send cut off by a stop or a lost connection) with 500
     and no ``Retry-After``: it may have been processed, and a client that retries it blindly may do it twice."""
@@ -184,7 +184,7 @@ def add_batcher_exception_handlers(app: Starlette, *, retry_after: int = 1) -> N
             reason = "queue full" if isinstance(exc, QueueFullException) else "shutting down"
         computed = getattr(exc, "retry_after", None)
         if computed is not None and math.isfinite(computed):
-            seconds = max(0, math.ceil(computed))
+            seconds = max(1, math.ceil(computed))  # (0 would invite an immediate retry, refused again)
         logger.debug("%s %s: 503, %s", request.method, request.url.path, reason)
         return JSONResponse(
             {"detail": f"Service unavailable: {reason}, retry later"},

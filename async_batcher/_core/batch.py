@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable
 from itertools import compress, repeat
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from async_batcher._core.sinks import without_departed
+from async_batcher._core.sinks import SharedSink, without_departed
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -133,11 +133,16 @@ class Batch:
 
     @property
     def deadline(self) -> float:
-        """The earliest deadline of its items whose callers still wait (``inf``: none)."""
-        deadlines = self.deadlines
-        if not deadlines:
+        """The earliest deadline of its items whose callers still wait (``inf``: none); a shared row's is its
+        callers' now."""
+        if self.abandoned:
             return math.inf
-        return min((d for d, live in zip(deadlines, self.live_items(), strict=True) if live), default=math.inf)
+        deadlines = self.deadlines
+        earliest = math.inf
+        if deadlines:
+            earliest = min((d for d, live in zip(deadlines, self.live_items(), strict=True) if live), default=earliest)
+        rows = [sink.deadline() for sink in self.sinks if isinstance(sink, SharedSink) and not sink.done()]
+        return min(earliest, *rows) if rows else earliest
 
     def live_items(self) -> list[bool]:
         """For each item, whether its caller still waits."""

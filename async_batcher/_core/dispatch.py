@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import numbers
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
+from async_batcher._checks import is_real
 from async_batcher._core import forming
 from async_batcher._core.batch import Batch, Watcher
 from async_batcher._core.policy import DispatchPolicy, Reason
@@ -121,12 +123,18 @@ class Dispatch:
             or lane.weight >= min(self.weight_limit, lane.weight_ceiling)
         ):
             return now
-        trigger = lane.trigger = min(self.policy.full_at(lane, now), self.batch_limit, lane.ceiling)
+        full = self.policy.full_at(lane, now)
+        try:
+            trigger = lane.trigger = min(full, self.batch_limit, lane.ceiling)
+        except TypeError:  # (None, a string: compared with a count, or left to fail further on)
+            raise _wrong_answer(self.policy, "full_at", full, "a number of items") from None
         if lane.count >= trigger:
             return now
         at = self.policy.due(lane, now)
+        if at.__class__ is not float and not is_real(at):
+            raise _wrong_answer(self.policy, "due", at, "a time on the loop's clock, or inf")
         if at != at:  # NaN: neither due nor not, it would leave the lane waiting, silently
-            raise ValueError(f"{type(self.policy).__name__}.due() returned {at!r}: a time, or inf")
+            raise _wrong_answer(self.policy, "due", at, "a time, or inf", ValueError)
         return at
 
     def _reason(self, lane: Lane, now: float) -> Reason:
@@ -157,8 +165,10 @@ class Dispatch:
         lane.served = queue.dispatches
         reason = self._reason(lane, now)
         size = self.policy.size(lane)
-        if not size >= 1:  # (NaN too) a batch that takes nothing would be formed again and again, forever
-            raise ValueError(f"{type(self.policy).__name__}.size() returned {size!r}: a batch takes one item or more")
+        if size.__class__ is not int and (isinstance(size, bool) or not isinstance(size, numbers.Integral)):
+            raise _wrong_answer(self.policy, "size", size, "a whole number of items, one or more")
+        if not size >= 1:  # a batch that takes nothing would be formed again and again, forever
+            raise _wrong_answer(self.policy, "size", size, "a batch takes one item or more", ValueError)
         # (A lane's ceiling: the size an out-of-memory split found fits; none, but with split_on.)
         limit = min(size, self.batch_limit, lane.ceiling)
         flushing = self.flushing
@@ -303,7 +313,9 @@ class Dispatch:
     def internal_error(self, exc: Exception) -> None:
         """A bug of the dispatcher or of its policy: report it, and fail every caller rather than leave one
         waiting; the run serves on. An exception raised in the policy names its method."""
-        what = _raised_in_policy(exc) or "internal error while dispatching batches"
+        what = (
+            getattr(exc, _POLICY_ANSWER, None) or _raised_in_policy(exc) or "internal error while dispatching batches"
+        )
         self.loop.call_exception_handler({"message": f"{self.name}: {what}", "exception": exc})
         self.abort(AsyncBatchException(f"{self.name}: {what}: {exc!r}"))
 
@@ -327,6 +339,21 @@ class Dispatch:
         self.timer = None
         self.timer_when = when
         self.pump_safely()
+
+
+# The attribute that marks an answer of a dispatch policy refused (:func:`_wrong_answer`): what its callers are told.
+_POLICY_ANSWER = "_async_batcher_policy_answer"
+
+
+def _wrong_answer(
+    policy: DispatchPolicy, method: str, value: object, wanted: str, kind: type[Exception] = TypeError
+) -> Exception:
+    """The error of a dispatch policy's answer that is not what its method must return: it names the policy, the
+    method and the value (not an internal error of the dispatcher)."""
+    name = f"{type(policy).__name__}.{method}()"
+    exc = kind(f"{name} returned {value!r}: {wanted}")
+    setattr(exc, _POLICY_ANSWER, f"{name} gave a wrong answer")
+    return exc
 
 
 def _raised_in_policy(exc: BaseException) -> str | None:

@@ -340,7 +340,7 @@ class Engine(Dispatch):
         return inside is not None and inside.owner is self and inside.is_live()
 
     def reentrant_error(self) -> ReentrantCallError:
-        slots = "-1" if self.slot_limit == UNLIMITED else self.slot_limit
+        slots = "None" if self.slot_limit == UNLIMITED else self.slot_limit
         return ReentrantCallError(
             f"{self.name}: an item submitted (process(), process_many() or stream()) from inside its own process_batch "
             f"while every slot (concurrency={slots}) is taken would wait for its own batch forever; raise "

@@ -29,7 +29,7 @@ from async_batcher._core.failures import Isolate, Retry, RetryPolicy, SplitOn, m
 from async_batcher._core.lane import WeightedEntry
 from async_batcher._core.parts import Part, Tree
 from async_batcher._core.policy import Reason
-from async_batcher._core.sinks import as_results, deliver, fail_sinks
+from async_batcher._core.sinks import as_results, deadline_of, deliver, fail_sinks
 
 if TYPE_CHECKING:
     from async_batcher._core.batch import Batch
@@ -233,7 +233,7 @@ class Recovery:
             delay = share * policy.bound(attempts)
             if outcome.__class__ is Retry and outcome.after is not None:
                 delay = max(delay, outcome.after)
-            if now + delay >= tree.deadlines[i]:
+            if now + delay >= deadline_of(tree.sinks[i], tree.deadlines[i]):
                 self._give_up(runner, tree, [i], [error], "its deadline comes before its next try")
                 continue
             going.append((i, delay, attempts, tries))

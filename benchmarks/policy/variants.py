@@ -49,7 +49,7 @@ class Variant:
         return {"kind": self.kind, "kwargs": self.kwargs, "setup": self.setup}
 
 
-# What a user gets from ``AsyncBatcher(...)`` with no argument (max_batch_size=-1, max_queue_time=0.01, ...).
+# What a user gets from ``AsyncBatcher(...)`` with no argument (max_batch_size=None, max_queue_time=0.01, ...).
 CONSTRUCTOR = Variant("constructor-defaults", "ours", "", "constructor")
 # The README's "Settings for a model server" (and the FastAPI guide's), as the head-to-head's app uses them.
 RECOMMENDED = Variant("recommended", "ours", "max_batch_size=256, max_queue_time=0, max_queue_size=4096", "recommended")

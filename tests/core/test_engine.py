@@ -334,6 +334,37 @@ async def test_an_error_of_a_policy_names_the_policy_and_its_method(
         await stopped_clean(b)
 
 
+@pytest.mark.parametrize(
+    ("method", "answer"),
+    [
+        ("due", None),
+        ("due", "soon"),
+        ("due", math.nan),
+        ("size", 2.5),
+        ("size", None),
+        ("size", 0),
+        ("full_at", None),
+        ("full_at", "8"),
+    ],
+)
+async def test_a_wrong_answer_of_a_policy_names_the_policy_its_method_and_the_answer(
+    method: str, answer: Any, loop_errors: list[dict[str, Any]]
+) -> None:
+    # Before: "internal error while dispatching batches: TypeError("'<=' not supported between instances of
+    # 'NoneType' and 'float'")", or "... TypeError('can't multiply sequence by non-int of type 'float'')", naming
+    # neither the policy nor what it returned.
+    b = Recording(policy=Faulty(**{method: lambda *args: answer}))
+    (got,) = await outcomes([asyncio.ensure_future(b.process(1))])
+    try:
+        assert isinstance(got, AsyncBatchException), got
+        message = str(got)
+        assert f"Faulty.{method}() gave a wrong answer" in message and f"returned {answer!r}" in message, message
+        assert "internal error" not in message
+        assert loop_errors and f"Faulty.{method}()" in loop_errors[0]["message"]
+    finally:
+        await stopped_clean(b)
+
+
 async def test_a_policy_without_due_is_refused_when_given() -> None:
     with pytest.raises(TypeError, match="due"):
         Recording(policy=DispatchPolicy())

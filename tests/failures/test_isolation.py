@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import math
+import sys
+import textwrap
 import threading
 import traceback
+import types
 from typing import Any
 
 import pytest
 
+import async_batcher.failures
 from async_batcher import AsyncBatcher, BatcherStoppedError, ProcessBatchCancelledError
 from async_batcher.failures import Isolate, RetryPolicy, SplitOn
 from async_batcher.testing import record_batches
@@ -335,3 +340,24 @@ async def test_the_batches_record_their_parts() -> None:
     # Each call is a record, as stats.reasons counts it.
     assert [(r.items, r.reason) for r in log] == [([0, 1], "full"), ([0], "split"), ([1], "split")]
     assert b.stats.reasons == {"full": 1, "split": 2}
+
+
+def test_the_failures_modules_docstring_example_runs_and_its_hook_takes_item_and_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its example passed on_poison=dead_letters.append, which the hook's call (item, error) cannot be made with, and
+    # used names it never defined. Run as written, with stand-ins for the two frameworks it names.
+    doc = inspect.getdoc(async_batcher.failures) or ""
+    block = textwrap.dedent(doc.split(".. code-block:: python", 1)[1].split("\n\n", 1)[1].split("\nThe guide")[0])
+    httpx, torch = types.ModuleType("httpx"), types.ModuleType("torch")
+    httpx.ReadTimeout = type("ReadTimeout", (Exception,), {})  # type: ignore[attr-defined]
+    torch.OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "httpx", httpx)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    namespace: dict[str, Any] = {}
+    exec(compile(block, "async_batcher/failures.py (docstring)", "exec"), namespace)
+    isolate = namespace["embedder"].on_batch_error
+    assert isinstance(isolate, Isolate) and isolate.on_poison is not None
+    error = ValueError("bad")
+    isolate.on_poison("x", error)
+    assert namespace["dead_letters"] == [("x", error)]
