@@ -231,7 +231,8 @@ class Settings:
             raise
         for layer in layers(old[0]):
             _set_owner(layer, None)
-        for layer in layers(policy):
+        # (self.policy, not policy: a hook of the policy replaced, its replaced() say, may have set another since.)
+        for layer in layers(self.policy):
             _set_owner(layer, weakref.ref(self))
 
     def set_result_cache(self, value: object) -> None:

@@ -5,12 +5,14 @@ wait here is bounded; every caller resolves once."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from async_batcher import testing
+from async_batcher.policies import Deadline, DispatchPolicy, LaneView
 from tests.batchers import Recording, idle_and_clean
 
 pytestmark = pytest.mark.virtual_time
@@ -64,3 +66,47 @@ def test_no_item_is_passed_over_past_max_priority_wait_for_a_better_one_that_cam
         idle_and_clean(b)
 
     testing.run(main())
+
+
+async def test_a_policy_that_sets_another_from_its_replaced_hook() -> None:
+    # Replaced by `middle`, the policy puts `final` in place from its own replaced() hook: `final` serves, and
+    # `middle`, which served for no batch, is free for another batcher (it was left marked as serving this one).
+    final = Deadline(0.1)
+    middle = Deadline(0.3)
+
+    class Swapper(Deadline):
+        def replaced(self, by: DispatchPolicy, lanes: Iterable[LaneView], now: float) -> None:
+            b.policy = final
+
+    b = Recording(policy=Swapper(0.2))
+    calls = [asyncio.ensure_future(b.process(x)) for x in range(3)]
+    await asyncio.sleep(0)
+    b.policy = middle
+    assert b.policy is final
+    assert await asyncio.gather(*calls) == [0, 2, 4]
+    assert b.started_at == [0.1]  # final's wait, not middle's
+    other = Recording(policy=middle)
+    assert await other.process(5) == 10
+    with pytest.raises(ValueError, match="already serves another batcher"):
+        Recording(policy=final)
+    await b.stop()
+    await other.stop()
+    idle_and_clean(b)
+
+
+async def test_a_replaced_hook_that_submits_to_its_batcher() -> None:
+    parked: list[asyncio.Task[int]] = []
+
+    class Submits(Deadline):
+        def replaced(self, by: DispatchPolicy, lanes: Iterable[LaneView], now: float) -> None:
+            parked.append(asyncio.ensure_future(b.process(7)))
+
+    b = Recording(policy=Submits(5.0))
+    calls = [asyncio.ensure_future(b.process(x)) for x in range(3)]
+    await asyncio.sleep(0)
+    b.policy = Deadline(0.3)
+    assert await asyncio.gather(*calls) == [0, 2, 4]
+    assert await parked[0] == 14
+    assert b.batches == [[0, 1, 2, 7]]
+    await b.stop()
+    idle_and_clean(b)
