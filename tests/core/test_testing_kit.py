@@ -152,3 +152,21 @@ async def test_the_clock_stands_still_while_a_thread_runs_whose_caller_was_cance
         timer.join()
     assert seen == [began]
     assert loop.time() == began + 5.0 and loop.busy_threads == 0
+
+
+async def test_two_flushes_at_once_both_end() -> None:
+    # Each flush() pass cancelled the pump to come and asked for another: two flushes waiting on one another did
+    # that in turn, and the pump never ran (the loop spun, no time passing, the items never sent).
+    b = Recording(max_queue_time=100.0)
+    calls = [asyncio.ensure_future(b.process(x)) for x in range(3)]
+    await turns(2)
+    flushes = [asyncio.ensure_future(flush(b)), asyncio.ensure_future(flush(b))]
+    try:
+        await until(lambda: all(f.done() for f in flushes))  # (bounded by iterations: no time passes in a spin)
+    finally:
+        for f in flushes:
+            f.cancel()
+    assert await outcomes(calls) == [0, 2, 4]
+    assert b.batches == [[0, 1, 2]] and b.started_at == [0.0]
+    await b.stop()
+    idle_and_clean(b)
