@@ -110,3 +110,14 @@ async def test_a_replaced_hook_that_submits_to_its_batcher() -> None:
     assert b.batches == [[0, 1, 2, 7]]
     await b.stop()
     idle_and_clean(b)
+
+
+async def test_a_priority_too_large_for_a_float_is_still_a_priority() -> None:
+    # An int past a float's range is a real number, and orders as one (it raised OverflowError, naming nothing).
+    b = Recording(max_batch_size=1, max_queue_time=0.0, delay=0.1)
+    calls = [asyncio.ensure_future(b.process(x, priority=p)) for x, p in ((0, 10**400), (1, 0), (2, -(10**400)))]
+    assert await asyncio.gather(*calls) == [0, 2, 4]
+    assert b.batches == [[2], [1], [0]]
+    assert await b.process_many([3, 4], priority=10**400) == [6, 8]
+    await b.stop()
+    idle_and_clean(b)
