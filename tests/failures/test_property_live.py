@@ -10,6 +10,9 @@ too), cancellations, timeouts and every kind of stop. Whatever happens:
   a call: a record is made as a batch forms, tests/core/test_testing_kit.py's strict xfail).
 
 It found two flushes at once keeping each other's pump from ever running (the loop spun, no time passing).
+
+And a bisection (``Isolate``) whose callers leave at any moment and whose preferred sizes change as it runs keeps
+the failures guide's bound of ``2·log2(n)`` extra calls for one bad item.
 """
 
 from __future__ import annotations
@@ -247,5 +250,66 @@ def test_every_call_resolves_once_whatever_is_changed_live(
         if stop != "force" and not any(c.cancel_after is not None or c.timeout is not None for c in calls):
             assert [record.items for record in log] == b.calls
             assert Counter(record.reason for record in log) == stats.reasons
+
+    testing.run(main())
+
+
+class SlowPoisoned(AsyncBatcher[int, int]):
+    """A call takes a second; one holding an item of ``bad`` raises naming it."""
+
+    def __init__(self, bad: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.bad = bad
+
+    async def process_batch(self, batch: list[int]) -> list[int]:
+        await asyncio.sleep(1.0)
+        if self.bad in batch:
+            raise Bad(self.bad)
+        return [2 * x for x in batch]
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(2, 64),
+    data=st.data(),
+    sizes=st.sampled_from([(), (1, 64), (2, 64), (4, 64), (3, 5, 64), (1, 2, 4, 8, 16, 32, 64)]),
+)
+def test_a_bisection_with_callers_leaving_and_preferred_sizes_changed_live_keeps_its_bound(
+    n: int, data: st.DataObject, sizes: tuple[int, ...]
+) -> None:
+    # One bad item among n; callers cancelled at any moment of the bisection, preferred sizes changed during it: the
+    # healthy callers that stay get their results, the bad item's its error, and the bisection costs at most
+    # 2·log2(n) extra calls.
+    bad = data.draw(st.integers(0, n - 1))
+    leaving = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.sampled_from([0.5, 1.5, 2.5, 3.5, 5.5]))))
+    change = data.draw(st.none() | st.tuples(st.sampled_from([0.5, 1.5, 2.5]), st.sampled_from([(), (1, 64)])))
+
+    async def main() -> None:
+        b = SlowPoisoned(
+            bad, max_batch_size=64, max_queue_time=1.0, preferred_batch_sizes=sizes, on_batch_error=Isolate()
+        )
+        calls = [asyncio.ensure_future(b.process(x)) for x in range(n)]
+
+        async def cancel(x: int, at: float) -> None:
+            await asyncio.sleep(at)
+            calls[x].cancel()
+
+        async def resize(at: float, value: tuple[int, ...]) -> None:
+            await asyncio.sleep(at)
+            b.preferred_batch_sizes = value
+
+        others = [asyncio.ensure_future(cancel(x, at)) for x, at in leaving]
+        if change is not None:
+            others.append(asyncio.ensure_future(resize(*change)))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await asyncio.gather(*others)
+        for x, result in enumerate(results):
+            if not isinstance(result, asyncio.CancelledError):
+                assert isinstance(result, Bad) if x == bad else result == 2 * x, (x, result)
+        assert b.stats.extra_calls <= 2 * math.ceil(math.log2(n))
+        await b.stop()
+        stats = b.stats
+        assert stats.submitted == stats.succeeded + stats.failed + stats.cancelled + stats.timed_out, stats
+        assert testing.idle(b) == []
 
     testing.run(main())
