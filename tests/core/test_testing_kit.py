@@ -5,6 +5,7 @@ an executor thread it started still runs. (``idle()`` during a retry backoff: te
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections import Counter
 from typing import Any
@@ -219,4 +220,29 @@ async def test_record_batches_records_what_process_batch_was_handed() -> None:
     assert b.stats.batches == 1 and b.stats.reasons == {"full": 1}
     assert [r.items for r in log] == b.batches  # (recorded: [0, 1], never called, and [2, 3])
     await b.stop()
+    idle_and_clean(b)
+
+
+async def test_the_clock_stands_still_while_a_batch_runs_in_the_batchers_own_executor() -> None:
+    # executor= a pool of the batcher's own: its batches went to the pool straight (executor.submit), unseen by the
+    # loop, whose clock jumped to the caller's timeout while the thread worked: a TimeoutError on the virtual clock
+    # where a real loop answers in 20 ms.
+    release = threading.Event()
+
+    class Sync(AsyncBatcher[int, int]):
+        def process_batch(self, batch: list[int]) -> list[int]:
+            release.wait(30)
+            return [x * 2 for x in batch]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        b = Sync(max_queue_time=0, executor=pool)
+        timer = threading.Timer(0.02, release.set)  # the thread's work takes a little real time
+        timer.start()
+        try:
+            assert await b.process(1, timeout=1.0) == 2
+        finally:
+            release.set()
+            timer.join()
+        assert asyncio.get_running_loop().time() == 0.0
+        await b.stop()
     idle_and_clean(b)
