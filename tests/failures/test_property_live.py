@@ -245,6 +245,8 @@ def test_every_call_resolves_once_whatever_is_changed_live(
         stats = b.stats
         assert stats.submitted == stats.succeeded + stats.failed + stats.cancelled + stats.timed_out, stats
         assert testing.idle(b) == []
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, testing.VirtualClockLoop) and loop.timers() == 0  # (none of anything's: all ended)
         assert stats.batches == len(b.calls)
         assert all(record.ended is not None for record in log)
         if stop != "force" and not any(c.cancel_after is not None or c.timeout is not None for c in calls):
