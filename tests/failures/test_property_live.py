@@ -30,6 +30,8 @@ from hypothesis import strategies as st
 from async_batcher import AsyncBatcher, BatcherStoppedError, LateRefusalError, TransientError, testing
 from async_batcher.failures import Isolate, Retry, RetryPolicy, SplitOn
 from async_batcher.policies import Deadline
+from tests.batchers import stop_as
+from tests.failures.test_property import Caller as PlainCaller
 
 # The Hypothesis profile's examples are a few hundred: this test's half of them, or PROPERTY_EXAMPLES.
 EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES") or settings().max_examples // 2)
@@ -112,13 +114,8 @@ CHANGES = st.sampled_from(
 
 
 @dataclass
-class Caller:
-    items: list[int]
-    at: float
-    timeout: float | None
-    cancel_after: float | None
-    many: bool
-    priority: float
+class Caller(PlainCaller):
+    priority: float = 0
 
 
 @st.composite
@@ -214,15 +211,9 @@ def test_every_call_resolves_once_whatever_is_changed_live(
             others = [asyncio.ensure_future(cancel(t, c)) for t, c in zip(tasks, calls, strict=True) if c.cancel_after]
             others += [asyncio.ensure_future(change(at, *what)) for at, what in changes]
             await asyncio.sleep(stop_at)
-            if stop == "drain":
-                await b.stop()
-            elif stop == "force":
-                await b.stop(force=True)
-            elif stop == "timeout":
-                await b.stop(timeout=0.5)
-            else:
+            if stop == "late":  # once every call has its outcome
                 await asyncio.gather(*tasks, return_exceptions=True)
-                await b.stop()
+            await stop_as(b, stop, timeout=0.5)
             async with asyncio.timeout(1000):
                 outcomes = await asyncio.gather(*tasks, return_exceptions=True)
                 await asyncio.gather(*others, *flushes, return_exceptions=True)
