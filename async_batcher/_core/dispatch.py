@@ -12,7 +12,7 @@ import asyncio
 import math
 from collections.abc import Callable
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from async_batcher._core import forming
 from async_batcher._core.batch import Batch
@@ -58,6 +58,7 @@ class Dispatch:
     timer_when: float
     flushing: bool
     watchers: list[tuple[Callable[[Batch], None], Callable[[Batch], None]]]
+    joiners: list[Callable[[list[Any]], None]]
 
     def check_drained(self) -> None: ...
 
@@ -242,6 +243,8 @@ class Dispatch:
                 batch.deadlines = [math.inf] * (len(batch.items) - len(taken.items))
             batch.deadlines.extend(taken.deadlines)
         batch.size = max(batch.size, len(batch.items))
+        for joined in self.joiners:
+            joined(taken.contexts)
         if self.room.putters:
             self.room.wake()
         return len(taken.items)

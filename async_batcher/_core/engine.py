@@ -67,6 +67,7 @@ class Engine(Dispatch):
         "feedback",
         "flushing",
         "in_flight",
+        "joiners",
         "keyed",
         "loop",
         "name",
@@ -135,6 +136,8 @@ class Engine(Dispatch):
         self.flushing = False  # a flush: what waits now goes whatever the policy says
         # Told of every batch as it goes and as it ends (async_batcher.testing): (sent, ended) pairs.
         self.watchers: list[tuple[Callable[[Batch], None], Callable[[Batch], None]]] = []
+        # Told of the callers' contexts of the items that join a running streaming batch (continuous batching).
+        self.joiners: list[Callable[[list[Any]], None]] = []
         self.on_drained: Callable[[], None] = _ignore  # the stop's: called once, as the drain ends
         self.batch_limit = self.slot_limit = UNLIMITED
         self.weight_limit = math.inf
