@@ -1,0 +1,445 @@
+"""The owner's side: the Unix socket it serves, and one :class:`OwnerLink` per client process (private; above
+:mod:`~async_batcher.shared._link`).
+
+The hot path takes no task per item: each item is submitted with the batcher's ``_submit`` (the item's future), in a
+copy of the context that carries its ticket (its connection and id) and its caller's trace context; its result goes
+back from a done callback, gathered with the others of the loop turn into one frame per client. As a batch goes
+(the batcher's ``_watch_sent``, before ``process_batch`` is called) the owner reads the tickets of its callers'
+contexts and writes each client, at once, which of its items have gone: if the owner dies, those are the items
+whose outcome is unknown, and the others are safe to send to the next owner. ``process_many`` and ``stream`` calls
+take a task per call.
+
+A client that leaves (its process ended, killed or not) has its items cancelled: withdrawn if they wait, their
+results dropped. A client that does not read what it is sent (more than twice ``max_message_size`` unread) is
+disconnected the same way: it never holds the owner's loop up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import stat
+import traceback
+from collections.abc import Callable
+from contextvars import ContextVar, copy_context
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final
+
+from async_batcher.exceptions import (
+    AsyncBatchException,
+    BatcherStoppedError,
+    MessageTooLargeError,
+    NotPicklableError,
+)
+from async_batcher.shared import _wire
+from async_batcher.shared._link import DENY, HANDSHAKE_TIMEOUT, Connection, crosses, describe
+
+if TYPE_CHECKING:
+    from contextvars import Context
+
+    from async_batcher.batcher import AsyncBatcher
+
+__all__: list[str] = []
+
+logger = logging.getLogger("async_batcher.shared")
+
+#: The ticket of a remote item, in the context it is submitted in: (its connection, its id).
+_TICKET: ContextVar[tuple[OwnerLink, int] | None] = ContextVar("async_batcher_shared_ticket", default=None)
+#: Parts of a stream sent ahead of its consumer, at most.
+STREAM_WINDOW: Final = 16
+
+
+class Owner:
+    """The socket an owner serves its clients on, and their connections."""
+
+    def __init__(
+        self, batcher: AsyncBatcher[Any, Any], address: str, key: bytes, limit: int, load_seconds: float
+    ) -> None:
+        self.batcher = batcher
+        self.address = address
+        self.key = key
+        self.limit = limit
+        self.load_seconds = load_seconds
+        self.links: set[OwnerLink] = set()
+        self.leaving = False
+        self.server: asyncio.AbstractServer | None = None
+        self.inode: int | None = None
+        self.unwatch: Any = None
+        self.quiet: asyncio.Future[None] | None = None  # answered()'s: set when no call or connection is left
+
+    def poke(self) -> None:
+        """A call was answered, or a connection closed: wake :meth:`answered` or :meth:`closed` if it waits."""
+        quiet = self.quiet
+        if quiet is not None and not quiet.done():
+            quiet.set_result(None)
+
+    async def _until(self, condition: Callable[[], bool], timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until ``condition()``; whether it came true."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while not condition():
+                    self.quiet = asyncio.get_running_loop().create_future()
+                    await self.quiet
+                return True
+        return False
+
+    async def answered(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until every call accepted has been answered."""
+        await self._until(lambda: not any(link.pending or link.tasks for link in self.links), timeout)
+
+    async def open(self) -> None:
+        """Bind the socket (owner-only permissions; a file left there is stale: this process holds the lock) and
+        watch the batcher's batches."""
+        _remove_stale(self.address)
+        loop = asyncio.get_running_loop()
+        umask = os.umask(0o077)
+        try:
+            self.server = await loop.create_unix_server(lambda: OwnerLink(self), self.address, backlog=1024)
+        finally:
+            os.umask(umask)
+        os.chmod(self.address, 0o600)
+        self.inode = os.lstat(self.address).st_ino
+        self.unwatch = self.batcher._watch_sent(self.sent)
+
+    def sent(self, contexts: list[Context]) -> None:
+        """A batch goes: tell each client which of its items are in it, before ``process_batch`` is called."""
+        touched: list[OwnerLink] = []
+        for context in contexts:
+            ticket = context.get(_TICKET)
+            if ticket is not None:
+                link = ticket[0]
+                if not link.gone:
+                    touched.append(link)
+                link.gone.append(ticket[1])
+        for link in touched:
+            gone, link.gone = link.gone, []
+            link.send_now([(_wire.GONE, *gone)])
+
+    def leave(self) -> None:
+        """Stop taking items: tell every client, close the socket (new ones find none). What was accepted is still
+        answered, until :meth:`close`."""
+        if self.leaving:
+            return
+        self.leaving = True
+        for link in list(self.links):
+            link.send_now([(_wire.LEAVING,)])
+        if self.server is not None:
+            self.server.close()
+        self._unlink()
+
+    def close(self) -> None:
+        """Send what is gathered and close every connection."""
+        self.leave()
+        if self.unwatch is not None:
+            self.unwatch()
+            self.unwatch = None
+        for link in list(self.links):
+            link.close()
+
+    async def closed(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) for the connections to be closed; abort those left."""
+        await self._until(lambda: not self.links, timeout)
+        for link in list(self.links):
+            link.abort()
+
+    def _unlink(self) -> None:
+        with contextlib.suppress(OSError):
+            if os.lstat(self.address).st_ino == self.inode:
+                os.unlink(self.address)
+
+
+def _remove_stale(address: str) -> None:
+    try:
+        info = os.lstat(address)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise FileExistsError(f"{address} exists and is not a socket: refusing to replace it (choose another address)")
+    os.unlink(address)
+
+
+def _enter(link: OwnerLink, id: int, item: Any, timeout: float | None, priority: float, trace: Any) -> Any:
+    # Run in the item's own context: its ticket, its caller's trace, then the batcher's short path (or a task).
+    _TICKET.set((link, id))
+    if trace is not None:
+        _attach_trace(trace)
+    return link.batcher._submit(item, timeout, priority)
+
+
+def _attach_trace(trace: tuple[int, int, int]) -> None:
+    """The caller's span (W3C trace and span ids, flags) as the current span of this context: the batch's span
+    links to it as to a caller's of this process."""
+    try:
+        from opentelemetry import context as otel_context
+        from opentelemetry import trace as otel_trace
+    except ImportError:  # (no OpenTelemetry in the owner: nothing records spans here)
+        return
+    span = otel_trace.NonRecordingSpan(
+        otel_trace.SpanContext(trace[0], trace[1], is_remote=True, trace_flags=otel_trace.TraceFlags(trace[2]))
+    )
+    otel_context.attach(otel_trace.set_span_in_context(span))
+
+
+class OwnerLink(Connection):
+    """The owner's end of one client's connection: its items in, their outcomes and their tickets out."""
+
+    side = "owner"
+
+    def __init__(self, owner: Owner) -> None:
+        super().__init__(owner.key, owner.limit)
+        self.owner = owner
+        self.batcher = owner.batcher
+        self.pending: dict[int, asyncio.Future[Any]] = {}  # its items submitted, not yet answered
+        self.tasks: dict[int, asyncio.Task[Any]] = {}  # its process_many and stream calls
+        self.windows: dict[int, _Window] = {}
+        self.gone: list[int] = []  # (Owner.sent's, for the batch it reads)
+        self.noted: tuple[BaseException | None, str] = (None, "")
+        self.timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ the connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.write_raw(_wire.hello(os.getpid(), self.limit, self.owner.load_seconds) + self.mine)
+        self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self.abort)
+
+    def handshake(self, payload: bytes) -> None:
+        n = _wire.DIGEST_SIZE
+        given, hello, theirs = payload[:n], payload[n:-32], payload[-32:]
+        if len(payload) < n + 32 or not _wire.verify(self.key, self.mine, b"client", given):
+            logger.warning("%s: a connection that does not know the key was refused", self.batcher.name)
+            self.write_raw(DENY)
+            self.close()
+            return
+        try:
+            self._peer(hello)
+        except _wire.Violation as exc:
+            self.violated(exc)
+            return
+        self.write_raw(_wire.answer(self.key, theirs, b"owner"))
+        self.ready = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.owner.links.add(self)
+        if self.owner.leaving:
+            self.send_now([(_wire.LEAVING,)])
+
+    def lost(self, exc: Exception | None) -> None:
+        """The client is gone: its items are cancelled (withdrawn if they wait), their results dropped."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.owner.links.discard(self)
+        self.owner.poke()
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            fut.cancel()
+        tasks, self.tasks = self.tasks, {}
+        for task in tasks.values():
+            task.cancel()
+        if pending or tasks:
+            logger.info(
+                "%s: client pid %s left; %d of its calls cancelled", self.batcher.name, self.peer_pid, len(pending)
+            )
+
+    def flush(self) -> None:
+        transport = self.transport
+        if transport is not None and not self.closed and transport.get_write_buffer_size() > 2 * self.peer_limit:
+            logger.warning(
+                "%s: client pid %s does not read its results (%d bytes unread): disconnected",
+                self.batcher.name,
+                self.peer_pid,
+                transport.get_write_buffer_size(),
+            )
+            self.control, self.values = [], []
+            self.flush_handle = None
+            self.abort()
+            return
+        super().flush()
+
+    # ------------------------------------------------------------------ records in
+
+    def received(self, control: list[Any], values: list[Any] | BaseException) -> None:
+        failed = values if isinstance(values, BaseException) else None
+        i = 0
+        for record in control:
+            if record.__class__ is int:  # a plain item
+                if failed is None:
+                    self.submit(record, values[i], None, 0, None)  # type: ignore[index]
+                    i += 1
+                else:
+                    self.unpicklable(record, failed)
+                continue
+            op = record[0]
+            if op in _wire.VALUED:
+                if failed is not None:
+                    self.unpicklable(record[1], failed)
+                    continue
+                value = values[i]  # type: ignore[index]
+                i += 1
+                if op == _wire.SUBMIT:
+                    self.submit(record[1], value, record[2], record[3], record[4])
+                elif op == _wire.MANY:
+                    self.call(record[1], self._many(value, record[2], record[3], record[4]), None)
+                elif op == _wire.STREAM:
+                    self.windows[record[1]] = _Window(self.loop)
+                    self.call(record[1], self._stream(record[1], value, record[2], record[3]), record[4])
+            elif op == _wire.CANCEL:
+                self.cancel(record[1])
+            elif op == _wire.ACK:
+                window = self.windows.get(record[1])
+                if window is not None:
+                    window.give(record[2])
+            elif op == _wire.ASK_STATS:
+                self.send((_wire.STATS, record[1]), self.batcher.stats)
+            else:
+                self.violated(_wire.Violation(f"unknown record {record!r}"))
+                return
+
+    def unpicklable(self, id: int, error: BaseException) -> None:
+        message = f"an item sent by pid {self.peer_pid} does not unpickle in the owner: {error}"
+        self.error(id, NotPicklableError(message))
+
+    def submit(self, id: int, item: Any, timeout: float | None, priority: float, trace: Any) -> None:
+        """An item: into the batcher, its outcome sent back from a done callback."""
+        if self.owner.leaving:
+            self.send((_wire.BOUNCE, id))
+            return
+        try:
+            fut = copy_context().run(_enter, self, id, item, timeout, priority, trace)
+        except Exception as exc:  # (_submit does not raise; a bad trace from the wire might)
+            self.error(id, exc)
+            return
+        self.pending[id] = fut
+        fut.add_done_callback(partial(self.answer, id))
+
+    def cancel(self, id: int) -> None:
+        fut = self.pending.pop(id, None)
+        if fut is not None:
+            fut.cancel()
+            return
+        task = self.tasks.pop(id, None)
+        if task is not None:
+            self.windows.pop(id, None)
+            task.cancel()
+
+    def call(self, id: int, coro: Any, trace: Any) -> None:
+        """A process_many or stream call: a task of its own, in a context with its ticket (and its caller's trace)."""
+        if self.owner.leaving:
+            coro.close()
+            self.windows.pop(id, None)
+            self.send((_wire.BOUNCE, id))
+            return
+        context = copy_context()
+        context.run(_TICKET.set, (self, id))
+        if trace is not None:
+            context.run(_attach_trace, trace)
+        task = self.loop.create_task(coro, context=context)
+        self.tasks[id] = task
+        task.add_done_callback(partial(self.answer, id))
+
+    async def _many(self, items: list[Any], timeout: float | None, priority: float, return_exceptions: bool) -> Any:
+        return await self.batcher.process_many(
+            items, timeout=timeout, priority=priority, return_exceptions=return_exceptions
+        )
+
+    async def _stream(self, id: int, item: Any, timeout: float | None, priority: float) -> Any:
+        window = self.windows[id]
+        parts = self.batcher.stream(item, timeout=timeout, priority=priority)
+        try:
+            async for part in parts:
+                self.send((_wire.PART, id), part)
+                await window.take()
+        finally:
+            await parts.aclose()  # type: ignore[attr-defined]  # (an async generator: left if cancelled)
+        return _END
+
+    # ------------------------------------------------------------------ outcomes out
+
+    def answer(self, id: int, fut: asyncio.Future[Any]) -> None:
+        """An item's (or a call's) outcome, to its client: unless the client cancelled it, or is gone."""
+        if self.pending.pop(id, None) is None and self.tasks.pop(id, None) is None:
+            return
+        if not self.pending and not self.tasks:
+            self.owner.poke()
+        if fut.cancelled():  # (not the client's doing: it would have been popped)
+            self.error(id, BatcherStoppedError(f"{self.batcher.name}: the call was cancelled in the owner"))
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self.windows.pop(id, None)
+            self.error(id, exc)
+            return
+        result = fut.result()
+        if result is _END:
+            self.windows.pop(id, None)
+            self.send((_wire.END, id))
+        else:
+            self.send(id, result)
+
+    def error(self, id: int, exc: BaseException) -> None:
+        note = self._note(exc)
+        if not crosses(exc):
+            exc = NotPicklableError(f"{describe(exc, _pickle_error(exc), 'the exception')}; its message: {exc}")
+        self.send((_wire.ERROR, id, note), exc)
+
+    def _note(self, exc: BaseException) -> str:
+        """The owner's traceback of ``exc`` (not of async-batcher's own errors, whose messages say it all)."""
+        if exc.__traceback__ is None or isinstance(exc, AsyncBatchException):
+            return ""
+        if self.noted[0] is not exc:  # (a failed batch gives every caller the same exception: formatted once)
+            text = "".join(traceback.format_exception(exc)).rstrip()
+            self.noted = (exc, f"Traceback in the owner (pid {os.getpid()}):\n{text}")
+        return self.noted[1]
+
+    def refused(self, record: Any, value: Any, error: BaseException) -> None:
+        """A result, exception, part or snapshot that does not pickle (or is too large): its caller gets why."""
+        if record.__class__ is int:
+            self.send((_wire.ERROR, record, ""), _refusal(value, error, "the result"))
+        elif record[0] == _wire.ERROR:
+            self.send((_wire.ERROR, record[1], record[2]), _refusal(value, error, "the exception"))
+        elif record[0] in (_wire.PART, _wire.STATS):
+            self.cancel(record[1])
+            self.send((_wire.ERROR, record[1], ""), _refusal(value, error, "a part of the stream"))
+
+
+class _Window:
+    """A stream's parts sent ahead of its consumer: at most :data:`STREAM_WINDOW` unacknowledged."""
+
+    __slots__ = ("credit", "loop", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.credit = STREAM_WINDOW
+        self.waiter: asyncio.Future[None] | None = None
+
+    async def take(self) -> None:
+        self.credit -= 1
+        while self.credit <= 0:
+            self.waiter = self.loop.create_future()
+            await self.waiter
+
+    def give(self, n: int) -> None:
+        self.credit += n
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
+_END: Final = object()
+
+
+def _refusal(value: Any, error: BaseException, what: str) -> Exception:
+    if isinstance(error, _wire.TooLarge):
+        return MessageTooLargeError(describe(value, error, what), size=error.size, limit=error.limit)
+    return NotPicklableError(describe(value, error, what))
+
+
+def _pickle_error(exc: BaseException) -> BaseException:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc, 5))
+    except Exception as error:
+        return error
+    return RuntimeError("unknown")
