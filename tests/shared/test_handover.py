@@ -1,0 +1,60 @@
+"""Hand-over in one process: an owner that stops drains what it accepted while its clients hold what comes next for
+the next owner, one of them (role "auto"), which takes over."""
+
+from __future__ import annotations
+
+import asyncio
+
+from async_batcher.shared import SharedBatcher
+from tests.loops import until
+from tests.shared.models import Model
+
+
+async def test_an_owner_that_stops_drains_and_a_client_takes_over(address: str) -> None:
+    gate = asyncio.Event()
+    models: list[Model] = []
+
+    async def make() -> Model:
+        models.append(Model(gate=gate if not models else None, max_batch_size=5, max_queue_time=0, concurrency=1))
+        return models[-1]
+
+    first = SharedBatcher(make, address=address, name="m")
+    second = SharedBatcher(make, address=address, name="m")
+    await first.__aenter__()
+    await second.__aenter__()
+    try:
+        assert (first.role, second.role) == ("owner", "client")
+        accepted = [asyncio.ensure_future(second.process(i)) for i in range(5)]
+        await until(lambda: len(models[0].items) == 5)
+        leaving = asyncio.ensure_future(first.stop())
+        await until(lambda: second._seat is not None and second._seat.client.leaving)
+        held = [asyncio.ensure_future(second.process(i)) for i in range(5, 10)]
+        await asyncio.sleep(0.05)
+        assert len(models) == 1 and models[0].items == [0, 1, 2, 3, 4]  # held, not sent to the owner leaving
+        gate.set()
+        await leaving
+        assert list(await asyncio.gather(*accepted, *held)) == [2 * i for i in range(10)]
+        assert second.role == "owner"
+        assert models[1].items == [5, 6, 7, 8, 9]
+        assert await second.process(10) == 20  # its own callers now go straight to its batcher
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_a_stopping_client_never_takes_over_and_stopping_all_at_once_does_not_hang(address: str) -> None:
+    made: list[Model] = []
+
+    async def make() -> Model:
+        model = Model(max_batch_size=5, max_queue_time=0)
+        made.append(model)
+        return model
+
+    batchers = [SharedBatcher(make, address=address, name="m", owner_wait=2) for _ in range(3)]
+    for b in batchers:
+        await b.__aenter__()
+    assert [b.role for b in batchers] == ["owner", "client", "client"]
+    assert list(await asyncio.gather(*(b.process(i) for i, b in enumerate(batchers)))) == [0, 2, 4]
+    async with asyncio.timeout(10):
+        await asyncio.gather(*(b.stop() for b in batchers))
+    assert len(made) == 1  # nobody took over from an owner leaving while they stopped too
