@@ -29,6 +29,8 @@ from async_batcher.stats import BatcherStats
 if TYPE_CHECKING:
     from typing import Unpack
 
+    from async_batcher.shared import SharedBatcher, Sharing
+
 __all__ = ["BatchDecorator", "BatchedFunction", "BatchedMethod", "batch"]
 
 T = TypeVar("T")
@@ -39,11 +41,12 @@ S = TypeVar("S")
 @functools.cache
 def _options() -> frozenset[str]:
     """The options ``@batch(...)`` takes: the keywords of ``AsyncBatcher()`` (:class:`BatcherOptions`, the one
-    definition both share), and its own ``key``, ``weight``, ``dedup``, ``copy_result`` and ``continuous``."""
+    definition both share), and its own ``key``, ``weight``, ``dedup``, ``copy_result``, ``continuous`` and
+    ``shared``."""
     return OPTIONS | _OWN_OPTIONS
 
 
-_OWN_OPTIONS = frozenset({"key", "weight", "dedup", "copy_result", "continuous"})
+_OWN_OPTIONS = frozenset({"key", "weight", "dedup", "copy_result", "continuous", "shared"})
 
 
 def _check_flag(what: str, value: object) -> bool:
@@ -85,6 +88,36 @@ async def _holding(instance: object, call: Awaitable[R]) -> R:
     return await call
 
 
+def _shared(
+    func: Callable[..., Any], cls: type[_FunctionBatcher], options: dict[str, Any], shared: object
+) -> SharedBatcher[Any, Any]:
+    """The shared batcher of ``@batch(shared=...)``: its factory makes the function's batcher, in the owner."""
+    from async_batcher.shared import SharedBatcher, Sharing
+
+    if shared is True:
+        sharing = Sharing()
+    elif isinstance(shared, Sharing):
+        sharing = shared
+    else:
+        raise TypeError(f"shared must be True, False or an async_batcher.shared.Sharing, got {shared!r}")
+
+    def factory() -> _FunctionBatcher:
+        return cls(func, None, **options)
+
+    # (Named as the function: the default address is named after it, the same in every process.)
+    factory.__module__ = getattr(func, "__module__", None) or factory.__module__
+    factory.__qualname__ = _qualname(func)
+    return SharedBatcher(
+        factory,
+        name=options["name"],
+        address=sharing.address,
+        role=sharing.role,
+        authkey=sharing.authkey,
+        max_message_size=sharing.max_message_size,
+        owner_wait=sharing.owner_wait,
+    )
+
+
 class BatchedFunction(Generic[T, R]):
     """A function of one item whose calls are batched: ``await f(item)`` gives that item's result.
 
@@ -94,15 +127,21 @@ class BatchedFunction(Generic[T, R]):
 
     __wrapped__: Callable[..., Any]
 
-    def __init__(self, batcher: AsyncBatcher[T, R], func: Callable[..., Any], instance: object = None) -> None:
-        #: The batcher behind the function: its settings can be changed live (``f.batcher.max_batch_size = 8``).
+    def __init__(
+        self, batcher: AsyncBatcher[T, R] | SharedBatcher[T, R], func: Callable[..., Any], instance: object = None
+    ) -> None:
+        #: The batcher behind the function: its settings can be changed live (``f.batcher.max_batch_size = 8``); with
+        #: ``shared=``, a :class:`~async_batcher.shared.SharedBatcher` (the batcher itself is its ``batcher``, in the
+        #: process that owns it).
         self.batcher = batcher
         #: The instance of a method, ``None`` for a plain function.
         self.__self__ = instance
         self.__dict__.update(_names(func))
 
     @classmethod
-    def _bound(cls, batcher: AsyncBatcher[T, R], names: dict[str, Any], instance: object) -> BatchedFunction[T, R]:
+    def _bound(
+        cls, batcher: AsyncBatcher[T, R] | SharedBatcher[T, R], names: dict[str, Any], instance: object
+    ) -> BatchedFunction[T, R]:
         # A method's is made at every attribute access, like a bound method: the fast way, without __init__.
         bound = cls.__new__(cls)
         bound.__dict__ = {"batcher": batcher, "__self__": instance, **names}
@@ -253,6 +292,7 @@ class BatchDecorator:
         dedup: Callable[[Any], Hashable | None] | None = ...,
         copy_result: Callable[[Any], Any] | None = ...,
         continuous: bool = ...,
+        shared: bool | Sharing = ...,
         **options: Unpack[BatcherOptions],
     ) -> BatchDecorator: ...
 
@@ -270,8 +310,11 @@ class BatchDecorator:
                 different keys never share a batch) and ``item_weight`` hooks; ``dedup``: a callable of one item
                 that becomes its ``dedup_key`` (identical items waiting or in flight share one row and one result),
                 and ``copy_result``: its ``copy_result`` (each sharing caller's copy of the result; ``copy.copy`` by
-                default); and ``continuous``: for an async generator function, let waiting items join a running
-                batch between its steps.
+                default); ``continuous``: for an async generator function, let waiting items join a running
+                batch between its steps; and ``shared``: ``True`` (or a :class:`~async_batcher.shared.Sharing` of
+                settings) to share the batcher among the processes of the machine (a function at module level,
+                not a method): the process that owns it calls the function, the others send it their items
+                (:class:`~async_batcher.shared.SharedBatcher`).
         """
         if len(args) > 1:
             raise TypeError(f"batch() takes the function to decorate and keyword settings; got {args!r}")
@@ -291,11 +334,19 @@ class BatchDecorator:
         dedup = merged.pop("dedup", None)
         copy_result = merged.pop("copy_result", None)
         continuous = _check_flag("continuous", merged.pop("continuous", False))
+        shared = merged.pop("shared", False)
         merged.setdefault("name", _qualname(func))
         cls = _batcher_class(func, key, weight, continuous=continuous, dedup=dedup, copy_result=copy_result)
         # Build a batcher now even for a method, so that bad settings fail at the decorator, not at first call.
         probe = cls(func, None, **merged)
         required = _required_positionals(func)
+        if shared is not False:
+            if required != 1:
+                raise TypeError(
+                    f"@batch(shared=...) shares a function of the module among processes; {_qualname(func)!r} is not "
+                    "one (a method's batcher belongs to its instance, which other processes do not have)"
+                )
+            return BatchedFunction(_shared(func, cls, merged, shared), func)
         if required == 1:
             return BatchedFunction(probe, func)
         if required == 2:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Final, Generic, TypeVar, cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
 from async_batcher import _checks
+from async_batcher._threads import refuse_on_loop_thread, submit_to, wait_for
 from async_batcher.exceptions import BatcherStoppedError
 from async_batcher.shared._client import ASK_STATS, END, ITEM, MANY, STREAM
 from async_batcher.shared._seat import Seat
@@ -25,6 +26,7 @@ __all__ = ["SharedBatcher"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+S = TypeVar("S")
 
 _NEW, _STARTING, _RUNNING, _STOPPING, _STOPPED = "new", "starting", "running", "stopping", "stopped"
 _ZERO: Final = 0
@@ -94,6 +96,7 @@ class SharedBatcher(Generic[T, R]):
         self._startup: asyncio.Task[None] | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._snapshot: BatcherStats | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on (for blocking callers)
 
     @property
     def address(self) -> str:
@@ -131,6 +134,7 @@ class SharedBatcher(Generic[T, R]):
         if self._state == _STOPPING:
             raise BatcherStoppedError(f"{self.name} is stopping; it can be started again once stop() returns")
         self._state = _STARTING
+        self._loop = loop
         self._startup = loop.create_task(self._take())
 
     async def _take(self) -> None:
@@ -274,6 +278,39 @@ class SharedBatcher(Generic[T, R]):
                 yield part
         finally:
             client.cancel(call)  # (a no-op once it has ended)
+
+    # ------------------------------------------------------------------ callers from threads
+
+    def process_sync(self, item: T, *, timeout: float | None = None, priority: float = 0) -> R:
+        """:meth:`process` for sync code in another thread: the shared batcher must run on an event loop (the
+        app's); blocks until the result, at most ``timeout`` seconds."""
+        return self._blocking(self.process(item, priority=priority), timeout, "process_sync()")
+
+    def process_many_sync(
+        self, items: Iterable[T], *, timeout: float | None = None, priority: float = 0, return_exceptions: bool = False
+    ) -> list[R]:
+        """:meth:`process_many` for sync code in another thread, as :meth:`process_sync`."""
+        call = self.process_many(items, priority=priority, return_exceptions=return_exceptions)
+        return self._blocking(call, timeout, "process_many_sync()")
+
+    def stop_sync(self, force: bool = False, timeout: float | None = None) -> None:
+        """:meth:`stop` for sync code in another thread."""
+        self._blocking(self.stop(force=force, timeout=timeout), None, "stop_sync()")
+
+    def _blocking(self, coro: Coroutine[Any, Any, S], timeout: float | None, what: str) -> S:
+        try:
+            refuse_on_loop_thread(f"{self.name}: {what}")
+            seconds = _checks.timeout(timeout)
+            loop = self._loop
+            if loop is None or self._state in (_NEW, _STOPPED):
+                raise BatcherStoppedError(
+                    f"{self.name}: {what}: start the shared batcher on an event loop first (the app's)"
+                )
+            future = submit_to(loop, coro, f"{self.name}: {what}")
+        except BaseException:
+            coro.close()
+            raise
+        return wait_for(future, seconds)
 
     # ------------------------------------------------------------------ statistics
 
