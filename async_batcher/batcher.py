@@ -322,10 +322,13 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         of :meth:`process` does."""
         return self._handoff.submit(item, timeout, priority)
 
-    def _watch_sent(self, sent: Callable[[list[Context]], None]) -> Callable[[], None]:
+    def _watch_sent(
+        self, sent: Callable[[list[Context]], None], ended: Callable[[list[Context]], None] | None = None
+    ) -> Callable[[], None]:
         """Private (:mod:`async_batcher.shared`'s owner): call ``sent`` with the contexts of each batch's callers as
-        it goes, before ``process_batch`` is called; return what stops it. The batcher must be started."""
-        return self._handoff.watch(sent)
+        it goes, before ``process_batch`` is called (and ``ended`` as it ends); return what stops it. The batcher
+        must be started."""
+        return self._handoff.watch(sent, ended)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -58,9 +58,12 @@ class Handoff:
                 return fut
         return asyncio.ensure_future(self.admission.submit(item, timeout=timeout, priority=priority))
 
-    def watch(self, sent: Callable[[list[Context]], None]) -> Callable[[], None]:
+    def watch(
+        self, sent: Callable[[list[Context]], None], ended: Callable[[list[Context]], None] | None = None
+    ) -> Callable[[], None]:
         """Call ``sent`` with the callers' contexts of each batch of the current run as it goes (before
-        ``process_batch`` is called), and of the items that join a running streaming batch; return what stops it."""
+        ``process_batch`` is called), and of the items that join a running streaming batch; ``ended`` with them as
+        it ends (its callers' futures resolved: their callbacks run in the loop's next turn). Return what stops it."""
         engine = self.life.run.engine
         if engine is None:
             raise RuntimeError(f"{self.life.name} is not started: no batch to watch")
@@ -68,7 +71,11 @@ class Handoff:
         def on_sent(batch: Batch) -> None:
             sent(_contexts(batch))
 
-        pair = (on_sent, _ignore)
+        def on_ended(batch: Batch) -> None:
+            if ended is not None:
+                ended(_contexts(batch))
+
+        pair = (on_sent, on_ended if ended is not None else _ignore)
         engine.watchers.append(pair)
         engine.joiners.append(sent)
 

@@ -100,6 +100,18 @@ async def test_keys_and_dedup_apply_and_each_caller_context_is_watched() -> None
         idle_and_clean(b)
 
 
+async def test_the_end_of_each_batch_is_watched_after_its_futures_resolve() -> None:
+    ended: list[tuple[list[str], bool]] = []
+    async with Recording(max_batch_size=10, max_queue_time=0.01) as b:
+        futures = [tagged(b, tag, item) for tag, item in [("a", 1), ("b", 2)]]
+        b._watch_sent(
+            lambda contexts: None,
+            lambda contexts: ended.append((sorted(c.get(TAG, "") for c in contexts), all(f.done() for f in futures))),
+        )
+        assert list(await asyncio.gather(*futures)) == [2, 4]
+    assert ended == [(["a", "b"], True)]
+
+
 async def test_watching_stops_and_needs_a_started_batcher() -> None:
     b = Recording(max_batch_size=10, max_queue_time=0.01)
     with pytest.raises(RuntimeError, match="not started"):
