@@ -5,9 +5,10 @@ Each call (:class:`Call`) resolves exactly once. Its route:
 
 - **held** while there is no owner to send it to (none yet, the owner leaving, or gone): sent when one comes, in
   order; failed with :class:`~async_batcher.OwnerUnavailableError` if none comes within ``owner_wait``;
-- **sent**: answered by the owner; ``gone`` once the owner says it went into a batch. If the connection drops
-  without an answer, a call that had gone fails with :class:`~async_batcher.OutcomeUnknownError` (it may have been
-  processed), and the others are held again, for the next owner;
+- **sent**: answered by the owner, which marks it on the connection's gone board as it goes into a batch
+  (:mod:`~async_batcher.shared._board`). If the connection drops without an answer, a call that had gone fails with
+  :class:`~async_batcher.OutcomeUnknownError` (it may have been processed), and the others are held again, for the
+  next owner;
 - **local**: this process took over (:meth:`Client.adopt`): the call goes to its batcher.
 
 A caller that leaves (cancelled) or times out withdraws its call wherever it is. A timeout is enforced here too, a
@@ -33,6 +34,7 @@ from async_batcher.exceptions import (
     OwnerUnavailableError,
 )
 from async_batcher.shared import _wire
+from async_batcher.shared._board import Board
 from async_batcher.shared._link import DENY, Connection, describe
 
 if TYPE_CHECKING:
@@ -69,7 +71,9 @@ class Call:
         "waiter",
     )
 
-    def __init__(self, id: int, kind: int, item: Any, deadline: float | None, priority: float, extra: Any) -> None:
+    def __init__(
+        self, id: int, kind: int, item: Any, deadline: float | None, priority: float, extra: Any, fut: Any
+    ) -> None:
         self.id = id
         self.kind = kind
         self.item = item
@@ -77,7 +81,7 @@ class Call:
         self.priority = priority
         self.extra = extra  # process_many's return_exceptions
         self.trace = _trace()
-        self.fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.fut: asyncio.Future[Any] = fut
         self.expiry: list[Any] | None = None
         self.state = HELD
         self.since = 0.0  # held since
@@ -121,7 +125,7 @@ class Client:
 
     def submit(self, kind: int, item: Any, timeout: float | None, priority: float, extra: Any = None) -> Call:
         deadline = None if timeout is None else self.loop.time() + timeout
-        call = Call(next(self.ids), kind, item, deadline, priority, extra)
+        call = Call(next(self.ids), kind, item, deadline, priority, extra, self.loop.create_future())
         self.calls[call.id] = call
         if deadline is not None:
             call.expiry = self.deadlines.add(deadline + GRACE, self._expire, call)
@@ -303,11 +307,6 @@ class Client:
                     self._part(call, value)
                 else:  # STATS
                     self._resolve(call, value)
-            elif op == _wire.GONE:
-                for gone in record[1:]:
-                    call = calls.get(gone)
-                    if call is not None:
-                        call.gone = True
             elif op == _wire.END:
                 if call is not None:
                     self._resolve(call, None)
@@ -366,8 +365,11 @@ class Client:
             cause.__cause__ = exc
         self.last_error = cause
         self.on_detached()
-        for call in sorted((c for c in self.calls.values() if c.state == SENT), key=_by_id):
-            if call.gone:
+        sent = sorted((c for c in self.calls.values() if c.state == SENT), key=_by_id)
+        gone = link.board.gone([c.id for c in sent])
+        link.close_board()
+        for call in sent:
+            if call.gone or call.id in gone:
                 error = OutcomeUnknownError(
                     f"{self.name}: the owner (pid {link.peer_pid}) stopped while the item was in a batch: it may "
                     "have been processed"
@@ -447,6 +449,7 @@ class ClientLink(Connection):
     def __init__(self, key: bytes, limit: int, client: Client) -> None:
         super().__init__(key, limit)
         self.client = client
+        self.board = Board.create(client.address)
         self.done: asyncio.Future[None] = self.loop.create_future()  # the handshake's outcome
         self.done.add_done_callback(_retrieve)
 
@@ -458,15 +461,16 @@ class ClientLink(Connection):
                 self._refuse(exc)
                 return
             self.step = 1
-            self.write_raw(
-                _wire.answer(self.key, payload[-32:], b"client") + _wire.hello(os.getpid(), self.limit) + self.mine
-            )
+            hello = _wire.hello(os.getpid(), self.limit)
+            path = os.fsencode(self.board.path)
+            self.write_raw(_wire.answer(self.key, payload[-32:], b"client") + hello + path + self.mine)
         elif payload == DENY:
             self._refuse(PermissionError("the owner refused this process's key"))
         elif not _wire.verify(self.key, self.mine, b"owner", payload):
             self._refuse(PermissionError("the process at the socket does not know the key"))
         else:
             self.ready = True
+            self.board.unlink()  # (mapped by both now: the name is no longer needed)
             self.done.set_result(None)
 
     def _refuse(self, error: Exception) -> None:
@@ -484,3 +488,11 @@ class ClientLink(Connection):
         if not self.done.done():
             self.done.set_exception(ConnectionError("the connection closed during the handshake"))
         self.client.detached(self, exc)
+        self.close_board()
+
+    def close_board(self) -> None:
+        """The board is read (or was never needed): unmap it, and remove its name if the handshake did not."""
+        if self.board.map.closed:
+            return
+        self.board.unlink()
+        self.board.close()

@@ -6,7 +6,8 @@ and the client's ends subclass it (:meth:`Connection.received` for the records o
 for a record that could not be sent). The handshake is a challenge both ways (the owner speaks first):
 
 1. owner: hello (version, pid, the largest frame it accepts, its factory's load time) and a challenge;
-2. client: its answer (the challenge's HMAC with the key), its hello, its own challenge;
+2. client: its answer (the challenge's HMAC with the key), its hello, the path of its gone board
+   (:mod:`~async_batcher.shared._board`), its own challenge;
 3. owner: its answer, or ``DENY`` and the connection closed.
 
 No pickle is read before both sides have proved they hold the key.
@@ -18,6 +19,7 @@ import asyncio
 import logging
 import os
 import pickle
+from collections import deque
 from typing import Any, Final
 
 from async_batcher.shared import _wire
@@ -31,6 +33,8 @@ DENY: Final = b"DENY"
 #: How long a connection may take to pass the handshake.
 HANDSHAKE_TIMEOUT: Final = 10.0
 _NO_VALUE: Final = object()
+#: The slices large frames are written in (and the transport's buffer kept under).
+_SLICE: Final = 1024 * 1024
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -56,11 +60,17 @@ class Connection(asyncio.BufferedProtocol):
         self.flush_handle: asyncio.Handle | None = None
         self.frames_out = 0  # frames written (the tests count them)
         self.closed = False
+        self.closing = False  # close() was called: the transport closes once the backlog is written
+        # Large frames, in slices not yet handed to the transport: it gets a slice as it drains, so that its
+        # buffer stays small (asyncio's, before Python 3.12, moves what is left of its buffer at every send).
+        self.backlog: deque[memoryview] = deque()
+        self.backlog_size = 0
 
     # ------------------------------------------------------------------ the protocol's callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.transport.set_write_buffer_limits(high=_SLICE)  # type: ignore[union-attr]  # (resume_writing: pump)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.reader.get_buffer()
@@ -76,6 +86,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.backlog.clear()
+        self.backlog_size = 0
         if self.flush_handle is not None:
             self.flush_handle.cancel()
             self.flush_handle = None
@@ -107,11 +119,35 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.abort()
 
     def close(self) -> None:
-        """Send what is gathered, then close."""
+        """Send what is gathered, then close (once the backlog is written)."""
         if self.flush_handle is not None:
             self.flush()
-        if self.transport is not None and not self.closed:
+        self.closing = True
+        if self.transport is not None and not self.closed and not self.backlog:
             self.transport.close()
+
+    def unsent(self) -> int:
+        """Bytes written and not yet taken by the peer's end (the transport's buffer and the backlog)."""
+        return self.backlog_size + (self.transport.get_write_buffer_size() if self.transport is not None else 0)
+
+    def pause_writing(self) -> None:
+        pass
+
+    def resume_writing(self) -> None:
+        self.pump()
+
+    def pump(self) -> None:
+        """Hand the transport the backlog's slices while its buffer is under a slice's size."""
+        transport = self.transport
+        backlog = self.backlog
+        if transport is None or self.closed:
+            return
+        while backlog and transport.get_write_buffer_size() < _SLICE:
+            piece = backlog.popleft()
+            self.backlog_size -= piece.nbytes
+            transport.write(piece)
+        if not backlog and self.closing:
+            transport.close()
 
     # ------------------------------------------------------------------ the handshake
 
@@ -150,6 +186,11 @@ class Connection(asyncio.BufferedProtocol):
         if self.flush_handle is None:
             self.flush_handle = self.loop.call_soon(self.flush)
 
+    def flush_soon(self) -> None:
+        """Write what is gathered at the end of this loop turn (at the latest)."""
+        if self.flush_handle is None and not self.closed:
+            self.flush_handle = self.loop.call_soon(self.flush)
+
     def send_now(self, control: list[Any]) -> None:
         """Write ``control`` (records without values) at once, in a frame of its own: it is in the kernel's buffers
         (unless the connection is backed up) before this returns."""
@@ -158,12 +199,19 @@ class Connection(asyncio.BufferedProtocol):
         self.write(_wire.encode(control, [], self.peer_limit))
 
     def write(self, chunks: list[bytes | memoryview]) -> None:
-        assert self.transport is not None
+        transport = self.transport
+        assert transport is not None
         self.frames_out += 1
-        if len(chunks) == 1:
-            self.transport.write(chunks[0])
-        else:
-            self.transport.writelines(chunks)
+        if len(chunks) == 1 and not self.backlog and len(chunks[0]) < _SLICE:
+            transport.write(chunks[0])  # (the common case: a small frame, straight out)
+            return
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            for start in range(0, view.nbytes, _SLICE):
+                piece = view[start : start + _SLICE]
+                self.backlog.append(piece)
+                self.backlog_size += piece.nbytes
+        self.pump()
 
     def flush(self) -> None:
         """Write what this turn gathered, in one frame. What does not pickle or is too large goes on its own:

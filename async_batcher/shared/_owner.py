@@ -3,15 +3,17 @@
 
 The hot path takes no task per item: each item is submitted with the batcher's ``_submit`` (the item's future), in a
 copy of the context that carries its ticket (its connection and id) and its caller's trace context; its result goes
-back from a done callback, gathered with the others of the loop turn into one frame per client. As a batch goes
-(the batcher's ``_watch_sent``, before ``process_batch`` is called) the owner reads the tickets of its callers'
-contexts and writes each client, at once, which of its items have gone: if the owner dies, those are the items
+back from a done callback, gathered with the others of the loop turn into one frame per client (the frame is
+scheduled as the batch ends, so that it goes in the very turn its callbacks run). As a batch goes (the batcher's
+``_watch_sent``, before ``process_batch`` is called) the owner reads the tickets of its callers' contexts and marks
+each item on its client's gone board (:mod:`~async_batcher.shared._board`): if the owner dies, those are the items
 whose outcome is unknown, and the others are safe to send to the next owner. ``process_many`` and ``stream`` calls
 take a task per call.
 
 A client that leaves (its process ended, killed or not) has its items cancelled: withdrawn if they wait, their
-results dropped. A client that does not read what it is sent (more than twice ``max_message_size`` unread) is
-disconnected the same way: it never holds the owner's loop up.
+results dropped. A client that does not read what it is sent is disconnected the same way, and never holds the
+owner's loop up: when more than twice ``max_message_size`` is still unread as a new frame is due, or when it has read
+nothing of a full buffer for :data:`STALL` seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from async_batcher.exceptions import (
     NotPicklableError,
 )
 from async_batcher.shared import _wire
+from async_batcher.shared._board import Board
 from async_batcher.shared._link import DENY, HANDSHAKE_TIMEOUT, Connection, crosses, describe
 
 if TYPE_CHECKING:
@@ -49,6 +52,8 @@ logger = logging.getLogger("async_batcher.shared")
 _TICKET: ContextVar[tuple[OwnerLink, int] | None] = ContextVar("async_batcher_shared_ticket", default=None)
 #: Parts of a stream sent ahead of its consumer, at most.
 STREAM_WINDOW: Final = 16
+#: Seconds a client may leave more than ``max_message_size`` unread before it is disconnected.
+STALL: Final = 1.0
 
 
 class Owner:
@@ -101,21 +106,23 @@ class Owner:
             os.umask(umask)
         os.chmod(self.address, 0o600)
         self.inode = os.lstat(self.address).st_ino
-        self.unwatch = self.batcher._watch_sent(self.sent)
+        self.unwatch = self.batcher._watch_sent(self.sent, self.ended)
 
     def sent(self, contexts: list[Context]) -> None:
-        """A batch goes: tell each client which of its items are in it, before ``process_batch`` is called."""
-        touched: list[OwnerLink] = []
+        """A batch goes: mark its clients' items on their boards, before ``process_batch`` is called."""
         for context in contexts:
             ticket = context.get(_TICKET)
             if ticket is not None:
-                link = ticket[0]
-                if not link.gone:
-                    touched.append(link)
-                link.gone.append(ticket[1])
-        for link in touched:
-            gone, link.gone = link.gone, []
-            link.send_now([(_wire.GONE, *gone)])
+                board = ticket[0].board
+                if board is not None:
+                    board.mark(ticket[1])
+
+    def ended(self, contexts: list[Context]) -> None:
+        """A batch ended: its outcomes go out in the next turn, in one frame per client, after their callbacks."""
+        for context in contexts:
+            ticket = context.get(_TICKET)
+            if ticket is not None:
+                ticket[0].flush_soon()
 
     def leave(self) -> None:
         """Stop taking items: tell every client, close the socket (new ones find none). What was accepted is still
@@ -194,9 +201,10 @@ class OwnerLink(Connection):
         self.pending: dict[int, asyncio.Future[Any]] = {}  # its items submitted, not yet answered
         self.tasks: dict[int, asyncio.Task[Any]] = {}  # its process_many and stream calls
         self.windows: dict[int, _Window] = {}
-        self.gone: list[int] = []  # (Owner.sent's, for the batch it reads)
+        self.board: Board | None = None  # the client's gone board, mapped (left to the garbage collector)
         self.noted: tuple[BaseException | None, str] = (None, "")
         self.timer: asyncio.TimerHandle | None = None
+        self.stalled: asyncio.TimerHandle | None = None  # the client has a frame's worth unread: since when
 
     # ------------------------------------------------------------------ the connection
 
@@ -206,17 +214,18 @@ class OwnerLink(Connection):
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self.abort)
 
     def handshake(self, payload: bytes) -> None:
-        n = _wire.DIGEST_SIZE
-        given, hello, theirs = payload[:n], payload[n:-32], payload[-32:]
-        if len(payload) < n + 32 or not _wire.verify(self.key, self.mine, b"client", given):
+        n, h = _wire.DIGEST_SIZE, _wire.HELLO_SIZE
+        given, hello, path, theirs = payload[:n], payload[n : n + h], payload[n + h : -32], payload[-32:]
+        if len(payload) < n + h + 32 or not _wire.verify(self.key, self.mine, b"client", given):
             logger.warning("%s: a connection that does not know the key was refused", self.batcher.name)
             self.write_raw(DENY)
             self.close()
             return
         try:
             self._peer(hello)
-        except _wire.Violation as exc:
-            self.violated(exc)
+            self.board = Board.attach(os.fsdecode(path))
+        except (_wire.Violation, OSError) as exc:
+            self.violated(exc if isinstance(exc, _wire.Violation) else _wire.Violation(f"its gone board: {exc}"))
             return
         self.write_raw(_wire.answer(self.key, theirs, b"owner"))
         self.ready = True
@@ -228,8 +237,9 @@ class OwnerLink(Connection):
 
     def lost(self, exc: Exception | None) -> None:
         """The client is gone: its items are cancelled (withdrawn if they wait), their results dropped."""
-        if self.timer is not None:
-            self.timer.cancel()
+        for timer in (self.timer, self.stalled):
+            if timer is not None:
+                timer.cancel()
         self.owner.links.discard(self)
         self.owner.poke()
         pending, self.pending = self.pending, {}
@@ -244,19 +254,34 @@ class OwnerLink(Connection):
             )
 
     def flush(self) -> None:
-        transport = self.transport
-        if transport is not None and not self.closed and transport.get_write_buffer_size() > 2 * self.peer_limit:
-            logger.warning(
-                "%s: client pid %s does not read its results (%d bytes unread): disconnected",
-                self.batcher.name,
-                self.peer_pid,
-                transport.get_write_buffer_size(),
-            )
+        if not self.closed and self.unsent() > 2 * self.peer_limit:
             self.control, self.values = [], []
             self.flush_handle = None
-            self.abort()
+            self.unread()
             return
         super().flush()
+
+    def pause_writing(self) -> None:
+        # The transport's buffer is full: the client has STALL seconds to read some of it.
+        if self.stalled is None:
+            self.stalled = self.loop.call_later(STALL, self.unread)
+
+    def resume_writing(self) -> None:
+        if self.stalled is not None:
+            self.stalled.cancel()
+            self.stalled = None
+        super().resume_writing()
+
+    def unread(self) -> None:
+        """The client does not read what it is sent: disconnect it (its items are cancelled)."""
+        size = self.unsent()
+        logger.warning(
+            "%s: client pid %s does not read its results (%d bytes unread): disconnected",
+            self.batcher.name,
+            self.peer_pid,
+            size,
+        )
+        self.abort()
 
     # ------------------------------------------------------------------ records in
 

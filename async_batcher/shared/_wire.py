@@ -43,7 +43,6 @@ ACK: Final = 5  # (ACK, id, n): the stream's consumer took n more parts (the own
 ASK_STATS: Final = 6  # (ASK_STATS, id): a snapshot of the owner's statistics, please
 # Owner to client (a plain result is the item's id alone, its result the value):
 ERROR: Final = 10  # (ERROR, id, note) + exception; note: the owner's traceback, or ""
-GONE: Final = 11  # (GONE, id, id, ...): these items went into a batch (their outcome is unknown if the owner dies)
 PART: Final = 12  # (PART, id) + part: a stream's next part
 END: Final = 13  # (END, id): the stream is complete
 LEAVING: Final = 14  # (LEAVING,): the owner stops: send nothing more; what was sent is answered
@@ -271,3 +270,4 @@ def parse_hello(payload: bytes) -> tuple[int, int, float]:
 
 
 DIGEST_SIZE: Final = _DIGEST
+HELLO_SIZE: Final = len(MAGIC) + _HELLO.size

@@ -37,7 +37,8 @@ async def main(address: str, directory: Path, items: range, pace: float, role: A
         out.write(json.dumps(record) + "\n")
 
     async with shared:
-        (directory / f"ready-{pid}").write_text(str(shared.role))
+        (directory / f".ready-{pid}").write_text(str(shared.role))
+        (directory / f".ready-{pid}").rename(directory / f"ready-{pid}")  # (whole, or not there)
         tasks = []
         for item in items:
             tasks.append(asyncio.ensure_future(one(item)))

@@ -39,10 +39,10 @@ def read(data: bytes, cuts: list[int], limit: int = 2**30) -> list[tuple[list[An
 
 @pytest.mark.parametrize("cuts", [[], [1], [3, 4, 5], list(range(1, 200, 7))])
 def test_frames_cut_anywhere_parse(cuts: list[int]) -> None:
-    data = frames([1, (_wire.CANCEL, 2)], ["one"]) + frames([(_wire.GONE, 3, 4)], []) + frames([5], [[1, 2]])
+    data = frames([1, (_wire.CANCEL, 2)], ["one"]) + frames([(_wire.ACK, 3, 4)], []) + frames([5], [[1, 2]])
     assert [(c, v) for c, v, _ in read(data, cuts)] == [
         ([1, (_wire.CANCEL, 2)], ["one"]),
-        ([(_wire.GONE, 3, 4)], []),
+        ([(_wire.ACK, 3, 4)], []),
         ([5], [[1, 2]]),
     ]
 
@@ -90,3 +90,19 @@ def test_the_handshake_answers_hold_for_one_direction_and_key_only() -> None:
     assert _wire.parse_hello(_wire.hello(42, 1024, 1.5)) == (42, 1024, 1.5)
     with pytest.raises(_wire.Violation, match="not an async-batcher"):
         _wire.parse_hello(b"GET / HTTP/1.1")
+
+
+def test_the_gone_board_says_which_items_went_and_takes_a_shared_slot_as_gone(tmp_path: Any) -> None:
+    from async_batcher.shared._board import SLOTS, Board
+
+    client = Board.create(str(tmp_path / "b.sock"))
+    owner = Board.attach(client.path)
+    client.unlink()  # (both keep their mapping)
+    for id in (3, 5, 7 + SLOTS):
+        owner.mark(id)
+    assert client.gone([3, 4, 5]) == {3, 5}
+    assert client.gone([7, 7 + SLOTS, 9]) == {7, 7 + SLOTS}  # (a slot two share: neither can be told apart)
+    owner.close()
+    client.close()
+    with pytest.raises(FileNotFoundError):
+        Board.attach(client.path)
