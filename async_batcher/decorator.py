@@ -130,18 +130,16 @@ class BatchedFunction(Generic[T, R]):
     def __init__(
         self, batcher: AsyncBatcher[T, R] | SharedBatcher[T, R], func: Callable[..., Any], instance: object = None
     ) -> None:
-        #: The batcher behind the function: its settings can be changed live (``f.batcher.max_batch_size = 8``); with
-        #: ``shared=``, a :class:`~async_batcher.shared.SharedBatcher` (the batcher itself is its ``batcher``, in the
-        #: process that owns it).
-        self.batcher = batcher
+        #: The batcher behind the function: its settings can be changed live (``f.batcher.max_batch_size = 8``). With
+        #: ``shared=``, a :class:`~async_batcher.shared.SharedBatcher` (the same calls; the batcher itself is its
+        #: ``batcher``, in the process that owns it), typed as the common case.
+        self.batcher: AsyncBatcher[T, R] = cast("AsyncBatcher[T, R]", batcher)
         #: The instance of a method, ``None`` for a plain function.
         self.__self__ = instance
         self.__dict__.update(_names(func))
 
     @classmethod
-    def _bound(
-        cls, batcher: AsyncBatcher[T, R] | SharedBatcher[T, R], names: dict[str, Any], instance: object
-    ) -> BatchedFunction[T, R]:
+    def _bound(cls, batcher: AsyncBatcher[T, R], names: dict[str, Any], instance: object) -> BatchedFunction[T, R]:
         # A method's is made at every attribute access, like a bound method: the fast way, without __init__.
         bound = cls.__new__(cls)
         bound.__dict__ = {"batcher": batcher, "__self__": instance, **names}

@@ -151,7 +151,7 @@ def _batcher_of(batcher: object) -> AsyncBatcher[Any, Any]:
     if isinstance(batcher, AsyncBatcher):
         return batcher
     if isinstance(batcher, BatchedFunction):
-        inner = batcher.batcher
+        inner: object = batcher.batcher
         if isinstance(inner, AsyncBatcher):
             return inner
         raise TypeError(

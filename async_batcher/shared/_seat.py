@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Final
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.exceptions import BatcherStoppedError, OwnerUnavailableError
 from async_batcher.shared import _paths
-from async_batcher.shared._client import Client, ClientLink
+from async_batcher.shared._client import Client
+from async_batcher.shared._client_link import ClientLink
 from async_batcher.shared._link import HANDSHAKE_TIMEOUT
 from async_batcher.shared._owner import Owner
 

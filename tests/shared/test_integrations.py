@@ -144,3 +144,13 @@ async def test_the_callers_trace_context_crosses_to_the_batch_span(address: str)
             (context.trace_id, context.span_id)
         ]
     provider.shutdown()
+
+
+def test_instrumenting_a_shared_function_points_to_its_owner() -> None:
+    from async_batcher.opentelemetry import instrument
+
+    async def double(xs: list[int]) -> list[int]:
+        return xs
+
+    with pytest.raises(TypeError, match="instrument its batcher where it is made"):
+        instrument(batch(shared=True)(double))
