@@ -51,3 +51,35 @@ def test_uvicorn_workers_share_one_batcher(address: str, tmp_path: Path) -> None
     finally:
         left = kill_group(server, grace=20)
     assert not left, f"left behind after SIGINT: {left}"
+
+
+def test_owner_after_owner_killed_mid_batch(address: str, tmp_path: Path) -> None:
+    """Three processes, two of them killed in turn while the model works for them: the third ends with every item
+    answered once, and the model's log agrees."""
+    from functools import partial
+
+    from tests.shared.procs import Node, batches, calls, check_exactly_once, cluster
+
+    def done(node: Node, n: int) -> bool:
+        return len(node.outcomes()) == n
+
+    with cluster(address, tmp_path, delay=0.2, batch=4) as start:
+        first = start()
+        assert first.ready() == "owner"
+        others = [start("--items", f"{k}:{k + 40}", "--pace", "0.01") for k in (0, 100, 200)]
+        ranges = {node.pid: range(k, k + 40) for node, k in zip(others, (0, 100, 200), strict=True)}
+        assert [o.ready() for o in others] == ["client"] * 3
+        wait_for(lambda: batches(tmp_path, first.pid), 20, "the first owner's first batch")
+        first.kill()
+        wait_for(lambda: any(o.pid in calls(tmp_path) for o in others), 30, "a second owner's batch")
+        (second,) = [o for o in others if o.pid in calls(tmp_path)]
+        second.kill()
+        left = [o for o in others if o is not second]
+        for node in left:
+            wait_for(partial(done, node, 40), 60, f"node {node.pid}'s outcomes")
+        outcomes = [o for node in left for o in node.outcomes()]
+        items = {x for node in left for x in ranges[node.pid]}
+        kinds = check_exactly_once(outcomes, items, calls(tmp_path))
+        assert set(kinds) <= {"ok", "OutcomeUnknownError"} and kinds["ok"] >= 40
+        for node in left:
+            node.terminate()
