@@ -35,11 +35,9 @@ class Reader(AsyncBatcher[Any, Any]):
 
 
 def _attach(name: str) -> shared_memory.SharedMemory:
-    from multiprocessing import resource_tracker
-
-    block = shared_memory.SharedMemory(name=name)  # (3.13 has track=False; before, unregister it by hand)
-    resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]  # (the client unlinks)
-    return block
+    # (Both processes were spawned by this one and share its resource tracker: the owner's registration of the
+    # block is the client's, which its unlink() removes.)
+    return shared_memory.SharedMemory(name=name)
 
 
 def reader() -> Reader:
