@@ -158,6 +158,7 @@ class Seat:
                 await link.done
         except BaseException:
             link.abort()
+            link.close_board()  # (now: the loop may end before the connection's loss is told)
             raise
         logger.debug("%s: connected to the owner of %s (pid %d)", self.name, self.address, link.peer_pid)
         self.client.attach(link)

@@ -25,20 +25,23 @@ def main() -> None:
     if args.only in (None, "throughput"):
         print("\n| clients | callers each | items/s | owner CPU µs/item | owner CPU busy |\n|---|---|---|---|---|")
         for n in [int(x) for x in args.clients.split(",")]:
-            r = throughput.measure(address(), args.loop, n, args.callers, args.seconds)
+            with address() as where:
+                r = throughput.measure(where, args.loop, n, args.callers, args.seconds)
             print(
                 f"| {n} | {args.callers} | {r['items_per_s']:,.0f} | {r['owner_cpu_us_per_item']:.1f} "
                 f"| {100 * r['owner_cpu_share']:.0f} % |",
                 flush=True,
             )
     if args.only in (None, "latency"):
-        r = throughput.latency(address(), args.loop, args.calls)
+        with address() as where:
+            r = throughput.latency(where, args.loop, args.calls)
         print("\n| one caller | p50 µs | p99 µs |\n|---|---|---|")
         print(f"| the owner's own (no hop) | {r['local_p50_us']:.0f} | {r['local_p99_us']:.0f} |")
         print(f"| a client's (the hop) | {r['client_p50_us']:.0f} | {r['client_p99_us']:.0f} |")
         print(f"| the hop adds (p50) | {r['hop_p50_us']:.0f} | |", flush=True)
     if args.only in (None, "transfer"):
-        results = transfer.measure(address(), args.loop, SIZES, args.repeat)
+        with address() as where:
+            results = transfer.measure(where, args.loop, SIZES, args.repeat)
         print("\n| array | pickle 5 out of band, ms | shared memory, ms | ratio |\n|---|---|---|---|")
         for size, (pickled, shm) in results.items():
             print(f"| {_size(size)} | {1e3 * pickled:.3f} | {1e3 * shm:.3f} | {pickled / shm:.2f} |")

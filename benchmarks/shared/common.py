@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from async_batcher import AsyncBatcher
@@ -30,7 +32,12 @@ def run(main: Coroutine[Any, Any, Any], loop: str) -> Any:
     return asyncio.run(main)
 
 
-def address() -> str:
+@contextlib.contextmanager
+def address() -> Iterator[str]:
+    """A socket path in a new private directory, removed afterwards."""
     directory = tempfile.mkdtemp(prefix="ab-bench-", dir="/tmp")
     os.chmod(directory, 0o700)
-    return os.path.join(directory, "b.sock")
+    try:
+        yield os.path.join(directory, "b.sock")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
