@@ -314,6 +314,15 @@ class Client:
                     self._hold(call)
             elif op == _wire.LEAVING:
                 self.leaving = True
+        if self.leaving:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """The owner is leaving: once it has answered every call sent to it, close this end (the owner closes its
+        own too; this one does not wait for it) and look for the next owner."""
+        link = self.link
+        if link is not None and not link.closed and not any(c.state == SENT for c in self.calls.values()):
+            link.close()
 
     def _unpicklable(self, error: BaseException) -> NotPicklableError:
         return NotPicklableError(f"{self.name}: an answer of the owner does not unpickle in this process: {error}")

@@ -111,7 +111,10 @@ class Owner:
             return
         self.leaving = True
         for link in list(self.links):
-            link.send_now([(_wire.LEAVING,)])
+            if link.ready:
+                link.send_now([(_wire.LEAVING,)])
+            else:  # (in its handshake: it will find the next owner)
+                link.abort()
         if self.server is not None:
             self.server.close()
         self._unlink()

@@ -81,6 +81,10 @@ class OwnerLink(Connection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if self.owner.leaving:  # (accepted as the socket closed: nothing to serve it)
+            self.abort()
+            return
+        self.owner.links.add(self)  # (from now: a close of the owner closes it, ready or not)
         self.write_raw(_wire.hello(os.getpid(), self.limit, self.owner.load_seconds) + self.mine)
         self.timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self.abort)
 
@@ -102,7 +106,6 @@ class OwnerLink(Connection):
         self.ready = True
         if self.timer is not None:
             self.timer.cancel()
-        self.owner.links.add(self)
         if self.owner.leaving:
             self.send_now([(_wire.LEAVING,)])
 

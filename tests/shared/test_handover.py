@@ -58,3 +58,28 @@ async def test_a_stopping_client_never_takes_over_and_stopping_all_at_once_does_
     async with asyncio.timeout(10):
         await asyncio.gather(*(b.stop() for b in batchers))
     assert len(made) == 1  # nobody took over from an owner leaving while they stopped too
+
+
+async def test_a_client_told_the_owner_leaves_lets_go_once_answered(address: str) -> None:
+    # An owner that says it leaves but never closes (its loop stopped with the socket open, say) must not keep a
+    # client waiting on it: the client closes its end once its calls are answered, and looks for the next owner.
+    owner = SharedBatcher(Model, address=address, name="m")
+    client = SharedBatcher(Model, address=address, name="m", owner_wait=5)
+    async with owner, client:
+        assert owner._seat is not None and owner._seat.owner is not None and client._seat is not None
+        assert await client.process(1) == 2
+        link = client._seat.client.link
+        assert link is not None
+        owner._seat.owner.leave()  # LEAVING, and nothing more
+        await until(lambda: link.closed, within=10)
+
+
+async def test_a_connection_still_in_its_handshake_is_closed_when_the_owner_leaves(address: str) -> None:
+    async with SharedBatcher(Model, address=address, name="m") as owner:
+        reader, writer = await asyncio.open_unix_connection(address)  # connected: the owner's hello comes
+        await reader.readexactly(4)
+        assert owner._seat is not None
+    async with asyncio.timeout(10):
+        rest = await reader.read()  # the end, not a connection left open after the owner is gone
+    assert len(rest) < 1024
+    writer.close()
