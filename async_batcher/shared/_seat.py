@@ -137,8 +137,9 @@ class Seat:
                 self.denied += 1
                 if self.denied >= 2:  # (not a key the owner was rewriting: it will not do)
                     client.fail_held(OwnerUnavailableError(f"{self.name}: {exc} (address {self.address})"))
-            except (OSError, TimeoutError, ValueError) as exc:  # no socket yet, refused, no key file yet
+            except Exception as exc:  # no socket yet, refused, no key file yet; not an owner's socket
                 client.last_error = exc
+                logger.debug("%s: no owner at %s yet: %r", self.name, self.address, exc)
             else:
                 backoff = _FIRST_BACKOFF
                 self.denied = 0

@@ -156,3 +156,19 @@ def test_the_lock_is_this_processs_for_one_election_only() -> None:
         first.release()
         assert second.try_acquire()
         second.release()
+
+
+async def test_a_socket_that_is_not_an_owners_fails_the_items_clearly(address: str) -> None:
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"\x10\x00\x00\x00" + b"HTTP/1.1 200 OK\r\n")
+        await writer.drain()
+
+    server = await asyncio.start_unix_server(impostor, address)
+    try:
+        _paths.write_key(address)
+        async with SharedBatcher(Model, address=address, role="client", name="m", owner_wait=0.5) as client:
+            with pytest.raises(OwnerUnavailableError, match="not an async-batcher"):
+                await client.process(1)
+    finally:
+        server.close()
+        await server.wait_closed()
