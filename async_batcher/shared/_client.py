@@ -374,7 +374,7 @@ class Client:
         self.last_error = cause
         self.on_detached()
         sent = sorted((c for c in self.calls.values() if c.state == SENT), key=_by_id)
-        gone = link.board.gone([c.id for c in sent])
+        gone = link.board.gone([c.id for c in sent]) if link.board is not None else set()
         link.close_board()
         for call in sent:
             if call.gone or call.id in gone:

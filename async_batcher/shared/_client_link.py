@@ -31,7 +31,7 @@ class ClientLink(Connection):
     def __init__(self, key: bytes, limit: int, client: Client) -> None:
         super().__init__(key, limit)
         self.client = client
-        self.board = Board.create(client.address)
+        self.board: Board | None = None  # made as the handshake begins (not for a connection that never gets there)
         self.done: asyncio.Future[None] = self.loop.create_future()  # the handshake's outcome
         self.done.add_done_callback(_retrieve)
 
@@ -44,6 +44,11 @@ class ClientLink(Connection):
                 return
             self.step = 1
             hello = _wire.hello(os.getpid(), self.limit)
+            try:
+                self.board = Board.create(self.client.address)
+            except OSError as exc:  # (/dev/shm full, say)
+                self._refuse(exc)
+                return
             path = os.fsencode(self.board.path)
             self.write_raw(_wire.answer(self.key, payload[-32:], b"client") + hello + path + self.mine)
         elif payload == DENY:
@@ -52,7 +57,8 @@ class ClientLink(Connection):
             self._refuse(PermissionError("the process at the socket does not know the key"))
         else:
             self.ready = True
-            self.board.unlink()  # (mapped by both now: the name is no longer needed)
+            if self.board is not None:
+                self.board.unlink()  # (mapped by both now: the name is no longer needed)
             self.done.set_result(None)
 
     def _refuse(self, error: Exception) -> None:
@@ -74,7 +80,8 @@ class ClientLink(Connection):
 
     def close_board(self) -> None:
         """The board is read (or was never needed): unmap it, and remove its name if the handshake did not."""
-        if self.board.map.closed:
+        board = self.board
+        if board is None or board.map.closed:
             return
-        self.board.unlink()
-        self.board.close()
+        board.unlink()
+        board.close()
