@@ -11,10 +11,10 @@ from pathlib import Path
 
 from . import calibrate, document, pairs, report, sensitivity, validation
 from . import costs as costs_file
+from .pairs import REAL_CLOSED, REAL_OPEN
 from .runner import ROOT, interpreters, run_all
 from .scenarios import QUICK, scenarios
 from .sim.vloop import CLOCKS
-from .validate import REAL_CLOSED, REAL_OPEN
 from .variants import CONSTRUCTOR, EXTRA, PEERS, RECOMMENDED, REGISTRY, Variant, candidates, grid, parse
 
 

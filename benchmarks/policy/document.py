@@ -18,12 +18,11 @@ from benchmarks.provenance import regenerated_by
 
 from . import calibrate, report, sensitivity, validation
 from . import costs as costs_file
-from .pairs import Paired
+from .pairs import Paired, default_policy
 from .runner import ROOT, Run
 from .scenarios import MAX_BATCH_SIZE
 from .sim.server import Costs
 from .sim.traffic import Scenario
-from .validate import default_policy
 from .variants import CONSTRUCTOR, PEERS, RECOMMENDED, Variant
 from .verdicts import KEEP_UP, P99_RATIO, SERVED_RATIO, judge
 
@@ -230,7 +229,7 @@ def _validation(c: Context) -> list[str]:
         return [*lines, "Not run (`--no-validation`)."]
     policy, _ = default_policy()
     table, _ = validation.render(c.real, c.checked, policy)
-    return [*lines, *table, "", "The real pairs: `python -m benchmarks.policy.validate run` (`benchmarks/policy/"
+    return [*lines, *table, "", "The real pairs: `python -m benchmarks.policy.validate` (`benchmarks/policy/"
                                 "measured/turns-closed.csv`, `turns-open.csv`)."]  # fmt: skip
 
 

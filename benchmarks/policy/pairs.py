@@ -10,7 +10,8 @@ two-sided) says how often two alike variants would split the pairs at least as u
 (``p < ALPHA``) is **significant**, and its direction is the real answer the simulator must agree with.
 
 A pair whose open-loop step failed a request (a p99 past the timeout: the rate was past that server's capacity) has
-no p99 ratio: p99 is compared within capacity only.
+no p99 ratio: p99 is compared within capacity only. An open-loop step whose generator did not keep to its schedule
+(``held`` false: it lagged, so the arrivals were not the ones asked for) pairs with nothing.
 """
 
 from __future__ import annotations
@@ -33,14 +34,22 @@ __all__ = [
     "DEFAULT",
     "METRICS",
     "MIN_PAIRS",
+    "REAL_CLOSED",
+    "REAL_OPEN",
     "RIG_ARGS",
     "TURNS",
     "Cell",
     "Paired",
+    "default_policy",
     "paired",
     "read",
     "real_name",
 ]
+
+HERE = Path(__file__).resolve().parent
+#: Where the paired real runs' steps are kept (``python -m benchmarks.policy.validate`` copies them there).
+REAL_CLOSED = HERE / "measured" / "turns-closed.csv"
+REAL_OPEN = HERE / "measured" / "turns-open.csv"
 
 #: The turns compared with the default's (whatever the default is: ``ours`` runs the package's own).
 TURNS = (0, 16, 32)
@@ -58,6 +67,18 @@ RIG_ARGS = (
     "--shapes", "poisson", "--fractions", "0.5,0.9", "--open-seconds", "5", "--open-warmup", "1",
     "--saturation-from", DEFAULT, "--taskset-server", "1", "--taskset-load", "0",
 )  # fmt: skip
+
+
+def default_policy() -> tuple[str, int]:
+    """The policy a batcher gets at the README's settings (the real rig's ``ours``), and its turns."""
+    from async_batcher import AsyncBatcher
+
+    class Probe(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            return batch
+
+    policy = Probe(max_batch_size=256, max_queue_time=0, max_queue_size=4096).policy
+    return repr(policy), int(policy.turns)
 
 
 def real_name(turns: int) -> str:
@@ -126,10 +147,11 @@ def _count(cell: Cell, turns: int, metric: str, ratios: Iterable[float]) -> Pair
 
 
 def _in_cell(step: OpenStep, cell: Cell) -> bool:
-    """A step of the Poisson sweep at the cell's fraction of the capacity (the rig rounds the rate a little)."""
+    """A step of the Poisson sweep at the cell's fraction of the capacity (the rig rounds the rate a little) whose
+    generator kept to its schedule."""
     fraction = step.fraction
     near = fraction is not None and abs(fraction - cell.level) <= 0.01 * cell.level
-    return step.scenario == "sweep" and step.shape == "poisson" and near
+    return step.scenario == "sweep" and step.shape == "poisson" and near and step.held
 
 
 def paired(closed: list[Step], open_steps: list[OpenStep]) -> list[Paired]:

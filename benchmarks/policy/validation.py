@@ -1,4 +1,6 @@
-"""The decision itself, simulated and checked against the real server: ``python -m benchmarks.policy.validate``.
+"""The decision itself, simulated and checked against the real server: ``python -m benchmarks.policy.validation``
+prints the table (the real pairs of ``benchmarks/policy/measured/turns-*.csv`` beside the simulator's ratios) and the
+verdict; ``make bench-policy`` puts them in its report.
 
 The simulator answers the same question as the real pairs (:mod:`.pairs`): at 0, 16 and 32 turns, against the
 default, in each :data:`~.pairs.CELLS` cell, the ratio of the served throughput and of the p99. The open loop's
@@ -16,7 +18,9 @@ and the defaults are chosen from the paired real runs (:func:`real_verdicts`).
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +29,8 @@ from typing import Any
 from benchmarks.openloop.report import p_text
 from benchmarks.peers.__main__ import KNEE, RAMP_FROM, RAMP_STEP
 
-from .pairs import CELLS, METRICS, MIN_PAIRS, TURNS, Cell, Paired
+from . import costs as costs_file
+from .pairs import CELLS, METRICS, MIN_PAIRS, REAL_CLOSED, REAL_OPEN, TURNS, Cell, Paired, default_policy, paired, read
 from .runner import Run, interpreters, run_all
 from .sim.server import Costs
 from .sim.traffic import Scenario
@@ -38,6 +43,7 @@ __all__ = [
     "Simulated",
     "agreement",
     "decision_lines",
+    "main",
     "ramp_capacity",
     "real_verdicts",
     "render",
@@ -187,7 +193,7 @@ def agreement(real: list[Paired], sims: dict[tuple[Cell, int, str], Simulated]) 
     reasons = []
     measured = any(p.ratios for p in real)
     if not measured:
-        reasons.append("no paired real runs to check it against (`python -m benchmarks.policy.validate run`)")
+        reasons.append("no paired real runs to check it against (`python -m benchmarks.policy.validate`)")
     short = [c.name for c in CELLS if min((len(p.ratios) for p in real if p.cell == c and p.metric == "served"),
                                           default=0) < MIN_PAIRS]  # fmt: skip
     if measured and short:
@@ -278,7 +284,7 @@ def decision_lines(real: list[Paired], verdict: Agreement, default_turns: int) -
         ]
     else:
         lines = [
-            "**Not decision-grade**: " + "; ".join(verdict.reasons) + ". The simulator's verdicts below are not "
+            "**Not decision-grade**: " + "; ".join(verdict.reasons) + ". The simulator's verdicts are not "
             "evidence for a default; the defaults are chosen from the paired real runs."
         ]
     if not any(p.ratios for p in real):
@@ -307,3 +313,29 @@ def decision_lines(real: list[Paired], verdict: Agreement, default_turns: int) -
             "better somewhere and worse nowhere."
         )
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.policy.validation", description=__doc__.splitlines()[0])
+    parser.add_argument("--closed", type=Path, default=REAL_CLOSED, help="the real runs' closed-loop steps")
+    parser.add_argument("--open", type=Path, default=REAL_OPEN, help="the real runs' open-loop steps")
+    parser.add_argument("--costs", type=Path, default=costs_file.COSTS)
+    parser.add_argument("--cores", type=float, help="the simulation's cores (default: the fitted count, else 1)")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--duration", type=float, default=10.0, help="virtual seconds per simulation")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--clock", default="uvloop", choices=("uvloop", "asyncio"))
+    args = parser.parse_args(argv)
+    costs = costs_file.load(args.costs)
+    cores = args.cores or costs_file.fitted_cores(args.costs) or 1.0
+    seeds = tuple(int(s) for s in args.seeds.split(","))
+    real = paired(*read(args.closed, args.open))
+    sims = simulate(costs, cores, seeds, duration=args.duration, workers=args.workers, clock=args.clock)
+    policy, turns = default_policy()
+    lines, verdict = render(real, sims, policy)
+    print("\n".join([*lines, "", *decision_lines(real, verdict, turns)]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

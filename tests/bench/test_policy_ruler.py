@@ -55,14 +55,16 @@ def _closed(variant: str, rnd: int, conns: int, rps: float, p99: float) -> Step:
                 0.0)  # fmt: skip
 
 
-def _open(variant: str, rnd: int, fraction: float, answered: float, p99: float, failed: int = 0) -> OpenStep:
+def _open(
+    variant: str, rnd: int, fraction: float, answered: float, p99: float, failed: int = 0, held: bool = True
+) -> OpenStep:
     return OpenStep(
         variant=variant, round=rnd, shape="poisson", rate=1000 * fraction, fraction=fraction, scenario="sweep",
         mixed=0, seconds=5.0, scheduled=5000, offered_rps=1000 * fraction, answered_rps=answered, ok=5000 - failed,
         errors=0, timeouts=failed, p50_ms=p99 / 3, p90_ms=p99 / 2, p99_ms=p99, p999_ms=p99, max_ms=p99,
         mean_ms=p99 / 3, lag_p50_ms=0.1, lag_p99_ms=0.5, lag_max_ms=1.0, wait_p99_ms=0.0, max_waiting=0,
         connections=8, schedule_cv=1.0, items_per_call=4.0, server_cpu=80.0, gen_cpu=10.0, machine_busy=60.0,
-        held=True,
+        held=held,
     )  # fmt: skip
 
 
@@ -94,11 +96,14 @@ def test_an_open_loop_pair_compares_p99_within_capacity_only() -> None:
         _open("ours", 0, 0.9, 900.0, 10.0), _open("ours-turns0", 0, 0.9, 880.0, 30.0, failed=3),
         _open("ours", 1, 0.9, 900.0, 10.0), _open("ours-turns0", 1, 0.9, 900.0, 12.0),
         _open("ours", 1, 0.5, 500.0, 5.0), _open("ours-turns0", 1, 0.5, 500.0, 4.0),
+        # The generator lagged behind its schedule: a step of other arrivals than asked, paired with nothing.
+        _open("ours", 2, 0.5, 500.0, 5.0), _open("ours-turns0", 2, 0.5, 400.0, 50.0, held=False),
     ]  # fmt: skip
     found = pairs.paired([], steps)
     assert _find(found, "Poisson 90 %", 0, "served").ratios == pytest.approx([880 / 900, 1.0])
     assert _find(found, "Poisson 90 %", 0, "p99").ratios == [1.2]  # round 0 failed requests: no p99 ratio
     assert _find(found, "Poisson 50 %", 0, "p99").ratios == [0.8]
+    assert _find(found, "Poisson 50 %", 0, "served").ratios == [1.0]
 
 
 def test_the_real_runs_csvs_read_back_into_the_same_pairs(tmp_path: Path) -> None:
@@ -305,7 +310,7 @@ def test_a_quick_report_says_it_is_not_decision_grade_and_reads_no_fixed_verdict
 
 def test_the_default_the_real_rig_runs_is_the_package_default() -> None:
     from async_batcher.policies import Deadline
-    from benchmarks.policy.validate import default_policy
+    from benchmarks.policy.pairs import default_policy
 
     policy, turns = default_policy()
     assert turns == Deadline().turns and policy.startswith("Deadline(max_queue_time=0.0")
