@@ -264,11 +264,15 @@ def test_a_p99_past_capacity_is_not_judged_the_served_throughput_is() -> None:
     runs = [
         _run(s, "greedy", "grid", 1000.0, 900.0, offered=1300.0),  # past capacity: its p99 is the run's length
         _run(s, "wait2ms", "grid", 1100.0, 800.0, offered=1300.0),
-        _run(s, "slow", "candidate", 700.0, 400.0, offered=1300.0),  # a lower p99, by serving less
+        _run(s, "wait5ms", "grid", 1290.0, 50.0, offered=1300.0),  # kept up: the grid's best p99
+        _run(s, "slow", "candidate", 700.0, 400.0, offered=1300.0),  # past its capacity: its p99 is not judged
+        _run(s, "fast", "candidate", 1300.0, 52.0, offered=1300.0),  # kept up: judged on both
     ]
     [j] = judge(runs)
     assert j.verdicts("slow") == {"served": FAIL}
-    assert j.first.p99_ratio("slow") is None and j.first.served_ratio("slow") == pytest.approx(700 / 1100)
+    assert j.first.p99_ratio("slow") is None and j.first.served_ratio("slow") == pytest.approx(700 / 1290)
+    assert j.verdicts("fast") == {"p99": PASS, "served": PASS}
+    assert j.first.p99_ratio("fast") == pytest.approx(52 / 50)
 
 
 def test_no_setting_is_judged_against_a_grid_it_belongs_to() -> None:
