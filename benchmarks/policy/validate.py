@@ -1,11 +1,12 @@
 """The paired real runs of the decision: ``python -m benchmarks.policy.validate`` (``make bench-policy-validate``).
 
 On this machine, once it is quiet (:mod:`.quiet`: it refuses a busy one, saying what it saw): the head-to-head with
-:data:`~.pairs.RIG_ARGS` (the default and 0, 16 and 32 turns; closed loops of 8 and 64 connections, Poisson at 50
-and 90 % of the default's open-loop capacity; the server pinned on CPU 1, the load on CPU 0), ``--rounds`` rounds
-(10: about 35 minutes), each a pair per cell. Its report goes to ``--out-dir`` (``reports/turns/turns.md``), its
-steps are kept as ``benchmarks/policy/measured/turns-closed.csv`` and ``turns-open.csv`` (which ``make
-bench-policy`` and ``python -m benchmarks.policy.validation`` read), and the pairs' table is printed.
+:data:`~.pairs.RIG_ARGS` (the default and 0, 4 (the control), 16 and 32 turns; closed loops of 8 and 64 connections,
+Poisson at 50 and 90 % of the default's open-loop capacity; the server pinned on CPU 1, the load on CPU 0),
+``--rounds`` rounds (10: about 35 minutes), each a pair per cell. Its report goes to ``--out-dir``
+(``reports/turns/turns.md``), its steps are kept as ``benchmarks/policy/measured/turns-closed.csv`` and
+``turns-open.csv`` (which ``make bench-policy`` and ``python -m benchmarks.policy.validation`` read), and the pairs'
+table is printed.
 """
 
 from __future__ import annotations

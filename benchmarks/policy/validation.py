@@ -2,7 +2,7 @@
 prints the table (the real pairs of ``benchmarks/policy/measured/turns-*.csv`` beside the simulator's ratios) and the
 verdict; ``make bench-policy`` puts them in its report.
 
-The simulator answers the same question as the real pairs (:mod:`.pairs`): at 0, 16 and 32 turns, against the
+The simulator answers the same question as the real pairs (:mod:`.pairs`): at 0, 4, 16 and 32 turns, against the
 default, in each :data:`~.pairs.CELLS` cell, the ratio of the served throughput and of the p99. The open loop's
 rates are fractions of the simulated default's open-loop capacity, found as the real rig finds the real one (a ramp
 of Poisson steps from a fifth of its closed-loop maximum, each 1.25x the last, up to a median latency 5x the lowest
@@ -293,13 +293,16 @@ def decision_lines(real: list[Paired], verdict: Agreement, default_turns: int) -
     lines += ["", f"What the paired real runs say against the default ({default_turns} turns):", ""]
     favoured = []
     for t, (better, worse) in real_verdicts(real).items():
+        control = t == default_turns
+        name = f"{t} turns" + (" (the default's own, on a server of its own: a control)" if control else "")
         if not better and not worse:
-            lines.append(f"- {t} turns: no significant difference in any cell.")
+            lines.append(f"- {name}: no significant difference in any cell.")
             continue
-        lines.append(
-            f"- {t} turns: better in {', '.join(better) or 'no cell'}; worse in {', '.join(worse) or 'no cell'}."
-        )
-        if better and not worse:
+        lines.append(f"- {name}: better in {', '.join(better) or 'no cell'}; worse in {', '.join(worse) or 'no cell'}.")
+        if control:
+            lines.append("  The control differs from the default: the rig, not the setting, made that difference, and "
+                         "the other rows may hold as much of it.")  # fmt: skip
+        elif better and not worse:
             favoured.append(t)
     lines.append("")
     if favoured:

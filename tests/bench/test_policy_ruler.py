@@ -207,6 +207,13 @@ def test_the_reports_prose_says_not_decision_grade_and_what_the_real_runs_favour
     assert "- 32 turns: better in no cell; worse in served in closed 64." in text
     assert "- 0 turns: no significant difference in any cell." in text
     assert "favour 16 turns over the default" in text
+    assert "- 4 turns (the default's own, on a server of its own: a control): no significant difference" in text
+    # The control better than the default: the rig's doing, said so, and no setting favoured for it.
+    biased = [p for p in real if p.turns != 4] + [_real(c64, 4, "served", 6, 0)]
+    biased += [_real(c, 4, m, 3, 3) for c in CELLS for m in pairs.METRICS if (c, m) != (c64, "served")]
+    text = "\n".join(validation.decision_lines(biased, verdict, 4))
+    assert "the rig, not the setting, made that difference" in text and "favour 16 turns over" in text
+    assert "favour 4 turns" not in text
     grade = validation.Agreement(True, [], 2, 2)
     assert validation.decision_lines(real, grade, 4)[0].startswith("**Decision-grade**")
     assert "No paired real runs yet" in "\n".join(validation.decision_lines([], verdict, 4))
@@ -226,9 +233,13 @@ def test_a_flipped_ranking_and_side_are_reported() -> None:
     c8 = Cell("closed", 8)
     base = _sims({(c8, 32): [(1100.0, 10.0)], (c8, 16): [(1100.0, 10.0)]}, (1,))
     other = _sims({(c8, 32): [(900.0, 10.0)], (c8, 16): [(1100.0, 10.0)]}, (1,))
-    assert sensitivity.rankings(base)[c8] == ("16 turns = 32 turns", "default = 0 turns")
+    assert sensitivity.rankings(base)[c8] == ("16 turns = 32 turns", "default = 0 turns = 4 turns")
     ranked, sides = sensitivity.flips(base, other)
-    assert ranked == ["closed 8: 16 turns = 32 turns > default = 0 turns -> 16 turns > default = 0 turns > 32 turns"]
+    before, after = (
+        "16 turns = 32 turns > default = 0 turns = 4 turns",
+        "16 turns > default = 0 turns = 4 turns > 32 turns",
+    )
+    assert ranked == [f"closed 8: {before} -> {after}"]
     assert sides == ["32 turns' served in closed 8 (> 1 -> < 1)"]
     assert sensitivity.flips(base, base) == ([], [])
 
