@@ -72,43 +72,6 @@ def test_the_clock_chooses_the_turn_measured_on_its_loop() -> None:
 # ------------------------------------------------------------------------------------------ the interpreter's lock
 
 
-def _shared(cores: float, gil: float, job: float, start: float, spend: float) -> tuple[float, float]:
-    """A model job of ``job`` seconds submitted at 0, the loop's ``spend`` seconds of CPU from ``start``: when the
-    loop's work ends, and when the job's result reaches the loop."""
-    loop = SimLoop(clock="asyncio", cores=cores, gil=gil)
-    loop.default_executor.cost = lambda: job
-    ends: dict[str, float] = {}
-
-    def work() -> None:
-        loop.spend(spend)
-        ends["loop"] = loop.now
-
-    async def main() -> None:
-        loop.at(start, work)
-        await loop.run_in_executor(None, lambda: None)
-        ends["job"] = loop.now
-        await asyncio.sleep(max(0.0, start + 2 * spend - loop.now) + 0.1)
-
-    loop.run_until_complete(main())
-    loop.close()
-    return ends["loop"], ends["job"]
-
-
-@pytest.mark.parametrize(
-    ("cores", "gil", "loop_end", "job_end"),
-    [
-        (2.0, 0.0, 0.5, 1.0),  # two cores, the lock never held: neither waits
-        (2.0, 1.0, 0.9, 1.4),  # the model holds the lock all the time: they take turns, as on one core
-        (2.0, 0.5, 0.1 + 0.4 * 1.5, 0.1 + 0.4 * 1.5 + 0.5),  # each gets 1 / (1 + 0.5) of the time beside the other
-        (1.0, 0.5, 0.9, 1.4),  # one core binds first: the lock changes nothing
-    ],
-)
-def test_the_models_hold_on_the_lock_slows_the_loop_beside_it(
-    cores: float, gil: float, loop_end: float, job_end: float
-) -> None:
-    assert _shared(cores, gil, 1.0, 0.1, 0.4) == pytest.approx((loop_end, job_end), rel=0, abs=1e-12)
-
-
 def test_the_lock_bounds_the_capacity_and_bad_shares_are_refused() -> None:
     held = Costs(**{**COSTS.as_dict(), "gil": 1.0})
     assert held.capacity(256, cores=2.0) == pytest.approx(COSTS.capacity(256, cores=1.0))
