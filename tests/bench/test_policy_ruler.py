@@ -242,6 +242,14 @@ def test_a_flipped_ranking_and_side_are_reported() -> None:
     assert ranked == [f"closed 8: {before} -> {after}"]
     assert sides == ["32 turns' served in closed 8 (> 1 -> < 1)"]
     assert sensitivity.flips(base, base) == ([], [])
+    # A move within 1 %: no flip of the ranking, and no side either way.
+    near = _sims({(c8, 32): [(1100.0, 10.0)], (c8, 16): [(1095.0, 10.0)]}, (1,))
+    slightly = _sims({(c8, 32): [(995.0, 10.0)], (c8, 16): [(1100.0, 10.0)]}, (1,))
+    assert sensitivity.rankings(near)[c8] == ("16 turns = 32 turns", "default = 0 turns = 4 turns")
+    assert sensitivity.flips(base, near) == ([], [])
+    # 32 turns fall from first to the default's place: no swap with it (a tie), and no side crossed (995/1000).
+    assert sensitivity.rankings(slightly)[c8] == ("16 turns", "default = 0 turns = 4 turns = 32 turns")
+    assert sensitivity.flips(near, slightly) == ([], [])
 
 
 # ---------------------------------------------------------------------------------- the seeds' verdicts
