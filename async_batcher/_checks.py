@@ -7,10 +7,14 @@ Each check returns the value it accepts, converted (numpy's integers and floats 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import difflib
 import math
 import numbers
 import operator
+import os
+import sys
+import warnings
 from collections.abc import Collection, Iterable
 from typing import TypeGuard
 
@@ -57,6 +61,22 @@ def count(name: str, value: object, *, zero_means_unlimited: bool = False, unlim
     if number is None or not (number >= 1 or number == -1 or (zero_means_unlimited and number == 0)):
         raise ValueError(f"{name} must be an int >= 1, or None for no limit; got {value!r}")
     return number
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def deprecated(message: str) -> None:
+    """A ``DeprecationWarning`` attributed to the user's line: the first frame outside this package (and the
+    dataclasses' code that builds a settings value)."""
+    level = 2  # (1: this function; 2: its caller)
+    frame = sys._getframe(1)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith((_PACKAGE, "<")) or frame.f_code.co_filename == dataclasses.__file__
+    ):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, DeprecationWarning, stacklevel=level)
 
 
 def timeout(value: object) -> float | None:

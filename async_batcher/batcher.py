@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterab
 from contextvars import Context, copy_context
 from functools import partial
 from threading import get_ident
-from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar, cast, overload
 
 from async_batcher import _checks, _sync
 from async_batcher._core.admission import Admission
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import Self, Unpack
 
+    from async_batcher._core.batch import Watcher
+
 __all__ = ["AsyncBatcher"]
 
 T = TypeVar("T")
@@ -34,6 +36,20 @@ R = TypeVar("R")
 
 # The default priority, by identity: the common case's test costs no comparison of numbers.
 _ZERO: Final = 0
+
+
+class _Running:
+    """``batcher.running``: computed at each read. Not a property: a non-data descriptor, so that a subclass that
+    sets an attribute of its own named ``running`` (a name 0.2.2's subclasses were free to use) keeps working."""
+
+    @overload
+    def __get__(self, batcher: None, owner: type[Any]) -> _Running: ...
+
+    @overload
+    def __get__(self, batcher: AsyncBatcher[Any, Any], owner: type[Any]) -> bool: ...
+
+    def __get__(self, batcher: AsyncBatcher[Any, Any] | None, owner: type[Any]) -> bool | _Running:
+        return self if batcher is None else batcher._running()
 
 
 class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
@@ -127,12 +143,9 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
     def __init__(self, **options: Unpack[BatcherOptions]) -> None:
         super().__init__()
         cls = type(self)
-        self._settings, name = settings_from(dict(options), f"{cls.__name__}()")
-        if self._settings.recovery is not None and inspect.isasyncgenfunction(self.process_batch):
-            raise TypeError(
-                f"{cls.__name__}(): retry=, on_batch_error= and split_on= are for a process_batch that returns its "
-                "results; a streaming one (an async generator) handles its failures itself"
-            )
+        self._settings, name = settings_from(dict(options), f"{cls.__name__}()", cls._overridden)
+        if inspect.isasyncgenfunction(self.process_batch):
+            self._settings.streams_its_results(cls.__name__)
         self.name: str = _checks.name(name, cls.__name__)
         self._recorder = _Recorder()
         self._life = Lifecycle(self, self._settings, self._recorder, cls._overridden)
@@ -250,7 +263,8 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             OversizedItemError: the item alone weighs more than ``max_queue_weight`` or ``max_batch_weight``.
             BatcherStoppedError: the batcher is stopping or stopped, or the item was abandoned by a forced stop.
             TimeoutError: ``timeout`` seconds passed first; an item not yet sent is withdrawn.
-            ValueError: a bad ``timeout``/``priority``.
+            ValueError: a bad ``timeout``/``priority``; with ``refuse_late``, a call that has no deadline (no
+                ``timeout``, ``default_timeout`` or ``max_latency``).
             ReentrantCallError: called from inside this batcher's ``process_batch`` with every slot taken.
             BatchSizeMismatchError: ``process_batch`` returned the wrong number of results.
             Exception: whatever ``process_batch`` raised, or the ``Exception`` it returned for this item.
@@ -342,8 +356,17 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             return
         self._life.bind(loop, copy_context())
 
+    running: _Running = _Running()
+    """Whether the batcher is started and not yet fully stopped (it is running while it drains): a plain attribute,
+    for ``if batcher.running:``. (Read only; a subclass that keeps an attribute of its own by that name keeps it.)"""
+
     async def is_running(self) -> bool:
-        """Whether the batcher is started and not yet fully stopped (it is running while it drains)."""
+        """:attr:`running`, as a coroutine (async-batcher 0.2.2's): ``await batcher.is_running()``. Without
+        ``await`` it is a coroutine object, always true: ``if batcher.is_running():`` is a bug; read
+        :attr:`running` there."""
+        return self._running()
+
+    def _running(self) -> bool:
         run = self._life.run
         return run.state in (State.RUNNING, State.STOPPING) and run.loop is not None and not run.loop.is_closed()
 
@@ -424,6 +447,10 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             ceilings=engine.feedback.ceilings(),
             queue_weight=engine.room.held,
         )
+
+    def _batch_watchers(self) -> list[Watcher]:
+        """Told of every batch of every run as it goes and as it ends (:mod:`async_batcher.testing`'s)."""
+        return self._life.watchers
 
     def __repr__(self) -> str:
         stats = self.stats

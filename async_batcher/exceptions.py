@@ -57,7 +57,8 @@ class LateRefusalError(QueueFullException):
     ``predicted``: seconds from its arrival to its predicted answer; ``margin``: seconds added to the prediction
     for its error; ``budget``: seconds it had (or the earliest due of the items ahead of it in its batch, if
     sooner); ``retry_after``: seconds until the backlog ahead of it is predicted to have drained enough for the same
-    call to be admitted.
+    call to be admitted, never 0: refused for the items ahead of it in its batch, it waits at least until their
+    batch has gone (or, when a slot is free and the policy decides when it goes, the time of a batch of its own).
     """
 
     def __init__(

@@ -6,15 +6,21 @@ run out of memory. Three keywords of :class:`~async_batcher.AsyncBatcher` (and `
 
 .. code-block:: python
 
+    import httpx
+    import torch
+    from async_batcher import AsyncBatcher
     from async_batcher.failures import Isolate, Retry, RetryPolicy, SplitOn
 
     class Embedder(AsyncBatcher[str, list[float]]):
         async def process_batch(self, batch):
             ...  # an element Retry(error) for an item throttled, an Exception for an item refused
 
+    dead_letters = []  # (item, error) of each item that failed alone
+
     embedder = Embedder(
         retry=RetryPolicy(attempts=5, retry_on=(httpx.ReadTimeout,)),  # transient failures tried again
-        on_batch_error=Isolate(on_poison=dead_letters.append),  # a batch that raises: bisected to its bad items
+        # a batch that raises: bisected to its bad items, each seen by on_poison(item, error)
+        on_batch_error=Isolate(on_poison=lambda item, error: dead_letters.append((item, error))),
         split_on=SplitOn(torch.OutOfMemoryError, MemoryError),  # a batch out of memory: split, its size learned
     )
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -130,8 +130,11 @@ def batcher_lifespan(
     return lifespan
 
 
-def batcher_dependency(name: str | None = None) -> Callable[[Request], Batcher]:
+def batcher_dependency(name: str | None = None) -> Callable[[Request], Awaitable[Batcher]]:
     """A FastAPI dependency that gives an endpoint the batcher named ``name`` from the app's lifespan state.
+
+    An ``async def``: FastAPI runs it on the event loop, with no hop to a worker thread (a plain ``def`` dependency
+    runs in one, which costs a thread hop per request, and on a test's virtual clock lets time jump meanwhile).
 
     ``Depends(batcher_dependency("predictor"))``; with ``name=None`` the state must hold exactly one batcher,
     which it gives. A batcher that is not there is a ``LookupError`` naming those that are (a bug in the app's
@@ -142,7 +145,7 @@ def batcher_dependency(name: str | None = None) -> Callable[[Request], Batcher]:
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a batcher's name (a str) or None, got {name!r}")
 
-    def get_batcher(request: Request) -> Batcher:
+    async def get_batcher(request: Request) -> Batcher:
         state: Mapping[str, Any] = request.scope.get("state") or {}
         found = {key: value for key, value in state.items() if isinstance(value, _BATCHERS)}
         if name is not None and name in found:
@@ -176,7 +179,7 @@ def _missing(name: str | None, state: Mapping[str, Any], found: Mapping[str, Bat
 def add_batcher_exception_handlers(app: Starlette, *, retry_after: int = 1) -> None:
     """Answer ``QueueFullException`` and ``BatcherStoppedError`` with 503 and ``Retry-After``: the request was not
     processed, try again. ``Retry-After`` is the seconds the exception computed (its ``retry_after``: a
-    :class:`~async_batcher.LateRefusalError`'s, rounded up), else ``retry_after``. Answer
+    :class:`~async_batcher.LateRefusalError`'s, rounded up, at least 1), else ``retry_after``. Answer
     :class:`~async_batcher.OversizedItemError` with 413: the item can never be admitted. Answer
     :class:`~async_batcher.OutcomeUnknownError` (a write or a send cut off by a stop or a lost connection) with 500
     and no ``Retry-After``: it may have been processed, and a client that retries it blindly may do it twice."""
@@ -191,7 +194,7 @@ def add_batcher_exception_handlers(app: Starlette, *, retry_after: int = 1) -> N
             reason = "queue full" if isinstance(exc, QueueFullException) else "shutting down"
         computed = getattr(exc, "retry_after", None)
         if computed is not None and math.isfinite(computed):
-            seconds = max(0, math.ceil(computed))
+            seconds = max(1, math.ceil(computed))  # (0 would invite an immediate retry, refused again)
         logger.debug("%s %s: 503, %s", request.method, request.url.path, reason)
         return JSONResponse(
             {"detail": f"Service unavailable: {reason}, retry later"},

@@ -33,7 +33,9 @@ What it reads of a batcher is the package's own; none of it is needed in product
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
+import threading
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -109,13 +111,19 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         return sum(not handle.cancelled() for handle in scheduled)
 
     def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:  # type: ignore[override]
-        # While a thread works, time must not jump ahead of it.
+        # While a thread works, time must not jump ahead of it: until its future is done, and while its function
+        # runs (a future cancelled leaves its thread running).
+        work = _Work(self, func, args)
         self.busy_threads += 1
-        fut = super().run_in_executor(executor, func, *args)
-        fut.add_done_callback(self._thread_done)
+        try:
+            fut = super().run_in_executor(executor, work)
+        except BaseException:
+            self.busy_threads -= 1
+            raise
+        fut.add_done_callback(work.future_done)
         return fut
 
-    def _thread_done(self, _: asyncio.Future[Any]) -> None:
+    def _thread_done(self) -> None:
         self.busy_threads -= 1
 
     async def shutdown_default_executor(self, *args: Any, **kwargs: Any) -> None:
@@ -126,6 +134,46 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
             await super().shutdown_default_executor(*args, **kwargs)
         finally:
             self.busy_threads -= 1
+
+
+class _Work:
+    """A function run in an executor thread by :class:`VirtualClockLoop`, which counts it busy until its future is
+    done (the loop has heard of its end: the clock must not jump between the two), or, for a future cancelled while
+    the function runs, until the function returns."""
+
+    __slots__ = ("args", "func", "lock", "loop", "state")
+
+    def __init__(self, loop: VirtualClockLoop, func: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.loop = loop
+        self.func = func
+        self.args = args
+        self.lock = threading.Lock()
+        # "waiting", then "running" and "returned" in its thread; "dropped": its future was cancelled before it
+        # started (it never runs); "orphaned": cancelled while it runs (its end is counted as it returns).
+        self.state = "waiting"
+
+    def __call__(self) -> Any:
+        with self.lock:
+            if self.state == "dropped":
+                return None
+            self.state = "running"
+        try:
+            return self.func(*self.args)
+        finally:
+            with self.lock:
+                orphaned, self.state = self.state == "orphaned", "returned"
+            if orphaned:
+                with contextlib.suppress(RuntimeError):  # (its loop closed meanwhile)
+                    self.loop.call_soon_threadsafe(self.loop._thread_done)
+
+    def future_done(self, future: asyncio.Future[Any]) -> None:
+        with self.lock:
+            if self.state == "running":  # cancelled while it runs: counted busy until it returns
+                self.state = "orphaned"
+                return
+            if self.state == "waiting":
+                self.state = "dropped"
+        self.loop._thread_done()
 
 
 class VirtualClockPolicy(asyncio.DefaultEventLoopPolicy):
@@ -153,39 +201,41 @@ def _engine(batcher: AsyncBatcher[Any, Any]) -> Engine | None:
 async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
     """Send what waits in ``batcher`` now, whatever its settings say (as slots come free: ``concurrency`` holds),
     and return once those batches have ended. The loop runs one turn first, so that tasks created just before the
-    call (``asyncio.ensure_future(b.process(x))``) have queued their items; items that arrive later wait as usual."""
+    call (``asyncio.ensure_future(b.process(x))``) have queued their items; items that arrive later wait as usual,
+    also while the flush waits for a busy slot. Of each batch key it sends as many items as waited, the first in line
+    (one that came later with a better ``priority`` may take a place; those it kept out go at the next pass)."""
     await asyncio.sleep(0)
     engine = _engine(batcher)
     if engine is None:
         return
-    mine = engine.queue.waiting
+    queue = engine.queue
+    marked = queue.waiting_now()
     ended: asyncio.Future[None] = engine.loop.create_future()
     pending: set[Batch] = set()
+    sending = True
 
     def sent(batch: Batch) -> None:
-        nonlocal mine
-        if mine > 0:
-            mine -= len(batch.items)
+        if sending:
             pending.add(batch)
 
     def over(batch: Batch) -> None:
         pending.discard(batch)
-        if mine <= 0 and not pending and not ended.done():
+        if not sending and not pending and not ended.done():
             ended.set_result(None)
 
     engine.watchers.append((sent, over))
     try:
-        while mine > 0 and engine.queue.waiting:
-            engine.flush()
+        while quota := queue.still_queued(marked):
+            engine.flush(quota)
             await asyncio.sleep(0)
-            if mine > 0 and engine.queue.waiting and engine.in_flight >= engine.slot_limit:
+            if queue.still_queued(marked) and engine.in_flight >= engine.slot_limit:
                 if engine.inside_own_batch():
                     raise ReentrantCallError(
                         f"{batcher.name}: flush() inside its own process_batch with every slot taken would wait for "
                         "that batch forever"
                     )
                 await _until_a_slot(engine)
-        mine = 0
+        sending = False
         if pending:
             await ended
     finally:
@@ -229,42 +279,40 @@ class BatchRecord:
 
 @contextmanager
 def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord]]:
-    """Record every batch ``batcher`` sends while inside (started before it is entered): a list of
-    :class:`BatchRecord`, in the order the batches went, each completed with its end."""
-    engine = _engine(batcher)
-    if engine is None:
-        raise RuntimeError(f"{batcher.name} is not started: start() it (in its loop) before recording its batches")
+    """Record every batch ``batcher`` sends while inside: a list of :class:`BatchRecord`, in the order the batches
+    went, each completed with its end. It needs no ``start()`` (the batches of a run started inside are recorded
+    too). Each call of ``process_batch`` is a record: a part of a failed batch called on its own (bisected by
+    ``on_batch_error``, split by ``split_on``) is one, with the reason ``split``, as ``stats.reasons`` counts it."""
+    watchers = batcher._batch_watchers()
     log: list[BatchRecord] = []
     index: dict[Batch, int] = {}
 
-    def sent(batch: Batch) -> None:
+    def close(i: int) -> None:
+        record = log[i]
+        now = asyncio.get_running_loop().time()
+        log[i] = BatchRecord(record.items, record.key, record.reason, record.started, record.waited, now)
 
+    def sent(batch: Batch) -> None:
+        i = index.get(batch)
+        if i is not None:  # a part of a failed batch: the call before it has ended
+            close(i)
         key = batch.lane.key
-        waited = tuple(batch.started - arrival for arrival in (batch.arrivals or ()))
+        started = batch.called  # (a batch's first call: when it was formed; a part's: when it is called)
+        waited = tuple(started - arrival for arrival in (batch.arrivals or ()))
         index[batch] = len(log)
-        log.append(
-            BatchRecord(list(batch.items), None if key is DEFAULT_KEY else key, batch.reason, batch.started, waited)
-        )
+        log.append(BatchRecord(list(batch.items), None if key is DEFAULT_KEY else key, batch.reason, started, waited))
 
     def over(batch: Batch) -> None:
         i = index.pop(batch, None)
         if i is not None:
-            record = log[i]
-            log[i] = BatchRecord(
-                record.items, record.key, record.reason, record.started, record.waited, engine.loop.time()
-            )
+            close(i)
 
     watcher = (sent, over)
-    engine.watchers.append(watcher)
+    watchers.append(watcher)
     try:
         yield log
     finally:
-        engine.watchers.remove(watcher)
-    if _engine(batcher) is not engine:
-        raise RuntimeError(
-            f"{batcher.name} was stopped and started again inside record_batches(): the batches of its new run were "
-            "not recorded; enter record_batches() again after start()"
-        )
+        watchers.remove(watcher)
 
 
 # ---------------------------------------------------------------------- the batcher's own checks
@@ -278,8 +326,9 @@ def violations(batcher: AsyncBatcher[Any, Any]) -> list[str]:
 
 
 def idle(batcher: AsyncBatcher[Any, Any]) -> list[str]:
-    """Why ``batcher`` is not idle: items queued or in flight, a timer, a pending wake-up, a timeout timer; and
-    :func:`violations`. Empty when nothing waits and nothing is scheduled: an idle batcher costs nothing."""
+    """Why ``batcher`` is not idle: items queued or in flight, a timer, a pending wake-up, a timeout timer, items
+    waiting out a retry backoff; and :func:`violations`. Empty when nothing waits and nothing is scheduled: an idle
+    batcher costs nothing."""
     engine = _engine(batcher)
     if engine is None:
         return []
@@ -295,4 +344,7 @@ def idle(batcher: AsyncBatcher[Any, Any]) -> list[str]:
         found.append(f"a pending wake-up {engine.pump_handle!r}")
     if engine.deadlines.timer is not None:
         found.append("a timeout timer")
+    backoffs = engine.feedback.backoffs
+    if backoffs.groups:
+        found.append(f"{plural(backoffs.waiting, 'item')} waiting out a retry backoff, with a timer")
     return found + _violations(engine)

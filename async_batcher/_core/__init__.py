@@ -7,8 +7,9 @@
   sizes), :mod:`.hold` (the closed-loop hold).
 - Execution: :mod:`.batch`, :mod:`.ending`, :mod:`.execution` (a batch's paths), :mod:`.streaming`.
 - The engine of a run: :mod:`.dispatch` (when batches go), :mod:`.engine` (what comes in and leaves).
-- Lifecycle: :mod:`.stopping`, :mod:`.lifecycle`; then :mod:`.admission` (the long paths in), :mod:`.settings` and
-  :mod:`.options` (the settings as values and as keywords), :mod:`.current` and :mod:`.hooks`.
+- Lifecycle: :mod:`.stopping`, :mod:`.lifecycle`; then :mod:`.admission` (the long paths in), :mod:`.values`,
+  :mod:`.settings` and :mod:`.options` (the settings as values, live, and as keywords), :mod:`.current` and
+  :mod:`.hooks`.
 
 A module imports only those above it in this list, or (for types) below; where a lower layer must wake a higher one,
 it calls a callback it was given (the runner's ``on_end``, the engine's ``on_drained``).

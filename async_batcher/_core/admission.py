@@ -65,6 +65,8 @@ class Admission:
         """The engine ``n`` items go to, their priority and deadline; or refuse them."""
         priority = _checks.priority(priority)
         timeout = self.settings.default_timeout if timeout is None else _checks.timeout(timeout)
+        if timeout is None and self.settings.refuse_late:
+            self.late.refuse_without_deadline()
         loop = asyncio.get_running_loop()
         engine = self.life.admit(loop, n).engine
         assert engine is not None
@@ -230,10 +232,10 @@ class Admission:
                 else:
                     row.entry = Entry(item, row, engine.clock(), lane, context)
                 engine.put_entry(row.entry, priority)
-                return await self._await_row(engine, row, row.join(), deadline)
+                return await self._await_row(engine, row, row.join(deadline), deadline)
         self.recorder.exited += 1  # (submitted: it never waits in the queue, its row does)
         self.recorder.count("deduplicated")
-        return await self._await_row(engine, row, row.join(), deadline)
+        return await self._await_row(engine, row, row.join(deadline), deadline)
 
     async def _await_row(self, engine: Engine, row: Shared, fut: asyncio.Future[Any], deadline: float | None) -> Any:
         """A caller's wait for its shared row's result: leaving (cancelled, timed out) leaves the row to the others."""
@@ -305,6 +307,8 @@ class Admission:
             raise ValueError(f"{self.name}: item_weight() must return a finite number >= 0, got {weight!r}")
         if weight > engine.weight_limit:
             self.recorder.reject(n, "oversized")
+            if weight > engine.room.weight_limit:  # over max_queue_weight too: the limit of what gets in
+                raise engine.room.never_fits(1, float(weight))
             raise OversizedItemError(
                 f"{self.name}: an item of weight {weight!r} can never fit in "
                 f"max_batch_weight={self.settings.limits.max_batch_weight!r}",

@@ -7,11 +7,11 @@ import asyncio
 import contextvars
 import math
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from itertools import compress, repeat
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from async_batcher._core.sinks import without_departed
+from async_batcher._core.sinks import SharedSink, without_departed
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -26,6 +26,10 @@ __all__: list[str] = []
 # that would wait for a slot its own batch holds is refused instead of waiting forever.
 current_batch: contextvars.ContextVar[Batch | None] = contextvars.ContextVar("async_batcher_batch", default=None)
 thread_batch = threading.local()
+
+#: Told of every batch as it goes (and of each call of a part of a failed batch) and as it ends: ``(sent, ended)``
+#: (async_batcher.testing's).
+Watcher: TypeAlias = "tuple[Callable[[Batch], None], Callable[[Batch], None]]"
 
 
 class Hooks(Protocol):
@@ -129,11 +133,16 @@ class Batch:
 
     @property
     def deadline(self) -> float:
-        """The earliest deadline of its items whose callers still wait (``inf``: none)."""
-        deadlines = self.deadlines
-        if not deadlines:
+        """The earliest deadline of its items whose callers still wait (``inf``: none); a shared row's is its
+        callers' now."""
+        if self.abandoned:
             return math.inf
-        return min((d for d, live in zip(deadlines, self.live_items(), strict=True) if live), default=math.inf)
+        deadlines = self.deadlines
+        earliest = math.inf
+        if deadlines:
+            earliest = min((d for d, live in zip(deadlines, self.live_items(), strict=True) if live), default=earliest)
+        rows = [sink.deadline() for sink in self.sinks if isinstance(sink, SharedSink) and not sink.done()]
+        return min(earliest, *rows) if rows else earliest
 
     def live_items(self) -> list[bool]:
         """For each item, whether its caller still waits."""
@@ -156,9 +165,9 @@ class Batch:
         items, sinks, contexts = without_departed(self.items, self.sinks, self.contexts, futures_only=self.futures_only)
         if items is self.items:
             return
-        if self.weights is not None or self.deadlines is not None or self.tree is not None:
+        if self.weights is not None or self.deadlines is not None or self.tree is not None or self.arrivals is not None:
             live = self.live_items()
-            for name in ("weights", "deadlines", "attempts", "tries"):
+            for name in ("weights", "deadlines", "attempts", "tries", "arrivals"):
                 values = getattr(self, name)
                 if values is not None:
                     setattr(self, name, list(compress(values, live)))

@@ -4,13 +4,16 @@ lanes, and changes a lane's ceiling only as the runner reports a call's end thro
 A call of ``n`` items that runs out of memory lowers its lane's ceiling to ``n // 2`` (multiplicative decrease);
 ``grow_after`` calls in a row that succeed at the ceiling raise it by a step (additive increase), and once it
 reaches the size that failed it is lifted. With ``item_weight``, the same in weight units. What the ceiling is
-compared with, as a batch forms: :meth:`~async_batcher._core.dispatch.Dispatch._dispatch`.
+compared with, as a batch forms: :meth:`~async_batcher._core.dispatch.Dispatch._dispatch`. A lane let go while idle
+leaves its ceiling in the queue's :class:`Kept`, where its key finds it again.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,6 +23,9 @@ __all__: list[str] = []
 
 # A lane's ceiling when there is none (policy.UNLIMITED).
 NONE = sys.maxsize
+# The keys whose ceilings are kept once their idle lanes are let go (Queue.drop_empty_lanes keeps 16 idle lanes): a
+# ceiling is a safety fact, not scheduling history. Past this many, the key idle longest is forgotten first.
+KEEP_CEILINGS = 1024
 # A success at this share of a weight ceiling counts as "at the ceiling" (items of every weight rarely fill it).
 _FULL_WEIGHT = 0.75
 
@@ -90,3 +96,37 @@ def ceiling_of(lane: Lane, *, weighted: bool) -> float | None:
     if weighted:
         return None if lane.weight_ceiling == math.inf else lane.weight_ceiling
     return None if lane.ceiling >= NONE else float(lane.ceiling)
+
+
+class Kept:
+    """The ceilings of keys whose lanes were let go while idle, by key (at most :data:`KEEP_CEILINGS`, the key idle
+    longest forgotten first): a key that comes back finds its ceiling, and what taught it, in its new lane."""
+
+    __slots__ = ("by_key",)
+
+    def __init__(self) -> None:
+        self.by_key: OrderedDict[Hashable, tuple[int, float, Capacity]] = OrderedDict()
+
+    def park(self, lane: Lane) -> None:
+        """``lane`` is let go: keep its ceiling, if it has one."""
+        if lane.capacity is None or (lane.ceiling >= NONE and lane.weight_ceiling == math.inf):
+            return
+        self.by_key[lane.key] = (lane.ceiling, lane.weight_ceiling, lane.capacity)
+        if len(self.by_key) > KEEP_CEILINGS:
+            self.by_key.popitem(last=False)
+
+    def restore(self, lane: Lane) -> None:
+        """A new lane for a key: the ceiling kept for it, if any, is its."""
+        found = self.by_key.pop(lane.key, None)
+        if found is not None:
+            lane.ceiling, lane.weight_ceiling, lane.capacity = found
+
+    def clear(self) -> None:
+        self.by_key.clear()
+
+    def ceilings(self, *, weighted: bool) -> Iterator[tuple[Hashable, float]]:
+        """The ceilings kept, by key (weight units when ``weighted``)."""
+        for key, (size, weight, _) in self.by_key.items():
+            at = weight if weighted else size
+            if at < NONE and at != math.inf:
+                yield key, float(at)

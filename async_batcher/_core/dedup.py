@@ -10,7 +10,9 @@ sink is the batcher's own future, which no caller holds: each caller awaits a fu
   exception reaches every one of them, and is never kept: the row is forgotten the moment it resolves, so the next
   item of that key takes a row of its own;
 - each caller's outcome is counted in the statistics once, as its own (the row itself counts as its first caller's
-  item).
+  item);
+- the row's deadline is the latest of its callers' still waiting (none if one of them has none), as they come and
+  go: what ``current_batch().deadline`` reads, and what a retry must not pass.
 
 :class:`Rows` holds the rows of one run by key, and the optional :class:`Cache` of results.
 """
@@ -19,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
+
+from async_batcher._core.sinks import SharedSink
 
 if TYPE_CHECKING:
     from async_batcher._core.engine import Engine
@@ -32,7 +37,7 @@ if TYPE_CHECKING:
 __all__: list[str] = []
 
 
-class Shared(asyncio.Future[Any]):
+class Shared(SharedSink):
     """The sink of a row its callers share: the batcher's future; each caller awaits one of its own (``callers``),
     answered from it once it resolves."""
 
@@ -41,27 +46,41 @@ class Shared(asyncio.Future[Any]):
         self.rows = rows
         self.key = key
         self.callers: list[asyncio.Future[Any]] = []
+        self.deadlines: list[float] = []  # each caller's, on the loop's clock (inf: none)
         # Each caller's context (a snapshot, as an entry keeps its caller's): the first is the row's entry's, the
         # others are the callers that joined it, which a batch's trace links too (async_batcher.opentelemetry).
         self.contexts: list[contextvars.Context] = []
         self.entry: Entry | None = None  # its row in the queue, once queued
         self.add_done_callback(rows.answer)
 
-    def join(self) -> asyncio.Future[Any]:
-        """A caller's own future for this row's result."""
+    def join(self, deadline: float | None) -> asyncio.Future[Any]:
+        """A caller's own future for this row's result; ``deadline``: the caller's (``None``: none)."""
         fut: asyncio.Future[Any] = self.rows.engine.new_future()
         self.callers.append(fut)
         self.contexts.append(contextvars.copy_context())
+        self.deadlines.append(math.inf if deadline is None else deadline)
+        self._moved()
         return fut
+
+    def deadline(self) -> float:
+        return max((d for fut, d in zip(self.callers, self.deadlines, strict=True) if not fut.done()), default=math.inf)
 
     def leave(self) -> None:
         """A caller has left (its future is done): once every caller has, the row goes (withdrawn from the queue if
         it is still there, its result dropped if it is in flight)."""
-        if self.done() or not all(fut.done() for fut in self.callers):
+        if self.done():
+            return
+        if not all(fut.done() for fut in self.callers):
+            self._moved()
             return
         self.cancel()
         if self.entry is not None:
             self.rows.engine.withdraw(self.entry)
+
+    def _moved(self) -> None:
+        # Its deadline may have moved: a queued row's is what refuse_late holds the items behind it to.
+        if self.entry is not None and self.entry.lane is not None:
+            self.rows.engine.queue.deadline_moved()
 
 
 class Cache:

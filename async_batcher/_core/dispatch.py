@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+import numbers
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from async_batcher._checks import is_real
 from async_batcher._core import forming
-from async_batcher._core.batch import Batch
+from async_batcher._core.batch import Batch, Watcher
 from async_batcher._core.policy import DispatchPolicy, Reason
 from async_batcher._core.state import DISPATCHING, State
 from async_batcher.exceptions import AsyncBatchException
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from async_batcher._core.execution import Runner
     from async_batcher._core.lane import Lane
     from async_batcher._core.queue import Queue
@@ -56,8 +59,8 @@ class Dispatch:
     timer: asyncio.Handle | None
     timer_at: float
     timer_when: float
-    flushing: bool
-    watchers: list[tuple[Callable[[Batch], None], Callable[[Batch], None]]]
+    flushing: dict[Lane, int]
+    watchers: list[Watcher]
     joiners: list[Callable[[list[Any]], None]]
 
     def check_drained(self) -> None: ...
@@ -84,7 +87,8 @@ class Dispatch:
                 if self.in_flight >= self.slot_limit:
                     break
                 self._dispatch(lane, now)
-        self.flushing = False
+        if self.flushing:
+            self.flushing = {}
         queue.drop_empty_lanes()
         if self.room.putters:
             self.room.wake()  # the batches just taken made room
@@ -116,14 +120,24 @@ class Dispatch:
         if not lane.count:
             lane.trigger = 1  # an arrival into an empty lane is looked at
             return math.inf
-        if self.state is State.STOPPING or self.flushing or lane.weight >= min(self.weight_limit, lane.weight_ceiling):
+        if (
+            self.state is State.STOPPING
+            or (self.flushing and lane in self.flushing)
+            or lane.weight >= min(self.weight_limit, lane.weight_ceiling)
+        ):
             return now
-        trigger = lane.trigger = min(self.policy.full_at(lane, now), self.batch_limit, lane.ceiling)
+        full = self.policy.full_at(lane, now)
+        try:
+            trigger = lane.trigger = min(full, self.batch_limit, lane.ceiling)
+        except TypeError:  # (None, a string: compared with a count, or left to fail further on)
+            raise _wrong_answer(self.policy, "full_at", full, "a number of items") from None
         if lane.count >= trigger:
             return now
         at = self.policy.due(lane, now)
+        if at.__class__ is not float and not is_real(at):
+            raise _wrong_answer(self.policy, "due", at, "a time on the loop's clock, or inf")
         if at != at:  # NaN: neither due nor not, it would leave the lane waiting, silently
-            raise ValueError(f"{type(self.policy).__name__}.due() returned {at!r}: a time, or inf")
+            raise _wrong_answer(self.policy, "due", at, "a time, or inf", ValueError)
         return at
 
     def _reason(self, lane: Lane, now: float) -> Reason:
@@ -133,7 +147,7 @@ class Dispatch:
             return Reason.FULL
         if self.state is State.STOPPING:
             return Reason.STOP
-        if self.flushing:
+        if self.flushing and lane in self.flushing:
             return Reason.FLUSH
         if lane.count >= lane.trigger:
             return Reason.SIZE
@@ -154,10 +168,16 @@ class Dispatch:
         lane.served = queue.dispatches
         reason = self._reason(lane, now)
         size = self.policy.size(lane)
-        if not size >= 1:  # (NaN too) a batch that takes nothing would be formed again and again, forever
-            raise ValueError(f"{type(self.policy).__name__}.size() returned {size!r}: a batch takes one item or more")
+        if size.__class__ is not int and (isinstance(size, bool) or not isinstance(size, numbers.Integral)):
+            raise _wrong_answer(self.policy, "size", size, "a whole number of items, one or more")
+        if not size >= 1:  # a batch that takes nothing would be formed again and again, forever
+            raise _wrong_answer(self.policy, "size", size, "a batch takes one item or more", ValueError)
         # (A lane's ceiling: the size an out-of-memory split found fits; none, but with split_on.)
         limit = min(size, self.batch_limit, lane.ceiling)
+        flushing = self.flushing
+        quota = flushing.get(lane, 0) if flushing else 0  # (a flush's: what waited when it began, not what came since)
+        if quota and reason is Reason.FLUSH:
+            limit = min(limit, quota)
         watchers = self.watchers
         taken = forming.take(
             queue,
@@ -170,6 +190,11 @@ class Dispatch:
         )
         if taken is None:
             return
+        if quota:
+            if quota > len(taken.items):
+                flushing[lane] = quota - len(taken.items)
+            else:
+                del flushing[lane]
         batch = Batch(self, taken, now, lane, reason)
         lane.watch = False  # (a batch that goes ends what the policy watched for)
         # In flight before the policy is told: if dispatched() raises, the abort that follows fails its callers too.
@@ -180,6 +205,11 @@ class Dispatch:
         for sent, _ in watchers:
             sent(batch)
         self.runner.launch(batch)
+
+    def part_sent(self, batch: Batch) -> None:
+        """A part of a failed batch is called in its slot (the runner's feedback says so): the watchers see it go."""
+        for sent, _ in self.watchers:
+            sent(batch)
 
     def batch_ended(self, batch: Batch, callers: int) -> None:
         """A batch has freed its slot, having answered ``callers``: the policy learns from it, and a free slot never
@@ -262,9 +292,13 @@ class Dispatch:
         if self.timer is not None:
             self.repump()
 
-    def flush(self) -> None:
-        """Send what waits now at the next pass, whatever the policy says (slots permitting)."""
-        self.flushing = True
+    def flush(self, quota: dict[Lane, int]) -> None:
+        """Send the next pass ``quota[lane]`` items of each lane of ``quota`` (the first in line), whatever the policy
+        says (slots permitting)."""
+        flushing = self.flushing
+        for lane, n in quota.items():
+            if n > flushing.get(lane, 0):
+                flushing[lane] = n
         if self.pump_handle is not None:
             self.pump_handle.cancel()
             self.pump_handle = None
@@ -284,7 +318,9 @@ class Dispatch:
     def internal_error(self, exc: Exception) -> None:
         """A bug of the dispatcher or of its policy: report it, and fail every caller rather than leave one
         waiting; the run serves on. An exception raised in the policy names its method."""
-        what = _raised_in_policy(exc) or "internal error while dispatching batches"
+        what = (
+            getattr(exc, _POLICY_ANSWER, None) or _raised_in_policy(exc) or "internal error while dispatching batches"
+        )
         self.loop.call_exception_handler({"message": f"{self.name}: {what}", "exception": exc})
         self.abort(AsyncBatchException(f"{self.name}: {what}: {exc!r}"))
 
@@ -308,6 +344,21 @@ class Dispatch:
         self.timer = None
         self.timer_when = when
         self.pump_safely()
+
+
+# The attribute that marks an answer of a dispatch policy refused (:func:`_wrong_answer`): what its callers are told.
+_POLICY_ANSWER = "_async_batcher_policy_answer"
+
+
+def _wrong_answer(
+    policy: DispatchPolicy, method: str, value: object, wanted: str, kind: type[Exception] = TypeError
+) -> Exception:
+    """The error of a dispatch policy's answer that is not what its method must return: it names the policy, the
+    method and the value (not an internal error of the dispatcher)."""
+    name = f"{type(policy).__name__}.{method}()"
+    exc = kind(f"{name} returned {value!r}: {wanted}")
+    setattr(exc, _POLICY_ANSWER, f"{name} gave a wrong answer")
+    return exc
 
 
 def _raised_in_policy(exc: BaseException) -> str | None:

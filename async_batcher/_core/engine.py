@@ -21,13 +21,14 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from async_batcher._checks import plural
-from async_batcher._core.batch import Batch, current_batch
+from async_batcher._core.batch import Batch, Watcher, current_batch
 from async_batcher._core.deadlines import Deadlines
 from async_batcher._core.deadlines import violations as deadline_violations
 from async_batcher._core.dispatch import Dispatch
 from async_batcher._core.execution import Runner
 from async_batcher._core.feedback import RunFeedback
 from async_batcher._core.lane import Entry, Lane, WeightedEntry
+from async_batcher._core.layers import keeps
 from async_batcher._core.policy import UNLIMITED, DispatchPolicy
 from async_batcher._core.queue import Queue
 from async_batcher._core.queue import violations as queue_violations
@@ -99,6 +100,7 @@ class Engine(Dispatch):
         name: str,
         keyed: bool,
         weighted: bool,
+        watchers: list[Watcher] | None = None,
     ) -> None:
         self.loop = loop
         self.name = name
@@ -123,7 +125,7 @@ class Engine(Dispatch):
         self.deadlines = Deadlines(loop)  # the callers' timeouts: one timer for all of them
         # How this run's batches run: made here, told of their end, of how items join a streaming batch, and of what
         # a failed call leads to (the run's feedback: retries, backoffs, ceilings).
-        self.feedback = RunFeedback(loop, self.queue, self.requeue)
+        self.feedback = RunFeedback(loop, self.queue, self.requeue, self.part_sent)
         self.runner = runner(on_end=self.batch_ended, join=self.join, feedback=self.feedback)
         self.policy = policy
         self.batches: dict[Batch, None] = {}
@@ -133,9 +135,9 @@ class Engine(Dispatch):
         self.timer: asyncio.Handle | None = None
         self.timer_at = 0.0
         self.timer_when = 0.0  # the deadline of the last timer that fired
-        self.flushing = False  # a flush: what waits now goes whatever the policy says
-        # Told of every batch as it goes and as it ends (async_batcher.testing): (sent, ended) pairs.
-        self.watchers: list[tuple[Callable[[Batch], None], Callable[[Batch], None]]] = []
+        self.flushing: dict[Lane, int] = {}  # a flush: so many items of these lanes go whatever the policy says
+        # Told of every batch as it goes and as it ends (async_batcher.testing): the batcher's, over its runs.
+        self.watchers: list[Watcher] = [] if watchers is None else watchers
         # Told of the callers' contexts of the items that join a running streaming batch (continuous batching).
         self.joiners: list[Callable[[list[Any]], None]] = []
         self.on_drained: Callable[[], None] = _ignore  # the stop's: called once, as the drain ends
@@ -190,7 +192,13 @@ class Engine(Dispatch):
         self.priority_wait = priority_wait
         if policy is not self.policy:
             policy.bind(self)  # (before it is switched in: one whose bind() raises is not)
-            self.policy = policy
+            old, self.policy = self.policy, policy
+            try:
+                if not keeps(policy, old):  # (one the new policy wraps goes on)
+                    old.replaced(policy, self.queue.lanes.values(), self.loop.time())
+            except Exception as exc:  # (the new policy is in place: the batcher serves on)
+                message = f"{self.name}: {type(old).__name__}.replaced() raised"
+                self.loop.call_exception_handler({"message": message, "exception": exc})
         if weighted and not self.queue.weighted:
             self.queue.keep_weights()
         if self.room.putters:
@@ -335,7 +343,7 @@ class Engine(Dispatch):
         return inside is not None and inside.owner is self and inside.is_live()
 
     def reentrant_error(self) -> ReentrantCallError:
-        slots = "-1" if self.slot_limit == UNLIMITED else self.slot_limit
+        slots = "None" if self.slot_limit == UNLIMITED else self.slot_limit
         return ReentrantCallError(
             f"{self.name}: an item submitted (process(), process_many() or stream()) from inside its own process_batch "
             f"while every slot (concurrency={slots}) is taken would wait for its own batch forever; raise "

@@ -163,13 +163,16 @@ class RetryPolicy:
     answered with :class:`Retry`, and every item of a call that raised an error of ``retry_on``.
 
     Only those items are tried again, never the items answered: they go back to the head of their lane once their
-    backoff has passed and join its next batch. An attempt counts only when nothing progressed: a call that answered
-    some of its items (DynamoDB's ``UnprocessedItems``) does not use up the attempts of the others. An item is never
-    tried past its deadline (its caller's ``timeout``): one whose backoff would end after it fails at once with its
-    error. Kafka's ``retries`` bounded by ``delivery.timeout.ms`` is the model.
+    backoff has passed and join its next batch. How tries count against ``attempts``: an item's first try always
+    counts; a later one counts only when its call made no progress (answered none of its items), so a call that
+    answered some of its items (DynamoDB's ``UnprocessedItems``) does not use up the attempts of the others, and
+    ``max_tries`` bounds every try, progress or not. An item is never tried past its deadline (its caller's
+    ``timeout``): one whose backoff would end after it fails at once with its error. Kafka's ``retries`` bounded by
+    ``delivery.timeout.ms`` is the model.
 
     Args:
-        attempts: The most tries of an item in a row that make no progress, the first included (``1``: none again).
+        attempts: The most tries of an item that count, the first included (``1``: never tried again, whatever its
+            call answered); a try after the first counts only when its call answered none of its items.
         backoff: Seconds, the bound of the first wait; it grows ``multiplier`` times with each attempt, up to ``cap``.
         multiplier: How the bound grows from one attempt to the next.
         cap: The most seconds of one wait.
@@ -233,11 +236,12 @@ class Isolate:
     halves, recursively, until the failing items are alone; only their callers get the error (the one their own call
     raised, with its traceback), every other item its result. AWS Lambda's ``BisectBatchOnFunctionError``.
 
-    The halves run one after the other in the batch's own slot, before new arrivals; they follow
-    ``preferred_batch_sizes`` where it has a size near the half. A half whose other half succeeded is split without
-    being called whole (it holds the fault), so one bad item in a batch of ``n`` costs at most ``2 * log2(n)`` extra
-    calls. Errors of ``split_on`` or of ``RetryPolicy.retry_on`` are never bisected (bisecting a throttle fails healthy
-    items), nor is an error of a batch that did not reach ``process_batch``.
+    The halves run one after the other in the batch's own slot, before new arrivals; they are halves whatever
+    ``preferred_batch_sizes`` says (a cut at a preferred size far from the half would make the search linear). A
+    half whose other half succeeded is split without being called whole (it holds the fault), so one bad item in a
+    batch of ``n`` costs at most ``2 * log2(n)`` extra calls. Errors of ``split_on`` or of ``RetryPolicy.retry_on``
+    are never bisected (bisecting a throttle fails healthy items), nor is an error of a batch that did not reach
+    ``process_batch``.
 
     Args:
         max_extra_calls: The most calls of ``process_batch`` that one batch may cost beyond its first; when they run
@@ -276,7 +280,8 @@ class SplitOn:
     ceiling of that batch key's batches to that size (multiplicative decrease), and raises it by ``grow_by`` after
     each ``grow_after`` calls in a row that succeed at the ceiling (additive increase), so that a transient spike
     does not shrink it for good; at the size that failed first the ceiling is lifted. A single item that still fails
-    fails alone, with the error. The ceilings are in ``stats.ceilings``, the splits in ``stats.splits``.
+    fails alone, with the error. The ceilings are in ``stats.ceilings``, the splits in ``stats.splits``. A key's
+    ceiling outlives its idle lane: it is kept for 1024 keys at most, the key idle longest forgotten first.
 
     Args:
         errors: Exception classes, or functions of an error, that mean "too big": ``SplitOn(torch.OutOfMemoryError,

@@ -23,6 +23,7 @@ from async_batcher._core.retrying import Backoffs, Budget
 if TYPE_CHECKING:
     import asyncio
 
+    from async_batcher._core.batch import Batch
     from async_batcher._core.failures import RetryPolicy, SplitOn
 
 __all__ = ["Feedback", "RunFeedback"]
@@ -49,21 +50,26 @@ class Feedback(Protocol):
     def settled(self, lane: Lane, size: int, weight: float) -> None:
         """A batch's splits are over; the largest of its parts that succeeded was ``size`` items (``weight``)."""
 
+    def calling(self, batch: Batch) -> None:
+        """A part of a failed batch is about to be called, in the batch's slot (it goes, as a batch does)."""
+
 
 class RunFeedback:
     """The retries and ceilings of one run, under the settings :meth:`configure` gave last."""
 
-    __slots__ = ("backoffs", "budget", "loop", "queue", "requeue", "retry", "split")
+    __slots__ = ("backoffs", "budget", "calling", "loop", "queue", "requeue", "retry", "split")
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         queue: Queue,
         requeue: Callable[[Hashable, Sequence[WeightedEntry]], None],
+        calling: Callable[[Batch], None],
     ) -> None:
         self.loop = loop
         self.queue = queue
         self.requeue = requeue  # back to the head of the key's lane, or failed if the run no longer dispatches
+        self.calling = calling  # a part of a failed batch goes: the engine's watchers see it (Feedback.calling)
         self.backoffs = Backoffs()  # items waiting out their backoff before they are tried again
         self.budget = Budget()  # the retry budget's balance
         self.retry: RetryPolicy | None = None
@@ -74,6 +80,7 @@ class RunFeedback:
         if split is None:
             for lane in self.queue.lanes.values():  # split_on turned off: no ceiling left
                 lane.ceiling, lane.weight_ceiling, lane.capacity = UNLIMITED, math.inf, None
+            self.queue.ceilings.clear()
 
     def retry_later(self, key: Hashable, entries: list[WeightedEntry], delay: float) -> None:
         """Items that failed transiently go back to the head of ``key``'s lane (and join its next batch) once
@@ -116,7 +123,7 @@ class RunFeedback:
         """The ceiling of each lane that has one, by key (``None``: the default lane's); None without split_on."""
         if self.split is None:
             return None
-        found: dict[Hashable, float] = {}
+        found: dict[Hashable, float] = dict(self.queue.ceilings.ceilings(weighted=self.queue.weighted))
         for key, lane in self.queue.lanes.items():
             at = ceiling.ceiling_of(lane, weighted=self.queue.weighted)
             if at is not None:

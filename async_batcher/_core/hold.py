@@ -24,6 +24,8 @@ from async_batcher._core.layers import Layer
 from async_batcher._core.policy import BatchFacts, DispatchPolicy, Reason, rate_since_end
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from async_batcher._core.policy import LaneView
 
 __all__ = ["ClosedLoopHold"]
@@ -158,6 +160,18 @@ class ClosedLoopHold(Layer):
         if hold.probing:
             hold.probe_at = now + hold.probe_wait
         return watch
+
+    def replaced(self, by: DispatchPolicy, lanes: Iterable[LaneView], now: float) -> None:
+        # The batches it kept an item back for go as the new policy says, unseen by this one: each counts now.
+        for lane in lanes:
+            memos = lane.memo
+            hold: _Hold | None = None if memos is None else memos.get(self)
+            if hold is not None and lane.count and lane.oldest() < hold.kept:
+                self.signals.count("held")
+                if hold.probing:
+                    self.signals.count("probes")
+                hold.kept = -math.inf
+        super().replaced(by, lanes, now)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_hold_time={self.max_hold_time!r}, {self.inner!r})"

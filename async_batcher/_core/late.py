@@ -65,18 +65,28 @@ class Prediction:
     call, made again later with nothing else arriving meanwhile, would be in time (``retry``: seconds from now
     until the work ahead of it has drained enough: its batch would then be its own)."""
 
-    __slots__ = ("alone", "drained", "margin", "seconds", "tail")
+    __slots__ = ("alone", "drained", "goes", "margin", "seconds", "tail")
 
-    def __init__(self, seconds: float, margin: float, tail: float, drained: float, alone: float) -> None:
+    def __init__(
+        self, seconds: float, margin: float, tail: float, drained: float, alone: float, goes: float = 0.0
+    ) -> None:
         self.seconds = seconds
         self.margin = margin
         self.tail = tail
         self.drained = drained  # seconds until the work ahead of it is done (its tail batch's items included)
         self.alone = alone  # seconds its items would take in a batch of their own
+        self.goes = goes  # seconds until the batch it would join goes (0: a slot is free, the policy decides)
 
-    def retry(self, budget: float) -> float:
-        """Seconds until the same call, with ``budget`` seconds, would be in time, if nothing else arrives."""
-        return max(0.0, self.drained + self.alone + self.margin - budget)
+    def retry(self, budget: float, *, held: bool = False) -> float:
+        """Seconds until the same call, with ``budget`` seconds, would be in time, if nothing else arrives; never 0.
+
+        ``held``: it is refused for the deadline of the items ahead of it in its batch, not its own: it can be
+        admitted only once that batch has gone (its own deadline may be far). When that time is not known (a slot is
+        free: the policy decides when the batch goes), the time of a batch of its own: an immediate retry, which a
+        0 would invite, would find the same batch and be refused again."""
+        own = self.drained + self.alone + self.margin - budget
+        retry = max(own, self.goes if held else 0.0)
+        return retry if retry > 0 else self.alone
 
     def late_by(self, now: float, deadline: float) -> float:
         """How much too late an item due by ``deadline`` (or the items ahead of it in its batch) would be answered,
@@ -87,13 +97,17 @@ class Prediction:
 class Lateness:
     """What one batcher measures of its batches to predict when an item would be answered (module docstring)."""
 
-    __slots__ = ("fit", "recent", "spread2", "tail_deadline")
+    __slots__ = ("fit", "recent", "seen", "spread2", "tail_deadline")
 
     def __init__(self) -> None:
         self.fit = AdaptiveWait(1.0)  # (its fit only: the budget is not used)
         self.recent: deque[tuple[int, float]] = deque(maxlen=RECENT)
         self.spread2 = 0.0  # the mean square of the batches' relative errors about the fit, as it stood before each
-        self.tail_deadline = math.inf  # the earliest deadline of the items admitted to the queue's last batch
+        self.tail_deadline = math.inf  # the earliest deadline of the items of the queue's last batch
+        # What tail_deadline was computed for: the queue's changes and the latency budget. Arrivals keep it up to
+        # date; when items leave (cancelled, timed out, sent: their batch taken, or cut to a preferred size), come
+        # back, or their deadlines move, it is computed again from the items queued.
+        self.seen: tuple[int, float] | None = None
 
     def observe(self, size: int, waited: float, elapsed: float) -> None:
         """A batch of ``size`` items ended, ``elapsed`` seconds after it went (a batch observer of the recorder)."""
@@ -116,10 +130,21 @@ class Lateness:
         dearest = max(t / n for n, t in self.recent)
         return min(a, dearest), min(b, longest)
 
-    def predict(self, engine: Engine, now: float, count: int = 1) -> Prediction | None:
+    def tail(self, engine: Engine, latency: float) -> float:
+        """The earliest deadline of the items of the queue's last batch (``latency``: the latency budget, ``inf``
+        if none), computed again if the queue changed otherwise than by arrivals since it was last."""
+        queue = engine.queue
+        if self.seen != (queue.changes, latency):
+            size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
+            rest = queue.waiting % size
+            self.tail_deadline = queue.earliest_due(int(rest), latency) if rest else math.inf
+            self.seen = (queue.changes, latency)
+        return self.tail_deadline
+
+    def predict(self, engine: Engine, now: float, count: int = 1, latency: float = math.inf) -> Prediction | None:
         """When the last of ``count`` items (a call's) that arrive now would be answered, and by when their batch
-        must be, for the items already in it; ``None``: admit them without asking (the warm-up, or an idle batcher:
-        the head of the queue is always served)."""
+        must be, for the items already in it (``latency``: the latency budget, ``inf`` if none); ``None``: admit
+        them without asking (the warm-up, or an idle batcher: the head of the queue is always served)."""
         waiting = engine.queue.waiting
         if (not waiting and not engine.in_flight) or self.fit.observations < WARMUP:
             return None
@@ -145,15 +170,17 @@ class Lateness:
             wait += rounds * took
             squares += math.ceil(rounds) * took * took
         took = b + a * own
-        tail = self.tail_deadline if waiting % size else math.inf  # (a tail batch of items already queued)
+        tail = self.tail(engine, latency) if waiting % size else math.inf  # (a tail batch of items already queued)
         margin = Z * math.sqrt(self.spread2 * (squares + took * took))
         others = own - min(own, count)  # the items of its batch ahead of its own
         drained = wait + (b + a * others if others else 0.0)
-        return Prediction(wait + took, margin, tail, drained, b + a * min(own, count))
+        return Prediction(wait + took, margin, tail, drained, b + a * min(own, count), wait)
 
     def admitted(self, engine: Engine, count: int, deadline: float) -> None:
         """``count`` items (a call's) are admitted, to be answered by ``deadline`` (``inf``: whenever): the earliest
         deadline of the tail batch, as it will be with them."""
+        if self.seen is None or self.seen[0] != engine.queue.changes:
+            return  # (the queue changed since the last prediction: the next computes it again, these items included)
         size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
         rest = engine.queue.waiting % size
         if not rest or rest + count > size:  # they start a tail batch of their own

@@ -14,7 +14,7 @@ from async_batcher._core.waits import Deadline
 if TYPE_CHECKING:
     from async_batcher._core.policy import LaneView
 
-__all__ = ["Layer", "PreferredSizes", "preferred_sizes"]
+__all__ = ["Layer", "PreferredSizes", "keeps", "preferred_sizes"]
 
 
 class Layer(DispatchPolicy):
@@ -67,6 +67,21 @@ class Layer(DispatchPolicy):
 
     def arrival(self, lane: LaneView, now: float) -> int:
         return self.inner.arrival(lane, now)
+
+    def replaced(self, by: DispatchPolicy, lanes: Iterable[LaneView], now: float) -> None:
+        if not keeps(by, self.inner):  # (a layer of the new policy goes on)
+            self.inner.replaced(by, lanes, now)
+
+
+def keeps(policy: DispatchPolicy, part: DispatchPolicy) -> bool:
+    """Whether ``part`` is ``policy`` or one of the policies it wraps (it goes on serving when ``policy`` takes the
+    place of a policy that wrapped it)."""
+    found: DispatchPolicy | None = policy
+    while found is not None:
+        if found is part:
+            return True
+        found = found.inner if isinstance(found, Layer) else None
+    return False
 
 
 def preferred_sizes(value: object) -> tuple[int, ...]:

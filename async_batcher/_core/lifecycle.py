@@ -33,7 +33,7 @@ from async_batcher._core.streaming import StreamRunner
 from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
 
 if TYPE_CHECKING:
-    from async_batcher._core.batch import Hooks
+    from async_batcher._core.batch import Hooks, Watcher
     from async_batcher._core.settings import Settings
     from async_batcher.stats import _Recorder
 
@@ -68,7 +68,7 @@ class Run:
 class Lifecycle(Stopping):
     """A batcher's runs, one after the other: the current one (``run``), how it starts and how it stops."""
 
-    __slots__ = ("hooks", "overridden", "recorder", "run", "settings")
+    __slots__ = ("hooks", "overridden", "recorder", "run", "settings", "watchers")
 
     def __init__(self, hooks: Hooks, settings: Settings, recorder: _Recorder, overridden: frozenset[str]) -> None:
         self.hooks = hooks
@@ -76,6 +76,7 @@ class Lifecycle(Stopping):
         self.recorder = recorder
         self.overridden = overridden  # the hooks the batcher's class overrides: the others are never called
         self.run = Run(None)
+        self.watchers: list[Watcher] = []  # told of the batches of every run (async_batcher.testing's)
 
     @property
     def name(self) -> str:
@@ -156,6 +157,7 @@ class Lifecycle(Stopping):
             # The hooks cost a call per item: they are only called when overridden (or weights are limited).
             keyed="batch_key" in self.overridden,
             weighted="item_weight" in self.overridden or settings.weighted,
+            watchers=self.watchers,
         )
         if started is not None:
             run.startup = loop.create_task(run_hook(run, "on_start", started), context=run.context.copy())

@@ -53,10 +53,11 @@ class BatcherOptions(TypedDict, total=False):
     #: On a full queue, wait for room instead of raising :class:`~async_batcher.QueueFullException`.
     wait_when_full: bool
     #: Refuse at admission an item predicted to be answered after its deadline (its ``timeout``, ``default_timeout``
-    #: or ``max_latency``), with :class:`~async_batcher.LateRefusalError`. Default False.
+    #: or ``max_latency``), with :class:`~async_batcher.LateRefusalError`; a call with none of them is a
+    #: ``ValueError``. Default False.
     refuse_late: bool
-    #: Keep the results of deduplicated items (``dedup_key``) for a while: :class:`~async_batcher.ResultCache`.
-    #: Default ``None``: nothing is kept once a row resolves.
+    #: Keep the results of deduplicated items (the ``dedup_key`` hook, which it needs) for a while:
+    #: :class:`~async_batcher.ResultCache`. Default ``None``: nothing is kept once a row resolves.
     result_cache: ResultCache | None
     #: Seconds every item may take at most (waiting for room included) when its call gives no ``timeout=``.
     default_timeout: float | None
@@ -84,7 +85,7 @@ class BatcherOptions(TypedDict, total=False):
     #: ``Limits.max_queue_size``, given alone: the most items waiting for a batch (``None``: no limit).
     max_queue_size: int | None
     #: ``Limits.max_queue_weight``, given alone: the most total ``item_weight`` admitted and not yet answered, held
-    #: until each call resolves (``None``: no limit).
+    #: until each call resolves (``None``: no limit); it needs the ``item_weight`` hook.
     max_queue_weight: float | None
     #: The policy's wait, a :class:`~async_batcher.policies.Deadline`: the most seconds the oldest item waits for
     #: its batch to fill once a slot is free. Default 0.01.
@@ -117,14 +118,18 @@ _LIMITS = ("max_batch_size", "max_batch_weight", "concurrency", "max_queue_size"
 _STREAMING = {"stream_buffer": "buffer", "stream_stall_timeout": "stall_timeout"}
 
 
-def settings_from(options: dict[str, Any], where: str) -> tuple[Settings, str | None]:
-    """The settings ``options`` describe, validated, and the name given; ``where`` names the call in errors."""
+def settings_from(
+    options: dict[str, Any], where: str, hooks: frozenset[str] | None = None
+) -> tuple[Settings, str | None]:
+    """The settings ``options`` describe, validated, and the name given; ``where`` names the call in errors,
+    ``hooks`` are those the batcher's class overrides (what some settings need)."""
     unknown = [key for key in options if key not in OPTIONS]
     if unknown:
         raise _checks.unexpected_keywords(unknown, sorted(OPTIONS), where)
     options = dict(options)
     _deprecated(options)
     settings = Settings()
+    settings.hooks = hooks
     for group, fields in (("limits", _LIMITS), ("streaming", tuple(_STREAMING)), ("policy", DISPATCH_KEYWORDS)):
         if group in options and options[group] is None:  # (a configuration's "not set": the default, as if absent)
             del options[group]
@@ -134,7 +139,7 @@ def settings_from(options: dict[str, Any], where: str) -> tuple[Settings, str | 
     settings.executor = _checks.executor(options.get("executor"))
     settings.wait_when_full = _checks.flag("wait_when_full", options.get("wait_when_full", False))
     settings.refuse_late = _checks.flag("refuse_late", options.get("refuse_late", False))
-    settings.result_cache = result_cache(options.get("result_cache"))
+    settings.set_result_cache(options.get("result_cache"))
     limits = options.get("limits")
     if limits is None:
         limits = Limits(**{key: options[key] for key in _LIMITS if key in options})
@@ -143,6 +148,11 @@ def settings_from(options: dict[str, Any], where: str) -> tuple[Settings, str | 
         streaming = Streaming(**{_STREAMING[key]: options[key] for key in _STREAMING if key in options})
     policy = options.get("policy")
     if policy is None:
+        if "max_queue_time" in options and options.get("max_latency") is not None:
+            raise TypeError(
+                f"{where}: pass max_queue_time= or max_latency=, not both: with max_latency the latency budget "
+                "chooses the wait, and max_queue_time would be ignored"
+            )
         settings.max_queue_time = _checks.seconds("max_queue_time", options.get("max_queue_time", 0.01))
         policy = build_policy(
             max_queue_time=settings.max_queue_time,
@@ -159,12 +169,6 @@ def settings_from(options: dict[str, Any], where: str) -> tuple[Settings, str | 
     settings.set_on_batch_error(options.get("on_batch_error"))
     settings.set_split_on(options.get("split_on"))
     return settings, options.get("name")
-
-
-def result_cache(value: object) -> ResultCache | None:
-    if value is not None and not isinstance(value, ResultCache):
-        raise TypeError(f"result_cache must be an async_batcher.ResultCache or None, got {value!r}")
-    return value
 
 
 def _deprecated(options: dict[str, Any]) -> None:
@@ -281,8 +285,8 @@ class SettingsView:
         lambda v: _checks.flag("refuse_late", v),
         "Refuse at admission an item predicted to miss its deadline (:class:`~async_batcher.LateRefusalError`).",
     )
-    result_cache: _Setting[ResultCache | None] = _plain(
-        "result_cache", result_cache, "The cache of deduplicated items' results; ``None``: none."
+    result_cache: _Setting[ResultCache | None] = _Setting(
+        lambda s: s.result_cache, Settings.set_result_cache, "The cache of deduplicated items' results; ``None``: none."
     )
     max_priority_wait: _Setting[float] = _plain(
         "max_priority_wait",

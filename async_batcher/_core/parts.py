@@ -45,6 +45,7 @@ class Tree:
 
     __slots__ = (
         "answered",
+        "arrivals",
         "attempts",
         "contexts",
         "deadlines",
@@ -84,6 +85,7 @@ class Tree:
         self.deadlines: list[float] = batch.deadlines if batch.deadlines is not None else [math.inf] * n
         self.attempts: list[int] = batch.attempts if batch.attempts is not None else [0] * n
         self.tries: list[int] = batch.tries if batch.tries is not None else [0] * n
+        self.arrivals = batch.arrivals  # each item's arrival, if the engine's watchers asked for them
         self.part = Part(list(range(n)), whole=True)
         self.pending: deque[Part] = deque()
         isolate = recovery.isolate

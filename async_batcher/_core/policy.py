@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import math
 import sys
+from collections.abc import Iterable
 from typing import Any, Final, Protocol
 
 __all__ = ["UNLIMITED", "BatchFacts", "DispatchPolicy", "LaneView", "Reason", "Signals"]
@@ -208,6 +209,13 @@ class DispatchPolicy:
         """The arrival :meth:`ended` asked to see, into a free slot: the loop's turns to let pass before its batch
         forms (0: at once)."""
         return 0
+
+    def replaced(self, by: DispatchPolicy, lanes: Iterable[LaneView], now: float) -> None:
+        """The batcher took ``by`` in this policy's place (``batcher.policy = ...``, or a dispatch keyword that
+        removed a layer); ``lanes``: its lanes as they are now. This policy is asked nothing more: what it kept back
+        goes as ``by`` says, and what it would have counted must be counted now (the hold counts the batch it kept
+        an item back for). A :class:`~async_batcher.policies.Layer` tells the policy it wraps, unless ``by`` keeps
+        it."""
 
     def memo(self, lane: LaneView, factory: Any) -> Any:
         """This policy's record of ``lane``, made by ``factory()`` the first time."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
+from async_batcher._core.ceiling import Kept
 from async_batcher._core.lane import Entry, Lane
-from async_batcher._core.sinks import Bulk
+from async_batcher._core.sinks import Bulk, deadline_of
 
 if TYPE_CHECKING:
     from async_batcher.stats import _Recorder
@@ -31,6 +32,7 @@ DEFAULT_KEY: Hashable = object()
 KEEP_IDLE = 16
 
 _ended = attrgetter("ended")
+_first = itemgetter(0)
 
 
 def _ignore(entry: Any) -> None:
@@ -47,12 +49,29 @@ class Queue:
       ``len(bulk.items) - bulk.pos`` for each of its plain bulk entries;
     - ``lane.weight`` is their total weight, while ``weighted``;
     - ``recorder.exited`` grows by one for each item that leaves the queue (sent or withdrawn), once.
+
+    ``changes`` counts the changes of the queued items other than arrivals at the ends of their levels (items that
+    left, items put back at the head, a queued item's deadline that moved): what is computed over the queued items
+    in their order (the deadline of the last batch, :meth:`earliest_due`) is computed again when it has changed.
     """
 
-    __slots__ = ("dispatches", "expire", "fifo0", "lane0", "lanes", "recorder", "tracked", "waiting", "weighted")
+    __slots__ = (
+        "ceilings",
+        "changes",
+        "dispatches",
+        "expire",
+        "fifo0",
+        "lane0",
+        "lanes",
+        "recorder",
+        "tracked",
+        "waiting",
+        "weighted",
+    )
 
     def __init__(self, recorder: _Recorder, *, weighted: bool) -> None:
         self.dispatches = 0  # batches formed so far: the clock of Lane.served
+        self.changes = 0
         self.lane0 = Lane(DEFAULT_KEY, self, 0)  # the lane of every item when batch_key is not overridden
         self.fifo0 = self.lane0.level(0)  # its priority-0 level: where the common case appends
         self.lanes: dict[Hashable, Lane] = {DEFAULT_KEY: self.lane0}
@@ -63,6 +82,8 @@ class Queue:
         self.recorder = recorder
         # The engine's: an entry (or a plain bulk call) whose deadline passed has left the queue: fail its caller.
         self.expire: Callable[[Any], None] = _ignore
+        # The out-of-memory ceilings (split_on) of keys whose idle lanes were let go: kept beyond KEEP_IDLE.
+        self.ceilings = Kept()
 
     # ------------------------------------------------------------------ entering
 
@@ -72,6 +93,8 @@ class Queue:
             # Never served: it counts as served just before the batch formed last, so that it goes before the lanes
             # served since, and after those that have waited longer.
             lane = self.lanes[key] = Lane(key, self, self.dispatches - 0.5)
+            if self.ceilings.by_key:
+                self.ceilings.restore(lane)
         return lane
 
     def push(self, entry: Entry, priority: float) -> None:
@@ -102,6 +125,7 @@ class Queue:
         self.waiting += n
         self.recorder.exited -= n
         self.tracked = True
+        self.changes += 1
 
     def push_bulk(self, bulk: Bulk, priority: float) -> None:
         """Queue a plain ``process_many`` call as one entry of the default lane."""
@@ -133,6 +157,7 @@ class Queue:
             lane.weight -= entry.weight
         self.waiting -= 1
         self.recorder.exited += 1
+        self.changes += 1
         return True
 
     def withdraw_bulk(self, bulk: Bulk) -> int:
@@ -150,6 +175,7 @@ class Queue:
                 lane.weight -= unsent
             self.waiting -= unsent
             self.recorder.exited += unsent
+            self.changes += 1
         return unsent
 
     def clear(self) -> list[Any]:
@@ -170,7 +196,12 @@ class Queue:
                 fifo.clear()
             lane.clean = True
         self.lanes = {self.lane0.key: self.lane0}
+        self.changes += 1
         return sinks
+
+    def deadline_moved(self) -> None:
+        """A queued item's deadline moved (a shared row's callers came or left)."""
+        self.changes += 1
 
     # ------------------------------------------------------------------ looking
 
@@ -192,6 +223,26 @@ class Queue:
             fifo.popleft()
         return None
 
+    def waiting_now(self) -> list[Any]:
+        """The entries queued now (a plain ``process_many`` call's one entry): what a flush sends
+        (:meth:`still_queued`)."""
+        return [entry for lane in self.lanes.values() for entry in lane.entries() if entry.lane is not None]
+
+    def still_queued(self, entries: list[Any]) -> dict[Lane, int]:
+        """Of ``entries`` (:meth:`waiting_now`), the items still queued whose callers wait, by lane."""
+        found: dict[Lane, int] = {}
+        for entry in entries:
+            lane = entry.lane
+            if lane is None:
+                continue
+            if entry.__class__ is Bulk:
+                n = 0 if entry.future.done() else len(entry.items) - entry.pos
+            else:
+                n = 0 if entry.sink.done() else 1
+            if n > 0:
+                found[lane] = found.get(lane, 0) + n
+        return found
+
     def oldest(self, lane: Lane) -> float:
         """Arrival time of the lane's oldest waiting item (``inf`` if its callers all left)."""
         oldest = math.inf
@@ -201,11 +252,45 @@ class Queue:
                 oldest = min(oldest, head.arrival)
         return oldest
 
+    def earliest_due(self, count: int, latency: float) -> float:
+        """The earliest deadline of the last ``count`` items queued (by arrival, the whole queue seen as one line),
+        each item due by its caller's deadline (a shared row's: its callers' now) or ``latency`` seconds after its
+        arrival, whichever comes first; an item whose caller has left is due never. ``inf``: none is due."""
+        found: list[tuple[float, float, int]] = []  # (arrival, due, items) of the last entries of each level
+        for lane in self.lanes.values():
+            if not lane.count:
+                continue
+            for fifo in lane.order:
+                seen = 0
+                for entry in reversed(fifo):
+                    if seen >= count:
+                        break
+                    if entry.__class__ is Bulk:
+                        n = len(entry.items) - entry.pos if entry.lane is not None else 0
+                        deadline = math.inf if entry.future.done() else entry.deadline
+                    else:
+                        n = 0 if entry.lane is None else 1
+                        sink = entry.sink
+                        deadline = math.inf if sink.done() else deadline_of(sink, entry.deadline)
+                    if n:
+                        found.append((entry.arrival, min(deadline, entry.arrival + latency), n))
+                        seen += n
+        found.sort(key=_first, reverse=True)  # (stable: of equal arrivals, the later in its level first)
+        due = math.inf
+        for _, deadline, n in found:
+            if count <= 0:
+                break
+            due = min(due, deadline)
+            count -= n
+        return due
+
     def drop_empty_lanes(self) -> None:
         """Keys come and go: forget the lanes that hold nothing and have no batch in flight, all but the
         :data:`KEEP_IDLE` whose last batch ended last; the default lane stays. A key used again finds its lane's
         history (when its last batch ended, the rate since, the policy's memo), as the default lane's callers do; a
-        stream of new keys keeps at most that many idle lanes. A lane kept idle lets go of what its levels still
+        stream of new keys keeps at most that many idle lanes. A lane's out-of-memory ceiling is kept longer, in
+        :attr:`ceilings` (:class:`~async_batcher._core.ceiling.Kept`): a key used again finds it, however many keys
+        came between. A lane kept idle lets go of what its levels still
         hold (the entries of callers who left, which the dispatcher would drop on reaching them) and of the levels
         themselves."""
         if len(self.lanes) == 1:
@@ -230,6 +315,8 @@ class Queue:
                     found = lanes.pop(lane.key, None)
                     if found is not None and found is not lane:
                         lanes[found.key] = found
+                    elif lane.capacity is not None:
+                        self.ceilings.park(lane)  # (its ceiling outlives it: Kept)
 
     def keep_weights(self) -> None:
         """Weights come into play on a running batcher: count the queued items' weights from now on."""

@@ -29,7 +29,7 @@ from async_batcher._core.failures import Isolate, Retry, RetryPolicy, SplitOn, m
 from async_batcher._core.lane import WeightedEntry
 from async_batcher._core.parts import Part, Tree
 from async_batcher._core.policy import Reason
-from async_batcher._core.sinks import as_results, deliver, fail_sinks
+from async_batcher._core.sinks import as_results, deadline_of, deliver, fail_sinks
 
 if TYPE_CHECKING:
     from async_batcher._core.batch import Batch
@@ -60,7 +60,7 @@ class Recovery:
         self.isolate = isolate
         self.retry = retry
         self.split = split
-        self.sizes = sizes  # preferred_batch_sizes: where a bisection cuts, and the size of a split's parts
+        self.sizes = sizes  # preferred_batch_sizes: the size of a split's parts (a bisection cuts halves)
 
     # ------------------------------------------------------------------ the end of a call
 
@@ -224,7 +224,8 @@ class Recovery:
         for i, outcome, error in zip(index, outcomes, errors, strict=True):
             if _done(tree.sinks[i]):
                 continue  # its caller has left: nothing to try again for
-            attempts = tree.attempts[i] + (0 if progress else 1)
+            # Its first try counts whatever its call did; a later one only if its call answered no one.
+            attempts = tree.attempts[i] + (0 if progress and tree.tries[i] else 1)
             tries = tree.tries[i] + 1
             if attempts >= policy.attempts or tries >= policy.tries_limit:
                 self._give_up(runner, tree, [i], [error], f"tried {plural(tries, 'time')}")
@@ -232,7 +233,7 @@ class Recovery:
             delay = share * policy.bound(attempts)
             if outcome.__class__ is Retry and outcome.after is not None:
                 delay = max(delay, outcome.after)
-            if now + delay >= tree.deadlines[i]:
+            if now + delay >= deadline_of(tree.sinks[i], tree.deadlines[i]):
                 self._give_up(runner, tree, [i], [error], "its deadline comes before its next try")
                 continue
             going.append((i, delay, attempts, tries))
@@ -328,6 +329,7 @@ class Recovery:
                 tree.extra_left -= 1
             self._install(runner, batch, tree, part)
             runner.recorder.count("extra_calls")
+            runner.feedback.calling(batch)
             runner.launch(batch)
             return True
         if self.split is not None and tree.ok_size:
@@ -351,6 +353,7 @@ class Recovery:
         batch.deadlines = [tree.deadlines[i] for i in index]
         batch.attempts = [tree.attempts[i] for i in index]
         batch.tries = [tree.tries[i] for i in index]
+        batch.arrivals = None if tree.arrivals is None else [tree.arrivals[i] for i in index]
         batch.size = len(index)
         batch.futures_only = tree.futures_only
         batch.entered = False
@@ -371,13 +374,11 @@ class Recovery:
         batch.size = len(index)
         tree.part = Part(index)
 
-    def _halves(self, index: list[int]) -> tuple[list[int], list[int]]:
-        """Cut ``index`` in two: at the preferred batch size nearest its half, else at its half."""
-        n = len(index)
-        cut = n // 2
-        fits = [size for size in self.sizes if 0 < size < n]
-        if fits:
-            cut = min(fits, key=lambda size: (abs(size - n / 2), size))
+    @staticmethod
+    def _halves(index: list[int]) -> tuple[list[int], list[int]]:
+        """Cut ``index`` in two halves. Never at a preferred batch size: one far from the half (1 of 32) makes the
+        search linear, and the bound of ``2 * log2(n)`` extra calls for one bad item holds only for halves."""
+        cut = len(index) // 2
         return index[:cut], index[cut:]
 
     def _pieces(self, tree: Tree, index: list[int], ceiling: float, *, weighted: bool) -> list[list[int]]:

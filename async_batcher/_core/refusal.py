@@ -47,13 +47,20 @@ class LateRefusal:
             self.recorder.add_observer(self.lateness.observe)
         return self.lateness
 
-    def deadline_of(self, deadline: float | None, now: float) -> float:
-        """By when an item arriving now is due: its call's deadline, and within ``max_latency`` (``inf``: never)."""
-        due = math.inf if deadline is None else deadline
+    def latency(self) -> float:
+        """The latency budget each item has from its arrival (``max_latency``; ``inf``: none)."""
         policy = find(self.settings.policy, LatencyBudget)
-        if policy is not None:
-            due = min(due, now + policy.max_latency)
-        return due
+        return math.inf if policy is None else float(policy.max_latency)
+
+    def refuse_without_deadline(self) -> None:
+        """A call with no ``timeout=`` on a batcher with no ``default_timeout``: with no ``max_latency`` either, its
+        items have no deadline, and ``refuse_late`` could never judge them: a ``ValueError`` rather than a setting
+        that silently does nothing."""
+        if self.latency() == math.inf:
+            raise ValueError(
+                f"{self.name}: refuse_late=True, but this call has no deadline to be judged by: pass timeout=, or set "
+                "default_timeout= or max_latency= on the batcher (a generous timeout for the calls that may wait)"
+            )
 
     def refuse_if_late(self, engine: Engine, n: int, deadline: float | None, *, waited: bool = False) -> float | None:
         """With ``refuse_late``: refuse ``n`` items (a call's) predicted to be answered after their deadline, or to
@@ -65,8 +72,9 @@ class LateRefusal:
         lateness = self.measure_lateness()
         assert lateness is not None
         now = engine.loop.time()
-        due = self.deadline_of(deadline, now)
-        prediction = None if due == math.inf else lateness.predict(engine, now, n)
+        latency = self.latency()
+        due = min(math.inf if deadline is None else deadline, now + latency)
+        prediction = None if due == math.inf else lateness.predict(engine, now, n, latency)
         if prediction is None or prediction.late_by(now, due) <= 0:
             return due
         if waited:
@@ -75,9 +83,10 @@ class LateRefusal:
         else:
             self.recorder.reject(n, "late")
         late = prediction.late_by(now, due)
-        whose = "its deadline" if due <= prediction.tail else "the deadline of the items ahead of it in its batch"
+        held = due > prediction.tail
+        whose = "the deadline of the items ahead of it in its batch" if held else "its deadline"
         budget = min(due, prediction.tail) - now
-        retry = prediction.retry(due - now)
+        retry = prediction.retry(due - now, held=held)
         raise LateRefusalError(
             f"{self.name}: refused: predicted to be answered in {prediction.seconds * 1e3:.1f} ms (margin "
             f"{prediction.margin * 1e3:.1f} ms; {_checks.plural(engine.queue.waiting, 'item')} queued ahead), "

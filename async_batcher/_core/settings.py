@@ -1,19 +1,18 @@
-"""A batcher's settings: small value objects (:class:`Limits`, :class:`Streaming`), the dispatch policy, and the live
-:class:`Settings` that holds them, validated (public through :mod:`async_batcher.settings`).
+"""A batcher's live :class:`Settings`: the small values that hold its settings (:mod:`~async_batcher._core.values`:
+:class:`Limits`, :class:`Streaming`, :class:`ResultCache`), the dispatch policy, and the rest, validated (public
+through :mod:`async_batcher.settings`).
 
-"No limit" is spelled ``None`` everywhere; the spellings of async-batcher 0.2.2 and 1.0's first drafts (``-1``, and
-``0`` for ``max_queue_size``) are still accepted and read back as ``None``. Beside each setting, :class:`Settings`
-keeps the limit the engine compares against, with "no limit" as a number the hot path compares without a branch.
+Beside each setting, :class:`Settings` keeps the limit the engine compares against, with "no limit" as a number the
+hot path compares without a branch.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import math
-import sys
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from async_batcher import _checks
@@ -22,97 +21,10 @@ from async_batcher._core.hold import ClosedLoopHold
 from async_batcher._core.layers import Layer, PreferredSizes, preferred_sizes
 from async_batcher._core.policy import UNLIMITED, DispatchPolicy
 from async_batcher._core.recovery import Recovery
+from async_batcher._core.values import Limits, ResultCache, Streaming
 from async_batcher._core.waits import Deadline, LatencyBudget
 
 __all__ = ["Limits", "ResultCache", "Streaming"]
-
-
-def _limit(name: str, value: object, *, zero: bool = False) -> int | None:
-    """A count >= 1, or ``None`` for no limit (``-1``, and ``0`` where ``zero``, are old spellings of it)."""
-    if value is None:
-        return None
-    number = _checks.count(name, value, zero_means_unlimited=zero)
-    return None if number <= 0 else number
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """How much a batcher takes at once: per batch, in flight, and waiting. ``None``: no limit.
-
-    Args:
-        max_batch_size: The most items in one batch.
-        max_batch_weight: The most total :meth:`~async_batcher.AsyncBatcher.item_weight` in one batch.
-        concurrency: The most batches processed at once.
-        max_queue_size: The most items waiting for a batch (batches in flight not counted); past it a call raises
-            :class:`~async_batcher.QueueFullException` or waits (``wait_when_full``).
-        max_queue_weight: The most total :meth:`~async_batcher.AsyncBatcher.item_weight` admitted and not yet
-            answered (waiting *and* in flight: an item's weight is released when its call resolves); past it a call
-            raises :class:`~async_batcher.QueueFullException` or waits its turn (``wait_when_full``). An item
-            heavier than the limit alone is refused at once (:class:`~async_batcher.OversizedItemError`).
-    """
-
-    max_batch_size: int | None = None
-    max_batch_weight: float | None = None
-    concurrency: int | None = 1
-    max_queue_size: int | None = None
-    max_queue_weight: float | None = None
-
-    def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        set_(self, "max_batch_size", _limit("max_batch_size", self.max_batch_size))
-        set_(self, "concurrency", _limit("concurrency", self.concurrency))
-        set_(self, "max_queue_size", _limit("max_queue_size", self.max_queue_size, zero=True))
-        for name in ("max_batch_weight", "max_queue_weight"):
-            weight = getattr(self, name)
-            if weight is not None:
-                if not _checks.is_real(weight) or not _checks.is_finite(weight) or weight <= 0:
-                    raise ValueError(f"{name} must be None or a finite number > 0, got {weight!r}")
-                set_(self, name, float(weight))
-
-
-@dataclass(frozen=True, slots=True)
-class ResultCache:
-    """A small cache of the results of deduplicated items (``dedup_key``), by key, for ``ttl`` seconds.
-
-    Off by default. A result is served from it to a later call of the same key for up to ``ttl`` seconds after it
-    was computed: **stale** by up to that much if what it was computed from changed meanwhile. Only results are
-    kept, never an exception; the cache holds at most ``max_bytes`` (as ``sizeof`` measures each result, least
-    recently used first out; a result larger than that is not kept). Each hit is a copy (``copy_result``).
-
-    Args:
-        ttl: Seconds a result is served after it was computed (on the event loop's clock).
-        max_bytes: The most bytes of results kept.
-        sizeof: A result's size in bytes; ``sys.getsizeof`` by default (shallow: give your own for containers).
-    """
-
-    ttl: float
-    max_bytes: int
-    sizeof: Callable[[Any], int] = sys.getsizeof
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "ttl", _checks.seconds("ttl", self.ttl, positive=True))
-        object.__setattr__(self, "max_bytes", _checks.count("max_bytes", self.max_bytes, unlimited=False))
-        if not callable(self.sizeof):
-            raise TypeError(f"sizeof must be a callable of one result, got {self.sizeof!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Streaming:
-    """How a streaming ``process_batch`` (an async generator) waits for its consumers.
-
-    Args:
-        buffer: The most parts a stream buffers for its consumer before its batch waits for it.
-        stall_timeout: The most seconds a step waits for a consumer whose buffer is full; that consumer is then
-            dropped from its batch, its stream ending with ``TimeoutError``. ``None``: wait as long as it takes.
-    """
-
-    buffer: int = 16
-    stall_timeout: float | None = 10.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "buffer", _checks.count("stream_buffer", self.buffer, unlimited=False))
-        if self.stall_timeout is not None:
-            object.__setattr__(self, "stall_timeout", _checks.seconds("stream_stall_timeout", self.stall_timeout))
 
 
 # The batcher (its settings) each policy serves: one policy serves one batcher. (A policy that can be neither a
@@ -174,6 +86,10 @@ class Settings:
         self.retry: RetryPolicy | None = None
         self.on_batch_error: Isolate | None = None
         self.split_on: SplitOn | None = None
+        self.streams = ""  # process_batch is an async generator: its class's name (see streams_its_results)
+        # The hooks the batcher's class overrides, against which the settings that need one are checked (None: not
+        # known, not checked).
+        self.hooks: frozenset[str] | None = None
         self.changed: Callable[..., None] = lambda **what: None
 
     # ------------------------------------------------------------------ what the engine compares against
@@ -229,26 +145,52 @@ class Settings:
 
     # ------------------------------------------------------------------ setting them
 
+    def streams_its_results(self, name: str) -> None:
+        """``process_batch`` of the class ``name`` is an async generator: it handles its failures itself, and
+        ``retry``, ``on_batch_error`` and ``split_on`` are refused, given to the constructor or set live."""
+        self.streams = name
+        for key in ("retry", "on_batch_error", "split_on"):
+            self._not_streaming(key, getattr(self, key), f"{name}()")
+
+    def _not_streaming(self, key: str, value: object, where: str = "") -> None:
+        if value is not None and self.streams:
+            raise TypeError(
+                f"{where or self.streams}: {key}= is for a process_batch that returns its results; a streaming one "
+                "(an async generator) handles its failures itself"
+            )
+
     def set_retry(self, value: object) -> None:
         if value is not None and not isinstance(value, RetryPolicy):
             raise TypeError(f"retry must be an async_batcher.failures.RetryPolicy or None, got {value!r}")
+        self._not_streaming("retry", value)
         self.retry = value
         self.changed()
 
     def set_on_batch_error(self, value: object) -> None:
         if value is not None and not isinstance(value, Isolate):
             raise TypeError(f"on_batch_error must be an async_batcher.failures.Isolate or None, got {value!r}")
+        self._not_streaming("on_batch_error", value)
         self.on_batch_error = value
         self.changed()
 
     def set_split_on(self, value: object) -> None:
-        self.split_on = SplitOn.of(value)
+        split = SplitOn.of(value)
+        self._not_streaming("split_on", split)
+        self.split_on = split
         self.changed()
 
     def set_limits(self, limits: Limits) -> None:
         if not isinstance(limits, Limits):
             raise TypeError(f"limits must be an async_batcher.Limits, got {limits!r}")
         _check_sizes(limits, self.policy, limits_changed=True)
+        if limits.max_queue_weight is not None:
+            self._needs_hook(
+                "max_queue_weight",
+                limits.max_queue_weight,
+                "item_weight",
+                "weight",
+                "every item would weigh 1 (max_queue_size bounds their number)",
+            )
         old = self.limits
         weights = (limits.max_batch_weight, limits.max_queue_weight) != (None, None) and not self.weighted
         room = (limits.max_queue_size or UNLIMITED) > (old.max_queue_size or UNLIMITED) or (
@@ -292,6 +234,23 @@ class Settings:
         for layer in layers(policy):
             _set_owner(layer, weakref.ref(self))
 
+    def set_result_cache(self, value: object) -> None:
+        if value is not None and not isinstance(value, ResultCache):
+            raise TypeError(f"result_cache must be an async_batcher.ResultCache or None, got {value!r}")
+        if value is not None:
+            self._needs_hook("result_cache", value, "dedup_key", "dedup", "no row is shared, so nothing would be kept")
+        self.result_cache = value
+        self.changed()
+
+    def _needs_hook(self, name: str, value: object, hook: str, option: str, otherwise: str) -> None:
+        """Refuse a setting that does nothing (or something else than it says) unless the batcher's class overrides
+        ``hook`` (``option``: the keyword of ``@batch`` that gives it)."""
+        if self.hooks is not None and hook not in self.hooks:
+            raise ValueError(
+                f"{name}={value!r} needs the {hook}() hook, which the batcher does not override: {otherwise}; "
+                f"override {hook} (with @batch: {option}=), or leave {name} out"
+            )
+
     def set_timeout(self, value: object) -> None:
         self.default_timeout = None if value is None else _checks.seconds("default_timeout", value)
         self.changed()
@@ -328,7 +287,10 @@ class Settings:
         if layer is not None and not off and value is not None:
             setattr(layer, attribute, value)
         elif name == "max_queue_time" and self.from_keywords:
-            pass  # kept for when a Deadline comes back (max_latency=None)
+            raise TypeError(
+                f"max_queue_time={value!r} does nothing while max_latency={self.dispatch_keyword('max_latency')!r} "
+                "is set (the latency budget chooses the wait): set max_latency=None first"
+            )
         elif not self.from_keywords:
             raise TypeError(
                 f"{name} cannot be set on a batcher whose policy was given as policy={self.policy!r}: set the "

@@ -48,6 +48,21 @@ class _End:
 END: Final[Any] = _End()
 
 
+class SharedSink(asyncio.Future[Any]):
+    """The sink of a row that several callers share (single flight, ``dedup_key``: :mod:`~async_batcher._core.dedup`):
+    its deadline is theirs as they come and go, not the one recorded when it was queued."""
+
+    def deadline(self) -> float:
+        """The latest deadline of its callers still waiting, on the loop's clock (``inf``: one of them has none)."""
+        raise NotImplementedError
+
+
+def deadline_of(sink: Any, recorded: float) -> float:
+    """An item's deadline (``inf``: none): the one ``recorded`` as it was queued (its caller's), or, for a shared
+    row, its callers' now."""
+    return sink.deadline() if isinstance(sink, SharedSink) else recorded
+
+
 @dataclass(frozen=True, slots=True)
 class Retry:
     """An element of ``process_batch``'s results: this item failed for a transient reason; try it again.

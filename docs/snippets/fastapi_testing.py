@@ -1,6 +1,7 @@
 """Tests of the FastAPI guide's app, each running its lifespan around the requests.
 
-pytest docs/snippets/fastapi_testing.py (async tests: pytest-asyncio's auto mode)
+pytest docs/snippets/fastapi_testing.py
+(pip install pytest pytest-asyncio asgi-lifespan httpx)
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 from asgi_lifespan import LifespanManager
 from fastapi.testclient import TestClient
 
@@ -23,6 +25,7 @@ def test_score() -> None:
     assert response.json() == 10.0
 
 
+@pytest.mark.asyncio  # (pytest-asyncio; needless with asyncio_mode = "auto")
 async def test_score_concurrently() -> None:
     # httpx's ASGITransport does not run the lifespan (the batcher would never
     # start): LifespanManager runs it around the client.

@@ -1,4 +1,7 @@
-"""Tokens as server-sent events: uvicorn docs.snippets.streaming_sse:app"""
+"""Tokens as server-sent events.
+
+Saved as streaming_sse.py: uvicorn streaming_sse:app
+"""
 
 from __future__ import annotations
 

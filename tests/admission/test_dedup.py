@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from async_batcher import AsyncBatcher, BatcherStoppedError, ResultCache, batch
+from async_batcher import AsyncBatcher, BatcherStoppedError, ResultCache, batch, current_batch
+from async_batcher.failures import Retry, RetryPolicy
 from tests.batchers import idle_and_clean, until
 
 pytestmark = pytest.mark.virtual_time
@@ -261,6 +262,28 @@ def test_result_cache_is_checked() -> None:
         Lookup(result_cache={"ttl": 1})  # type: ignore[arg-type]
 
 
+def test_a_result_cache_without_dedup_key_is_an_error_at_construction_and_live() -> None:
+    # Nothing is shared without dedup_key: a cache of shared rows' results would keep nothing, silently.
+    cache = ResultCache(ttl=1, max_bytes=100)
+
+    class Plain(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            return batch
+
+    needs = r"result_cache=ResultCache\(.*\) needs the dedup_key\(\) hook, which the batcher does not override"
+    with pytest.raises(ValueError, match=needs) as info:
+        Plain(result_cache=cache)
+    assert "@batch: dedup=" in str(info.value)
+    b = Plain()
+    with pytest.raises(ValueError, match=needs):
+        b.result_cache = cache
+    assert b.result_cache is None
+    b.result_cache = None  # (nothing to keep: fine)
+    assert Lookup(result_cache=cache).result_cache is cache
+    with pytest.raises(ValueError, match="dedup="):
+        batch(result_cache=cache)(Plain.process_batch)
+
+
 async def test_the_decorator_takes_dedup_and_copy_result() -> None:
     seen: list[list[str]] = []
 
@@ -273,3 +296,100 @@ async def test_the_decorator_takes_dedup_and_copy_result() -> None:
     assert seen == [["Hi", "yo"]]
     assert results == [[2.0], [2.0], [2.0]] and results[0] is not results[1]
     await embed.stop()
+
+
+# A shared row carries its callers' deadlines: the latest of those still waiting (none if one of them has none), as
+# they join and leave. Before, it carried none: current_batch().deadline was None, and a retry that would land after
+# every caller's deadline was made, its callers timing out instead of getting the retry policy's error.
+
+
+class Deadlines(Lookup):
+    """Answers each item with the batch's deadline as ``process_batch`` sees it (after ``gate``, if set)."""
+
+    async def process_batch(self, batch: list[Any]) -> list[Any]:
+        self.batches.append(list(batch))
+        if self.gate is not None:
+            await self.gate.wait()
+        return [current_batch().deadline] * len(batch)
+
+
+async def test_a_shared_rows_deadline_is_the_latest_of_its_callers_still_waiting() -> None:
+    b = Deadlines(max_queue_time=1.0)
+    assert await asyncio.gather(b.process("a", timeout=5.0), b.process("a", timeout=3.0)) == [1.0 + 4.0] * 2
+    # A caller without a timeout: the row has no deadline.
+    assert await asyncio.gather(b.process("b", timeout=5.0), b.process("b")) == [None, None]
+    # The caller that set it leaves: the row's deadline is the next one's.
+    late = asyncio.ensure_future(b.process("c", timeout=7.0))
+    soon = asyncio.ensure_future(b.process("c", timeout=4.0))
+    await asyncio.sleep(0.5)
+    late.cancel()
+    assert await soon == 2.0 + 4.0
+    # With a plain item in its batch, the earliest of the batch's items.
+    rows = asyncio.gather(b.process("d", timeout=9.0), b.process("d", timeout=2.0), b.process("e", timeout=8.0))
+    assert await rows == [3.0 + 8.0] * 3
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_a_caller_that_joins_a_row_in_flight_brings_its_deadline() -> None:
+    b = Deadlines(max_queue_time=0)
+    b.gate = asyncio.Event()
+    first = asyncio.ensure_future(b.process("a", timeout=2.0))
+    await until(lambda: b.stats.in_flight == 1)
+    joined = asyncio.ensure_future(b.process("a", timeout=10.0))
+    await asyncio.sleep(0.5)
+    b.gate.set()  # the batch reads its deadline now: both callers wait, the later is 10
+    assert await asyncio.gather(first, joined) == [10.0, 10.0]
+    await b.stop()
+    idle_and_clean(b)
+
+
+class Throttled(Lookup):
+    """Every item is throttled (a ``Retry``); records when each call was made."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.times: list[float] = []
+
+    async def process_batch(self, batch: list[Any]) -> list[Any]:
+        self.times.append(asyncio.get_running_loop().time())
+        return [Retry(ConnectionError("throttled")) for _ in batch]
+
+
+async def test_a_shared_row_is_not_retried_past_the_deadline_of_its_last_caller() -> None:
+    b = Throttled(retry=RetryPolicy(attempts=10, backoff=1.0, jitter=False), max_queue_time=0)
+    first = asyncio.ensure_future(b.process("a", timeout=2.5))
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(b.process("a", timeout=3.5))
+    # Tries at 0, 1 and 3 (the first caller timed out at 2.5); the next (at 7) would come after the last caller's
+    # deadline: it fails at 3 with the retry policy's own error, as a plain item does.
+    with pytest.raises(TimeoutError):
+        await first
+    with pytest.raises(ConnectionError):
+        await second
+    assert b.times == [0.0, 1.0, 3.0] and asyncio.get_running_loop().time() == 3.0
+    s = b.stats
+    assert (s.timed_out, s.failed, s.deduplicated) == (1, 1, 1)
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_a_shared_row_with_a_caller_without_timeout_is_retried_for_it() -> None:
+    calls = {"n": 0}
+
+    class Recovering(Throttled):
+        async def process_batch(self, batch: list[Any]) -> list[Any]:
+            calls["n"] += 1
+            if calls["n"] < 5:
+                return await super().process_batch(batch)
+            return [{"item": x} for x in batch]
+
+    b = Recovering(retry=RetryPolicy(attempts=10, backoff=1.0, jitter=False), max_queue_time=0)
+    timed = asyncio.ensure_future(b.process("a", timeout=3.5))
+    await asyncio.sleep(0)
+    patient = asyncio.ensure_future(b.process("a"))
+    with pytest.raises(TimeoutError):
+        await timed
+    assert await patient == {"item": "a"}  # tried at 0, 1, 3, 7 and 15
+    await b.stop()
+    idle_and_clean(b)

@@ -25,9 +25,11 @@ pytestmark = pytest.mark.virtual_time
 
 
 class Heavy(AsyncBatcher[float, float]):
-    """An item weighs itself; a batch takes ``delay`` on the loop's clock; a duplicate is the same number."""
+    """An item weighs itself; a batch takes ``delay`` on the loop's clock; a duplicate is the same number. Every call
+    has a deadline, 60 s unless it gives a timeout (``refuse_late`` needs one)."""
 
     def __init__(self, *, delay: float = 0.01, dedup: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("default_timeout", 60.0)
         super().__init__(**kwargs)
         self.delay = delay
         self.dedup = dedup
@@ -111,7 +113,7 @@ async def test_process_many_over_the_limit_is_refused_at_once_even_when_callers_
 
 
 async def test_the_limit_turned_on_and_off_live_gives_back_exactly_what_it_took() -> None:
-    b = Heavy(delay=1.0, max_queue_time=0, concurrency=-1)
+    b = Heavy(delay=1.0, max_queue_time=0, concurrency=None)
     before = asyncio.ensure_future(b.process(3.0))  # admitted without a limit: nothing taken
     await until(lambda: b.stats.in_flight == 1)
     b.max_queue_weight = 5

@@ -146,6 +146,7 @@ async def scenario(
     b = Model(
         run,
         refuse_late=True,
+        default_timeout=60.0,  # (refuse_late needs a deadline for every call: a far one for those without timeout=)
         max_queue_weight=limit,
         max_batch_size=max_batch_size,
         wait_when_full=wait_when_full,

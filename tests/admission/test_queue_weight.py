@@ -13,6 +13,7 @@ from async_batcher import (
     Limits,
     OversizedItemError,
     QueueFullException,
+    batch,
 )
 from tests.batchers import Recording, engine_of, idle_and_clean, until
 
@@ -198,15 +199,27 @@ async def test_a_stream_holds_its_weight_until_it_ends() -> None:
     await b.stop()
 
 
-async def test_without_item_weight_each_item_weighs_one_in_flight_included() -> None:
-    gate = asyncio.Event()
-    b = Recording(max_queue_weight=2, max_queue_time=0, gate=gate)
-    first = await held(b, 1, 2)
-    with pytest.raises(QueueFullException, match="max_queue_weight=2"):
-        await b.process(3)
-    gate.set()
-    assert await asyncio.gather(*first) == [2, 4]
-    await b.stop()
+def test_without_item_weight_the_limit_is_an_error_naming_the_hook_at_construction_and_live() -> None:
+    # Every item would weigh 1: a bound on their number, which max_queue_size is; accepted, it said something else.
+    needs = r"max_queue_weight=2\.0 needs the item_weight\(\) hook, which the batcher does not override"
+    with pytest.raises(ValueError, match=needs) as info:
+        Recording(max_queue_weight=2)
+    assert "max_queue_size" in str(info.value) and "@batch: weight=" in str(info.value)
+    with pytest.raises(ValueError, match=needs):
+        Recording(limits=Limits(max_queue_weight=2))
+    b = Recording(max_batch_size=4)
+    with pytest.raises(ValueError, match=needs):
+        b.max_queue_weight = 2
+    with pytest.raises(ValueError, match=needs):
+        b.limits = Limits(max_batch_size=4, max_queue_weight=2)
+    assert b.limits == Limits(max_batch_size=4)  # the old value kept
+    with pytest.raises(ValueError, match="weight="):
+        batch(max_queue_weight=2)(_double)
+    assert batch(max_queue_weight=2, weight=len)(_double).batcher.max_queue_weight == 2.0
+
+
+async def _double(items: list[str]) -> list[str]:
+    return [x * 2 for x in items]
 
 
 async def test_a_too_heavy_item_for_max_batch_weight_is_an_oversized_item_error_and_a_value_error() -> None:
@@ -214,6 +227,19 @@ async def test_a_too_heavy_item_for_max_batch_weight_is_an_oversized_item_error_
     with pytest.raises(ValueError, match=r"max_batch_weight=5\.0") as info:
         await b.process(6)
     assert isinstance(info.value, OversizedItemError) and info.value.limit == 5
+    await b.stop()
+
+
+async def test_an_item_heavier_than_both_limits_is_refused_naming_max_queue_weight() -> None:
+    # The guide's example (max_queue_weight=1 000 000, max_batch_weight=800 000, an item of 1 200 000) was refused
+    # naming max_batch_weight: the limit of a batch, not of what gets in, which the example is about.
+    b = Weighed(max_queue_weight=10, max_batch_weight=8)
+    with pytest.raises(OversizedItemError, match="weight 11 can never fit in max_queue_weight=10") as info:
+        await b.process(11)
+    assert (info.value.weight, info.value.limit) == (11, 10)
+    with pytest.raises(OversizedItemError, match=r"weight 9\.0 can never fit in max_batch_weight=8\.0"):
+        await b.process(9)  # over max_batch_weight alone: that one
+    assert dict(b.stats.rejected_reasons) == {"oversized": 2}
     await b.stop()
 
 
@@ -228,7 +254,7 @@ def test_the_limit_is_a_finite_number_above_zero(bad: object) -> None:
 
 
 def test_the_limit_is_a_field_of_limits_and_a_keyword() -> None:
-    assert Recording(max_queue_weight=5).limits == Limits(max_queue_weight=5.0)
-    assert Recording(limits=Limits(max_queue_weight=5)).max_queue_weight == 5.0
+    assert Weighed(max_queue_weight=5).limits == Limits(max_queue_weight=5.0)
+    assert Weighed(limits=Limits(max_queue_weight=5)).max_queue_weight == 5.0
     with pytest.raises(TypeError, match="not both"):
-        Recording(limits=Limits(), max_queue_weight=5)
+        Weighed(limits=Limits(), max_queue_weight=5)

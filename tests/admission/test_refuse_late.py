@@ -17,9 +17,11 @@ pytestmark = pytest.mark.virtual_time
 
 
 class Model(AsyncBatcher[int, int]):
-    """A batch of ``n`` takes ``per_batch + per_item·n`` seconds on the loop's clock (``stall``: once, that long)."""
+    """A batch of ``n`` takes ``per_batch + per_item·n`` seconds on the loop's clock (``stall``: once, that long).
+    Every call has a deadline, 60 s unless it gives a timeout (``refuse_late`` needs one)."""
 
     def __init__(self, *, per_batch: float = 0.010, per_item: float = 0.001, **kwargs: Any) -> None:
+        kwargs.setdefault("default_timeout", 60.0)
         super().__init__(**kwargs)
         self.per_batch = per_batch
         self.per_item = per_item
@@ -130,16 +132,28 @@ async def test_a_refusal_says_why_and_when_to_retry_and_the_retry_is_admitted() 
     idle_and_clean(b)
 
 
-async def test_nothing_is_refused_during_the_warm_up_nor_without_a_deadline() -> None:
+async def test_nothing_is_refused_during_the_warm_up() -> None:
     b = Model(refuse_late=True, per_batch=1.0, per_item=0.0, max_queue_time=0)
     outcomes = await asyncio.gather(*(b.process(i, timeout=0.5) for i in range(3)), return_exceptions=True)
     assert all(isinstance(o, TimeoutError) for o in outcomes)  # late, but admitted: nothing measured yet
-    for _ in range(WARMUP):
-        await b.process(0)
-    # No deadline (no timeout, no default_timeout, no max_latency): never refused, however long the queue.
-    assert await asyncio.gather(*(b.process(i) for i in range(5))) == list(range(5))
     assert b.stats.rejected == 0
     await b.stop()
+
+
+async def test_a_call_without_a_deadline_is_an_error_naming_the_ways_to_give_one() -> None:
+    # No timeout=, no default_timeout, no max_latency: the item could never be judged, and refuse_late silently did
+    # nothing for it. A call that gives a timeout is judged; max_latency or default_timeout give every call one.
+    b = Model(refuse_late=True, default_timeout=None, max_queue_time=0)
+    for call in (lambda: b.process(1), lambda: b.process_many([1, 2]), lambda: anext(b.stream(1))):
+        with pytest.raises(ValueError, match="refuse_late=True, but this call has no deadline") as info:
+            await call()
+        assert all(way in str(info.value) for way in ("timeout=", "default_timeout=", "max_latency="))
+    assert b.stats.submitted == 0
+    assert await b.process(1, timeout=5) == 1
+    b.refuse_late = False
+    assert await b.process(2) == 2
+    await b.stop()
+    assert await Model(refuse_late=True, default_timeout=None, max_latency=0.5).process(3) == 3
 
 
 async def test_an_item_that_finds_the_batcher_idle_is_admitted_even_if_predicted_late() -> None:
@@ -164,10 +178,16 @@ async def test_a_later_item_that_would_make_an_earlier_one_late_is_refused_thoug
     await after_time(lambda: b.stats.in_flight == 1)
     tight = asyncio.ensure_future(b.process(1, timeout=0.045))  # 20 ms + its batch of 1 (20 ms): in time
     await until(lambda: b.stats.queued == 1)
-    with pytest.raises(LateRefusalError, match="past the deadline of the items ahead of it in its batch"):
+    with pytest.raises(LateRefusalError, match="past the deadline of the items ahead of it in its batch") as info:
         await b.process(2, timeout=10)  # its batch of 2 would take 30 ms: the tight one would be late
-    assert await asyncio.gather(first, tight) == [0, 1]
+    # Its own deadline is far: what it waits for is the tight one's batch to go, when the first ends (20 ms). (It
+    # was 0: "retry after 0.000 s", an invitation to be refused again at once.)
+    assert 0.015 < info.value.retry_after <= 0.02
+    with pytest.raises(LateRefusalError):
+        await b.process(2, timeout=10)  # (as a retry at once is)
+    await asyncio.sleep(info.value.retry_after + 0.001)
     assert await b.process(2, timeout=10) == 2  # its own batch now
+    assert await asyncio.gather(first, tight) == [0, 1]
     await b.stop()
     idle_and_clean(b)
 
@@ -256,10 +276,11 @@ async def test_refused_after_waiting_for_room_counts_as_submitted_and_failed() -
 
 
 async def test_turned_on_live_it_starts_measuring_and_the_short_path_closes() -> None:
-    b = Model(max_batch_size=64, max_queue_time=0)
+    b = Model(max_batch_size=64, max_queue_time=0, default_timeout=None)
     await b.process(0)
     assert b._life.run.fast is not None
     b.refuse_late = True
+    b.default_timeout = 60.0
     assert b._life.run.fast is None
     await warm_up(b)
     assert b._admission.late.lateness is not None and b._admission.late.lateness.fit.observations >= WARMUP
@@ -271,3 +292,94 @@ async def test_turned_on_live_it_starts_measuring_and_the_short_path_closes() ->
 def test_refuse_late_is_a_flag() -> None:
     with pytest.raises(TypeError, match="refuse_late must be True or False, got 'yes'"):
         Model(refuse_late="yes")  # type: ignore[arg-type]
+
+
+# The deadline an arriving item is held to (that of the items ahead of it in its batch) follows the items that set it
+# as they leave: cancelled, timed out, or sent in a batch cut to a preferred size. Before, it stayed, and an item
+# that would have been answered well inside its timeout was refused "past the deadline of the items ahead of it in
+# its batch", with "retry after 0.000 s".
+
+
+async def tail_with_a_tight_item(b: Model, *, relaxed_first: int = 1) -> tuple[list[asyncio.Future[int]], Any]:
+    """A batch in flight (11 ms), then ``relaxed_first`` items with a far deadline, then one due in 30 ms: the
+    queued items', in their order, and the tight one's future."""
+    await warm_up(b)
+    first = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    relaxed = [asyncio.ensure_future(b.process(i, timeout=10)) for i in range(1, relaxed_first + 1)]
+    tight = asyncio.ensure_future(b.process(100, timeout=0.03))
+    await until(lambda: b.stats.queued == relaxed_first + 1)
+    return [first, *relaxed], tight
+
+
+async def test_the_deadline_ahead_goes_with_an_item_that_is_cancelled() -> None:
+    b = Model(refuse_late=True, max_batch_size=64, max_queue_time=0)
+    others, tight = await tail_with_a_tight_item(b, relaxed_first=8)
+    with pytest.raises(LateRefusalError, match="the deadline of the items ahead of it"):
+        await b.process(200, timeout=10)  # 11 ms, then a batch of 10: 20 ms: the tight one would be late
+    tight.cancel()
+    await until(lambda: b.stats.queued == 8)
+    # 11 ms, then a batch of 10 (as with the tight one, which would have been late), well within their 10 s.
+    assert await asyncio.gather(b.process(200, timeout=10), b.process(201, timeout=10)) == [200, 201]
+    assert await asyncio.gather(*others) == list(range(9))
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_the_deadline_ahead_goes_with_an_item_that_timed_out() -> None:
+    b = Model(refuse_late=True, max_batch_size=64, max_queue_time=0)
+    await warm_up(b)
+    b.stall = 0.1  # the batch in flight takes 100 ms, where 11 ms are predicted: the tight one times out queued
+    first = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    relaxed = asyncio.ensure_future(b.process(1, timeout=10))
+    tight = asyncio.ensure_future(b.process(100, timeout=0.03))
+    with pytest.raises(TimeoutError):
+        await tight
+    assert b.stats.queued == 1 and b.stats.in_flight == 1
+    # The batch in flight is past its predicted end: the next batch, 1 and this one, would be answered within 10 s.
+    assert await b.process(200, timeout=10) == 200
+    assert await asyncio.gather(first, relaxed) == [0, 1]
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_the_deadline_ahead_goes_with_items_sent_in_a_batch_cut_to_a_preferred_size() -> None:
+    b = Model(refuse_late=True, max_batch_size=64, max_queue_time=0, preferred_batch_sizes=(2, 64))
+    await warm_up(b)
+    first = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    tight = asyncio.ensure_future(b.process(100, timeout=0.03))
+    relaxed = [asyncio.ensure_future(b.process(i, timeout=10)) for i in range(1, 9)]
+    await until(lambda: b.stats.queued == 9)
+    assert await first == 0
+    await until(lambda: b.sizes[-1] == 2)  # the tight one and the first relaxed one: a batch of the preferred 2
+    assert b.stats.queued == 7
+    # Behind that batch (12 ms), a batch of the 7 left and this one (18 ms): within their 10 s.
+    assert await b.process(200, timeout=10) == 200
+    assert await asyncio.gather(tight, *relaxed) == [100, *range(1, 9)]
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_a_shared_row_holds_the_items_behind_it_to_its_callers_deadline_as_they_join() -> None:
+    class Shared(Model):
+        def dedup_key(self, item: int) -> int:
+            return item
+
+    b = Shared(refuse_late=True, max_batch_size=64, max_queue_time=0)
+    await warm_up(b)
+    first = asyncio.ensure_future(b.process(0))
+    await after_time(lambda: b.stats.in_flight == 1)
+    tight = asyncio.ensure_future(b.process(100, timeout=0.03))  # a row due in 30 ms
+    await until(lambda: b.stats.queued == 1)
+    with pytest.raises(LateRefusalError, match="the deadline of the items ahead of it"):
+        await b.process_many(range(1, 10), timeout=10)  # 11 ms, then a batch of 10 (20 ms): the row would be late
+    relaxed = asyncio.ensure_future(b.process(100, timeout=10))  # joins the row: it is due in 10 s now
+    await asyncio.sleep(0)
+    assert await b.process_many(range(1, 10), timeout=10) == list(range(1, 10))
+    assert await asyncio.gather(first, relaxed) == [0, 100]
+    with pytest.raises(TimeoutError):  # (the row is answered for the caller who can wait: at 31 ms)
+        await tight
+    await b.stop()
+    idle_and_clean(b)

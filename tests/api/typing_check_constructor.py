@@ -31,3 +31,5 @@ b = Doubler()
 b.max_batch_size = None
 b.limits = Limits(max_queue_size=100)
 b.max_queue_time = "soon"  # type: ignore[assignment]
+running: bool = b.running  # a plain bool (is_running() is 0.2.2's coroutine)
+wrong: str = b.running  # type: ignore[assignment]

@@ -165,7 +165,7 @@ async def test_a_batch_that_does_not_fill_goes_after_its_fixed_cost() -> None:
             await asyncio.sleep(0.004 + 0.0001 * len(batch))  # a batch of n costs 4 ms + 0.1 ms per item
             return [x * 2 for x in batch]
 
-    b = Costed(max_latency=0.05, max_batch_size=100, max_queue_time=0)
+    b = Costed(max_latency=0.05, max_batch_size=100)
     for n in (1, 50, 100):  # it learns the cost from batches of three sizes
         await b.process_many(range(n))
     for budget in (0.05, 0.006):

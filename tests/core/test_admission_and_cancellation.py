@@ -563,15 +563,14 @@ WAIT = 1000.0
         ([5], {"eight": "QueueFullException", "one": 99, "stream": [66], "three": 3}),
         ([8], {"eight": 8, "one": 99, "stream": [66], "three": 3}),
         ([1], {"eight": "QueueFullException", "one": 99, "stream": [66], "three": "QueueFullException"}),
-        ([0], {"eight": 8, "one": 99, "stream": [66], "three": 3}),
-        ([-1], {"eight": 8, "one": 99, "stream": [66], "three": 3}),
+        ([None], {"eight": 8, "one": 99, "stream": [66], "three": 3}),
         # Refused as the limit was lowered: raising it again does not bring it back; the others are served.
         ([5, 100], {"eight": "QueueFullException", "one": 99, "stream": [66], "three": 3}),
         ([100, 5], {"eight": 8, "one": 99, "stream": [66], "three": 3}),
     ],
 )
 async def test_max_queue_size_changed_under_callers_waiting_for_room(
-    changes: list[int], served: dict[str, Any]
+    changes: list[int | None], served: dict[str, Any]
 ) -> None:
     b = Sleepy(max_queue_size=10, wait_when_full=True, max_batch_size=10, max_queue_time=0)
     running = asyncio.ensure_future(b.process_many(range(10)))

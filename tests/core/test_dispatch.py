@@ -75,10 +75,10 @@ async def test_a_free_slot_never_idles_while_the_oldest_item_is_overdue() -> Non
     [
         (1, [0.2, 1.2, 2.2, 3.2], 4.2),
         (3, [0.2, 0.25, 0.4, 1.2], 2.2),
-        (-1, [0.2, 0.25, 0.4, 0.6], 1.6),
+        (None, [0.2, 0.25, 0.4, 0.6], 1.6),
     ],
 )
-async def test_the_scenarios_of_async_batcher_0_2_2(concurrency: int, starts: list[float], end: float) -> None:
+async def test_the_scenarios_of_async_batcher_0_2_2(concurrency: int | None, starts: list[float], end: float) -> None:
     loop = asyncio.get_running_loop()
     b = Recording(max_batch_size=10, max_queue_time=0.2, concurrency=concurrency, delay=1.0)
     results = await asyncio.gather(
@@ -110,7 +110,7 @@ async def test_zero_queue_time_sends_what_is_waiting_as_soon_as_a_slot_is_free()
 
 
 async def test_items_submitted_in_one_loop_iteration_share_a_zero_wait_batch() -> None:
-    b = Recording(max_queue_time=0, max_batch_size=-1)
+    b = Recording(max_queue_time=0, max_batch_size=None)
     await asyncio.gather(*(b.process(i) for i in range(50)))
     assert b.batches == [list(range(50))]
     await b.stop()
@@ -171,7 +171,7 @@ async def test_at_most_concurrency_batches_are_in_flight(concurrency: int) -> No
 
 async def test_unlimited_concurrency_sends_every_due_batch() -> None:
     gate = asyncio.Event()
-    b = Recording(max_batch_size=2, max_queue_time=0, concurrency=-1, gate=gate)
+    b = Recording(max_batch_size=2, max_queue_time=0, concurrency=None, gate=gate)
     calls = asyncio.gather(*(b.process(i) for i in range(20)))
     await until(lambda: len(b.batches) == 10)
     gate.set()
@@ -285,11 +285,11 @@ async def test_the_statistics_count_the_batches_a_hold_kept_back(cls: type[Recor
     # the adaptive wait the hold keeps them back too (its deadline is far). Without a hold, none.
     counts = {}
     for name, settings in {
-        "none": {"max_hold_time": 0.0},
-        "hold": {"max_hold_time": 0.05},
+        "none": {"max_queue_time": 0, "max_hold_time": 0.0},
+        "hold": {"max_queue_time": 0, "max_hold_time": 0.05},
         "adaptive": {"max_hold_time": 0.05, "max_latency": 5.0},
     }.items():
-        b = cls(max_queue_time=0, delay=0.1, **settings)
+        b = cls(delay=0.1, **settings)
         await clients(b, 8, 8, think=0.01, spread=0.004)
         stats = b.stats
         counts[name] = (stats.batches, stats.held, stats.probes)

@@ -160,7 +160,7 @@ async def test_a_kept_lane_does_not_keep_a_priority_level_for_every_priority_it_
 
 
 async def test_a_key_mutated_after_its_call_does_not_fail_the_other_keys(loop_errors: list[dict[str, Any]]) -> None:
-    b = Boxes(delay=1.0, max_queue_time=0, concurrency=-1)
+    b = Boxes(delay=1.0, max_queue_time=0, concurrency=None)
     key = MutableKey(1000)
     async with asyncio.timeout(100):
         assert await b.process(Box(key, 1)) == 2
@@ -175,7 +175,7 @@ async def test_a_key_mutated_after_its_call_does_not_fail_the_other_keys(loop_er
 
 
 async def test_a_mutated_key_used_again_is_served(loop_errors: list[dict[str, Any]]) -> None:
-    b = Boxes(delay=0.1, max_queue_time=10, max_batch_size=2, concurrency=-1)
+    b = Boxes(delay=0.1, max_queue_time=10, max_batch_size=2, concurrency=None)
     key = MutableKey(1000)
     mine: asyncio.Future[int] | None = None
     try:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import async_batcher
-from async_batcher import AsyncBatcher, BatcherStoppedError, BatchSizeMismatchError
+from async_batcher import AsyncBatcher, BatcherStoppedError, BatchSizeMismatchError, Limits
 from async_batcher.batcher import AsyncBatcher as AsyncBatcherFromModule
 from async_batcher.exceptions import AsyncBatchException, QueueFullException
 from tests.batchers import Recording, settled, until
@@ -438,9 +438,8 @@ def test_a_bad_setting_on_a_running_batcher_is_refused_and_the_old_one_kept() ->
     assert b.max_batch_size == 4
 
 
-@pytest.mark.parametrize("kwargs", [{"max_batch_size": 1}, {"max_batch_size": -1}, {"max_queue_size": 0}])
-def test_edge_settings_are_accepted(kwargs: dict[str, Any]) -> None:
-    Recording(**kwargs)
+def test_edge_settings_are_accepted() -> None:
+    assert Recording(max_batch_size=1).max_batch_size == 1
 
 
 def test_the_defaults_are_those_of_0_2_2_with_none_for_no_limit() -> None:
@@ -454,24 +453,47 @@ def test_the_defaults_are_those_of_0_2_2_with_none_for_no_limit() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "read"),
-    [
-        ({"max_batch_size": -1}, {"max_batch_size": None}),
-        ({"concurrency": -1}, {"concurrency": None}),
-        ({"max_queue_size": -1}, {"max_queue_size": None}),
-        ({"max_queue_size": 0}, {"max_queue_size": None}),
-        ({"max_batch_size": None, "concurrency": None, "max_queue_size": None}, {"max_batch_size": None}),
-    ],
-)
-def test_no_limit_is_none_and_the_old_spellings_are_still_accepted(
-    kwargs: dict[str, Any], read: dict[str, Any]
-) -> None:
-    b = Recording(**kwargs)
-    assert {name: getattr(b, name) for name in read} == read
-    assert {name: getattr(b.limits, name) for name in read} == read
-    b.max_batch_size = -1  # live too
-    assert b.max_batch_size is None
+def test_no_limit_is_none() -> None:
+    b = Recording(max_batch_size=None, concurrency=None, max_queue_size=None)
+    assert (b.max_batch_size, b.concurrency, b.max_queue_size) == (None, None, None)
+    assert b.limits == Limits(max_batch_size=None, concurrency=None, max_queue_size=None)
+
+
+@pytest.mark.parametrize(("name", "old"), [("max_batch_size", -1), ("concurrency", -1), ("max_queue_size", -1)])
+def test_the_old_spellings_of_no_limit_still_work_and_warn_pointing_at_none(name: str, old: int) -> None:
+    # async-batcher 0.2.2's "no limit" (-1; and 0 for max_queue_size, an asyncio.Queue's maxsize) read back as None,
+    # with a DeprecationWarning that names None and points at the caller's line: at construction, in Limits, live.
+
+    class Plain(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> list[int]:
+            return batch
+
+    with pytest.warns(DeprecationWarning, match=rf"{name}={old} for no limit is deprecated: use {name}=None") as w:
+        b = Plain(**{name: old})
+    assert w[0].filename == __file__
+    assert getattr(b, name) is None and getattr(b.limits, name) is None
+    with pytest.warns(DeprecationWarning, match=f"use {name}=None") as w:
+        assert getattr(Limits(**{name: old}), name) is None
+    assert w[0].filename == __file__
+    setattr(b, name, 4)
+    with pytest.warns(DeprecationWarning, match=f"use {name}=None") as w:
+        setattr(b, name, old)
+    assert w[0].filename == __file__ and getattr(b, name) is None
+
+
+def test_max_queue_size_0_is_the_old_no_limit_too() -> None:
+    with pytest.warns(DeprecationWarning, match="max_queue_size=0 for no limit is deprecated: use max_queue_size=None"):
+        assert Recording(max_queue_size=0).max_queue_size is None
+
+
+@pytest.mark.parametrize("name", ["max_batch_size", "concurrency", "max_queue_size"])
+def test_below_the_old_spellings_a_limit_is_an_error_at_construction_and_live(name: str) -> None:
+    with pytest.raises(ValueError, match=f"{name} must be an int >= 1, or None for no limit; got -2"):
+        Recording(**{name: -2})
+    b = Recording(**{name: 3})
+    with pytest.raises(ValueError, match=f"{name} must be an int >= 1, or None for no limit; got -2"):
+        setattr(b, name, -2)
+    assert getattr(b, name) == 3
 
 
 def test_batch_size_is_a_deprecated_synonym_of_max_batch_size_but_not_both() -> None:
@@ -929,3 +951,37 @@ def test_no_message_of_the_package_writes_a_count_before_a_fixed_plural() -> Non
         if count.search(line) and not line.lstrip().startswith("#")
     ]
     assert not found, "\n".join(found)
+
+
+async def test_running_is_a_plain_property_beside_0_2_2s_coroutine() -> None:
+    # is_running() is a coroutine, as in 0.2.2: `if b.is_running():` tested a coroutine object, always true.
+    gate = asyncio.Event()
+    b = Recording(max_queue_time=0, gate=gate)
+    assert b.running is False and await b.is_running() is False
+    b.start()
+    assert b.running is True and await b.is_running() is True
+    call = asyncio.ensure_future(b.process(1))
+    await asyncio.sleep(0)
+    stopping = asyncio.ensure_future(b.stop())
+    await asyncio.sleep(0)
+    assert b.running is True  # draining: still running
+    gate.set()
+    await stopping
+    assert await call == 2
+    assert b.running is False and await b.is_running() is False
+    coroutine = b.is_running()
+    assert inspect.iscoroutine(coroutine)
+    coroutine.close()
+
+
+async def test_a_subclass_keeps_its_own_attribute_named_running() -> None:
+    # A name 0.2.2's subclasses were free to use: theirs wins for their instances (not a property without setter).
+    class Own(Recording):
+        def __init__(self) -> None:
+            super().__init__()
+            self.running = "mine"  # type: ignore[assignment]
+
+    b = Own()
+    assert b.running == "mine" and await b.is_running() is False
+    assert await b.process(1) == 2 and await b.is_running() is True
+    await b.stop()

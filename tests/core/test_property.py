@@ -112,10 +112,10 @@ class Chaos(AsyncBatcher[int, int]):
         with world.lock:
             world.in_flight += 1
             concurrency = world.limits["concurrency"]
-            if -1 not in concurrency and world.in_flight > max(concurrency):
+            if None not in concurrency and world.in_flight > max(concurrency):
                 world.problems.append(f"{world.in_flight} batches in flight, concurrency {concurrency}")
             sizes = world.limits["max_batch_size"]
-            if -1 not in sizes and len(batch) > max(sizes):
+            if None not in sizes and len(batch) > max(sizes):
                 world.problems.append(f"a batch of {len(batch)}, max_batch_size {sizes}")
             if hooks and not world.running:
                 world.problems.append(f"a batch outside a run (on_start not done, or on_stop begun): {batch}")
@@ -276,10 +276,10 @@ config = st.fixed_dictionaries(
     {
         "kind": st.sampled_from(["async", "async", "hooked", "thread", "awaitable"]),
         "keyed": st.booleans(),
-        "max_batch_size": st.sampled_from([1, 2, 3, 5, -1]),
+        "max_batch_size": st.sampled_from([1, 2, 3, 5, None]),
         "max_queue_time": st.sampled_from([0.0, 0.01, 0.1]),
-        "concurrency": st.sampled_from([1, 2, -1]),
-        "max_queue_size": st.sampled_from([-1, 3, 10]),
+        "concurrency": st.sampled_from([1, 2, None]),
+        "max_queue_size": st.sampled_from([None, 3, 10]),
         "wait_when_full": st.booleans(),
         "keys": st.sampled_from([1, 2, 3]),
         "max_batch_weight": st.sampled_from([None, None, 4, 6]),
@@ -289,13 +289,13 @@ config = st.fixed_dictionaries(
         "default_timeout": st.sampled_from([None, None, None, 0.05, 0.3]),
         "max_hold_time": st.sampled_from([0.0, 0.0, 0.01, 0.1]),
     }
-).filter(lambda c: c["max_batch_size"] == -1 or max(c["preferred_batch_sizes"], default=0) <= c["max_batch_size"])
+).filter(lambda c: c["max_batch_size"] is None or max(c["preferred_batch_sizes"], default=0) <= c["max_batch_size"])
 # The values a live change draws from, by index.
 LIVE = {
-    "max_batch_size": [3, 4, -1],
+    "max_batch_size": [3, 4, None],
     "max_queue_time": [0.0, 0.01, 0.1],
-    "concurrency": [1, 2, -1],
-    "max_queue_size": [-1, 3, 10],
+    "concurrency": [1, 2, None],
+    "max_queue_size": [None, 3, 10],
     "max_latency": [None, 0.02, 0.1],
     "max_batch_weight": [None, 4, 8],
     "max_hold_time": [0.0, 0.01, 0.1],
@@ -339,10 +339,12 @@ async def drive(
     variant, keyed = cfg.pop("kind"), cfg.pop("keyed")
     cls = KINDS[variant, keyed]
     keys = cfg.pop("keys")
+    if cfg["max_latency"] is not None:
+        del cfg["max_queue_time"]  # (the latency budget chooses the wait: both together are a TypeError)
     world.keys = keys if keyed else 1
     # Batches whose function runs in the loop's default executor (several threads) may reach it in another order
     # than they were formed in; and an item woken for room in a full queue arrives when it queues, not when called.
-    world.ordered = variant != "awaitable" and not (cfg["wait_when_full"] and cfg["max_queue_size"] != -1)
+    world.ordered = variant != "awaitable" and not (cfg["wait_when_full"] and cfg["max_queue_size"] is not None)
     executor = Watched(asyncio.get_running_loop()) if cls.__name__.endswith("InThread") else None
     for name in ("max_batch_size", "concurrency", "max_batch_weight"):
         world.limits[name] = [cfg[name]]
@@ -412,9 +414,13 @@ async def drive(
             continue
         else:
             value = LIVE[a][c]
+            if a == "max_queue_time" and b.max_latency is not None:
+                with pytest.raises(TypeError, match="does nothing while max_latency"):
+                    setattr(b, a, value)
+                continue
             setattr(b, a, value)
             world.limits.setdefault(a, []).append(value)
-            if a == "max_queue_size" and value != -1 and cfg["wait_when_full"]:
+            if a == "max_queue_size" and value is not None and cfg["wait_when_full"]:
                 world.ordered = False
             continue
         calls.append(call)
@@ -648,7 +654,7 @@ class Streamer(AsyncBatcher[int, int]):
         number = next(world.numbers)
         world.in_flight += 1
         concurrency = world.limits["concurrency"]
-        if -1 not in concurrency and world.in_flight > max(concurrency):
+        if None not in concurrency and world.in_flight > max(concurrency):
             world.problems.append(f"{world.in_flight} stream batches at once, concurrency {concurrency}")
         if self.hooks and not world.running:
             world.problems.append(f"a stream batch outside a run: {batch}")
@@ -659,7 +665,7 @@ class Streamer(AsyncBatcher[int, int]):
         try:
             while batch:
                 sizes = world.limits["max_batch_size"]
-                if -1 not in sizes and len(batch) > max(sizes):
+                if None not in sizes and len(batch) > max(sizes):
                     world.problems.append(f"a stream batch of {len(batch)}, max_batch_size {sizes}")
                 for x in batch:
                     if x in over:
@@ -725,9 +731,9 @@ class KeyedStreamer(Streamer):
 
 
 STREAM_LIVE = {
-    "max_batch_size": [1, 3, -1],
-    "concurrency": [1, 2, -1],
-    "max_queue_size": [-1, 2, 5],
+    "max_batch_size": [1, 3, None],
+    "concurrency": [1, 2, None],
+    "max_queue_size": [None, 2, 5],
     "stream_buffer": [1, 2, 16],
     "stream_stall_timeout": [0.0, 0.05, None],
     "max_queue_time": [0.0, 0.01, 0.1],
@@ -766,10 +772,10 @@ stream_config = st.fixed_dictionaries(
     {
         "kind": st.sampled_from(["plain", "plain", "hooked", "keyed"]),
         "continuous": st.booleans(),
-        "max_batch_size": st.sampled_from([1, 2, 4, -1]),
+        "max_batch_size": st.sampled_from([1, 2, 4, None]),
         "max_queue_time": st.sampled_from([0.0, 0.01, 0.1]),
-        "concurrency": st.sampled_from([1, 2, -1]),
-        "max_queue_size": st.sampled_from([-1, 2, 5]),
+        "concurrency": st.sampled_from([1, 2, None]),
+        "max_queue_size": st.sampled_from([None, 2, 5]),
         "wait_when_full": st.booleans(),
         "stream_buffer": st.sampled_from([1, 2, 16]),
         "stream_stall_timeout": st.sampled_from([0.0, 0.05, 0.5, None]),

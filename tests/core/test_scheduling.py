@@ -189,6 +189,38 @@ async def test_a_low_priority_item_is_not_passed_over_for_longer_than_max_priori
     await b.stop()
 
 
+async def test_max_priority_wait_holds_when_arrivals_tie() -> None:
+    # On the virtual clock (and on a coarse clock) items that come together have equal arrival times: the better
+    # priority won every tie among the items that had waited max_priority_wait, and the low one, passed over while
+    # the eleven urgent ones that came with it went one by one, was sent at 1.1 s, past its 0.35 s.
+    b = Recording(max_batch_size=1, max_queue_time=0, delay=0.1, max_priority_wait=0.35)
+    first = asyncio.ensure_future(b.process(0))
+    await until(lambda: b.batches)
+    urgent = [asyncio.ensure_future(b.process(i, priority=-1)) for i in range(100, 111)]
+    low = asyncio.ensure_future(b.process(1, priority=10))
+    assert await low == 2
+    sent_at = b.started_at[b.sent.index(1)]
+    assert 0.35 <= sent_at <= 0.35 + 0.1 + 1e-9  # the first free slot once it has waited max_priority_wait
+    assert await asyncio.gather(first, *urgent) == [0, *(i * 2 for i in range(100, 111))]
+    # The others that tied with it kept their order among themselves: the urgent items, first come, first served.
+    assert [x for x in b.sent if x >= 100] == list(range(100, 111))
+    await b.stop()
+
+
+async def test_past_max_priority_wait_the_oldest_goes_first_and_of_a_tie_the_one_passed_over() -> None:
+    b = Recording(max_batch_size=1, max_queue_time=0, delay=0.1, max_priority_wait=0.05)
+    first = asyncio.ensure_future(b.process(0))
+    await until(lambda: b.batches)
+    low = asyncio.ensure_future(b.process(1, priority=10))
+    await asyncio.sleep(0.01)
+    later = [asyncio.ensure_future(b.process(i, priority=p)) for i, p in ((2, -1), (3, 5))]
+    await asyncio.gather(first, low, *later)
+    # At 0.1 each has waited past 0.05: the oldest first (1, though its priority is the worst); then 2 and 3, which
+    # came together: the one passed over for a better priority (3) first, or it could be passed over again.
+    assert b.sent == [0, 1, 3, 2]
+    await b.stop()
+
+
 @pytest.mark.parametrize("bad", [float("nan"), "1", None])
 async def test_a_bad_priority_is_refused(bad: Any) -> None:
     b = Recording()

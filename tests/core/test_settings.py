@@ -62,9 +62,24 @@ def test_a_keyword_set_live_changes_its_layer_in_place_and_a_layer_comes_and_goe
     b.max_latency = 0.1
     budget = b.policy
     assert isinstance(budget, LatencyBudget)
-    b.max_queue_time = 0.3  # kept for when the Deadline comes back
-    assert b.policy is budget and b.max_queue_time == 0.3
+    assert b.max_queue_time == 0  # kept for when the Deadline comes back
     b.max_latency = None
+    assert isinstance(b.policy, Deadline) and b.policy.max_queue_time == 0
+
+
+def test_max_queue_time_with_max_latency_is_refused_at_construction_and_live() -> None:
+    # The latency budget chooses the wait: max_queue_time given beside max_latency was silently dropped, and set live
+    # it was kept for later, doing nothing.
+    with pytest.raises(TypeError, match="pass max_queue_time= or max_latency=, not both") as info:
+        Recording(max_queue_time=0, max_latency=0.05)
+    assert str(info.value).startswith("Recording(): ")
+    assert Recording(max_queue_time=0, max_latency=None).max_queue_time == 0  # None: no budget, nothing dropped
+    b = Recording(max_latency=0.1)
+    with pytest.raises(TypeError, match=r"max_queue_time=0\.3 does nothing while max_latency=0\.1 is set"):
+        b.max_queue_time = 0.3
+    assert b.max_queue_time == 0.01 and isinstance(b.policy, LatencyBudget)  # nothing changed
+    b.max_latency = None
+    b.max_queue_time = 0.3
     assert isinstance(b.policy, Deadline) and b.policy.max_queue_time == 0.3
 
 
@@ -128,7 +143,8 @@ def test_limits_and_streaming_are_values_set_whole_or_by_field() -> None:
     b = Recording()
     b.limits = Limits(max_batch_size=8, concurrency=None)
     assert (b.max_batch_size, b.concurrency, b.max_queue_size) == (8, None, None)
-    b.max_queue_size = 0  # an old spelling of no limit
+    b.max_queue_size = 3
+    b.max_queue_size = None
     assert b.limits == Limits(max_batch_size=8, concurrency=None)
     b.streaming = Streaming(stall_timeout=None)
     assert (b.stream_buffer, b.stream_stall_timeout) == (16, None)

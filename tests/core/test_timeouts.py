@@ -75,7 +75,7 @@ async def test_many_calls_ending_early_keep_the_later_timeouts_on_time() -> None
     # ended are dropped (all at once, being the majority) without losing the one that has not.
     loop = asyncio.get_running_loop()
     assert isinstance(loop, VirtualClockLoop)
-    b = Stuck(max_queue_time=0, concurrency=-1)
+    b = Stuck(max_queue_time=0, concurrency=None)
     late = asyncio.ensure_future(b.process(1, timeout=5.0))
     await asyncio.sleep(1)
     for _ in range(3):

@@ -920,7 +920,7 @@ class ByThousands(Scripted):
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "3-slots": {"concurrency": 3, "max_batch_size": 4, "max_queue_time": 0},
-    "unlimited-slots": {"concurrency": -1, "max_queue_time": 0.002},
+    "unlimited-slots": {"concurrency": None, "max_queue_time": 0.002},
     "lanes": {"concurrency": 2, "max_batch_size": 4, "max_queue_time": 0.001},
     "priorities": {"max_batch_size": 8, "max_queue_time": 0, "max_priority_wait": 0.01},
     "adaptive": {"max_latency": 0.05, "concurrency": 2},

@@ -18,6 +18,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from async_batcher import AsyncBatcher
+from async_batcher._core.options import OPTIONS
 from tests.docs.blocks import (
     PAGES,
     README,
@@ -210,3 +211,70 @@ def test_the_readme_stays_true_once_published() -> None:
     # The README is the package's page on PyPI: nothing in it may say that the package is not there.
     text = " ".join(README.read_text().split())
     assert not re.search(r"not (yet )?on PyPI|not on PyPI yet|until (1\.0|it) is (published|on PyPI)", text), text
+
+
+def settings_table(page: Path) -> list[str]:
+    """The keywords of the page's table of settings (its rows whose first cell is a keyword), in order."""
+    return re.findall(r"^\| `(\w+)` \|", page.read_text(), re.MULTILINE)
+
+
+def test_the_subclassing_guides_table_has_every_keyword_once() -> None:
+    # It lacked retry, on_batch_error and split_on, and listed max_queue_weight twice.
+    deprecated = {"batch_size", "sleep_time", "buffering_time"}
+    rows = settings_table(ROOT / "docs" / "guides" / "subclassing.md")
+    assert sorted(rows) == sorted(OPTIONS - deprecated), set(rows) ^ (OPTIONS - deprecated)
+
+
+# The packages Keras 3 runs on: one of them is installed beside it, or `import keras` fails.
+KERAS_BACKENDS = {"tensorflow", "tensorflow-cpu", "jax", "torch"}
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if "keras" in frameworks(p)], ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_page_with_a_keras_block_says_how_to_install_keras_and_a_backend(page: Path) -> None:
+    # The README's model-server block and the FastAPI guide's Keras block gave no install line, and the [keras]
+    # extra installs numpy only: their reader had no Keras, then a Keras without a backend.
+    commands = [command.split() for command in re.findall(r"pip install ([^`\n]+)", page.read_text())]
+    assert any("keras" in words and KERAS_BACKENDS & set(words) for words in commands), commands
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if is_session_page(p)], ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_session_pages_file_blocks_say_they_are_files_and_how_to_run_them(page: Path) -> None:
+    # The reader pastes each block into the prompt; a snippet is a file (its own event loop, an app to serve, blank
+    # lines in its classes): the prose before it names the file and the command that runs it.
+    text = page.read_text()
+    previous = 0
+    for match in re.finditer(r"^```python[^\n]*\n(.*?)^```[ \t]*$", text, re.DOTALL | re.MULTILINE):
+        snippet = re.match(r'--8<-- "([^"]+)"\s*$', match.group(1).strip())
+        if snippet is not None:
+            name = Path(snippet.group(1)).name
+            prose = " ".join(text[previous : match.start()].split())
+            assert f"`{name}`" in prose and re.search(rf"`(python {name}|uvicorn {name[:-3]}:\w+)`", prose), (
+                f"{page.relative_to(ROOT)}: say before the block that {name} is a file, and how to run it"
+            )
+        previous = match.end()
+
+
+HOOKS = ("batch_key", "item_weight", "dedup_key", "copy_result")
+
+
+def test_a_hook_is_never_listed_among_keywords_as_if_it_were_one() -> None:
+    # The README listed `dedup_key` with `max_queue_weight` and `refuse_late=True`, as a setting to pass: it is a hook
+    # to override (or @batch's dedup=). Where a sentence names settings and a hook, it says the hook is one.
+    for page in PAGES:
+        prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+        for sentence in re.split(r"(?<=[.!?;:])\s+|\n\s*[-|]", prose):
+            sentence = " ".join(sentence.split())
+            keywords = [name for name in OPTIONS if re.search(rf"`{name}(=[^`]*)?`", sentence)]
+            hooks = [hook for hook in HOOKS if f"`{hook}`" in sentence]
+            if len(keywords) >= 2 and hooks:
+                assert re.search(r"overrid|hook|@batch", sentence), f"{page.relative_to(ROOT)}: {sentence}"
+
+
+def test_the_policies_guide_names_the_lane_type_the_package_exports() -> None:
+    # It said "The package exports no type for the lane: annotate it Any", while async_batcher.policies exports
+    # LaneView.
+    import async_batcher.policies
+
+    assert "LaneView" in async_batcher.policies.__all__
+    text = " ".join((ROOT / "docs" / "guides" / "policies.md").read_text().split())
+    assert "exports no type" not in text and "from async_batcher.policies import LaneView" in text

@@ -272,8 +272,8 @@ async def test_cancelling_every_caller_of_a_batch_in_its_backoff_ends_the_drain(
     await asyncio.gather(*calls, return_exceptions=True)
     began = asyncio.get_running_loop().time()
     await b.stop()
-    # The drain waited for the backoff to end (where it finds no one to try again), not for a caller.
-    assert asyncio.get_running_loop().time() - began <= 30.0
+    # The backoff ended as its last caller left: the drain has nothing to wait for.
+    assert asyncio.get_running_loop().time() == began
     assert len(b.calls) == 1
     idle_and_clean(b)
 

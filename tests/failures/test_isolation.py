@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import math
+import sys
+import textwrap
 import threading
 import traceback
+import types
 from typing import Any
 
 import pytest
 
+import async_batcher.failures
 from async_batcher import AsyncBatcher, BatcherStoppedError, ProcessBatchCancelledError
 from async_batcher.failures import Isolate, RetryPolicy, SplitOn
 from async_batcher.testing import record_batches
@@ -187,15 +192,24 @@ async def test_transient_and_capacity_errors_are_never_bisected() -> None:
     await b.stop()
 
 
-async def test_halves_follow_the_preferred_batch_sizes() -> None:
-    b = Poisoned(
-        {23}, max_batch_size=24, max_queue_time=1.0, preferred_batch_sizes=[8, 16, 24], on_batch_error=Isolate()
-    )
-    results = await gather(b, list(range(24)))
-    assert isinstance(results[23], ValueError)
-    sizes = [len(call) for call in b.calls]
-    assert sizes[:2] == [24, 8]  # cut at 8 (the preferred size nearest 12), not 12
-    await b.stop()
+@pytest.mark.parametrize("sizes", [(1, 32), (2, 64), (4, 64)])
+async def test_preferred_sizes_do_not_cut_the_halves_and_the_bound_holds(sizes: tuple[int, int]) -> None:
+    # Halves cut at a preferred size (1, 2 or 4 of 32 or 64) made the search linear: the budget ran out and healthy
+    # callers got the bad item's error. The halves are halves, whatever the preferred sizes.
+    n = sizes[-1]
+    worst = 0
+    for bad in range(n):
+        b = Poisoned({bad}, max_batch_size=n, max_queue_time=1.0, preferred_batch_sizes=sizes, on_batch_error=Isolate())
+        results = await gather(b, list(range(n)))
+        assert b.calls[0] == list(range(n))  # one batch of the preferred size
+        assert [r if isinstance(r, int) else "error" for r in results] == [
+            "error" if x == bad else 2 * x for x in range(n)
+        ]
+        assert b.stats.isolated == 1
+        worst = max(worst, len(b.calls) - 1)
+        await b.stop()
+        idle_and_clean(b)
+    assert worst <= 2 * math.ceil(math.log2(n))
 
 
 async def test_the_parts_go_before_new_arrivals() -> None:
@@ -323,5 +337,27 @@ async def test_the_batches_record_their_parts() -> None:
     async with Poisoned({0}, max_batch_size=2, max_queue_time=1.0, on_batch_error=Isolate()) as b:
         with record_batches(b) as log:
             await gather(b, [0, 1])
-    assert [(r.items, r.reason) for r in log] == [([0, 1], "full")]
+    # Each call is a record, as stats.reasons counts it.
+    assert [(r.items, r.reason) for r in log] == [([0, 1], "full"), ([0], "split"), ([1], "split")]
     assert b.stats.reasons == {"full": 1, "split": 2}
+
+
+def test_the_failures_modules_docstring_example_runs_and_its_hook_takes_item_and_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its example passed on_poison=dead_letters.append, which the hook's call (item, error) cannot be made with, and
+    # used names it never defined. Run as written, with stand-ins for the two frameworks it names.
+    doc = inspect.getdoc(async_batcher.failures) or ""
+    block = textwrap.dedent(doc.split(".. code-block:: python", 1)[1].split("\n\n", 1)[1].split("\nThe guide")[0])
+    httpx, torch = types.ModuleType("httpx"), types.ModuleType("torch")
+    httpx.ReadTimeout = type("ReadTimeout", (Exception,), {})  # type: ignore[attr-defined]
+    torch.OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "httpx", httpx)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    namespace: dict[str, Any] = {}
+    exec(compile(block, "async_batcher/failures.py (docstring)", "exec"), namespace)
+    isolate = namespace["embedder"].on_batch_error
+    assert isinstance(isolate, Isolate) and isolate.on_poison is not None
+    error = ValueError("bad")
+    isolate.on_poison("x", error)
+    assert namespace["dead_letters"] == [("x", error)]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from async_batcher import AsyncBatcher, BatcherStoppedError, TransientError, batch
+from async_batcher import AsyncBatcher, BatcherStoppedError, TransientError, batch, testing
 from async_batcher.failures import Isolate, Retry, RetryBudget, RetryPolicy
 from tests.batchers import idle_and_clean, until
 
@@ -150,6 +150,28 @@ async def test_an_attempt_counts_only_when_nothing_progressed() -> None:
     await b.stop()
 
 
+@pytest.mark.parametrize("others", [0, 1])
+async def test_attempts_1_never_tries_again_even_when_the_call_answered_other_items(others: int) -> None:
+    # "1: none again": the first try always counts, whether or not its call answered other items.
+    refused = ConnectionError("throttled")
+    b = Flaky(lambda x, call: Retry(refused) if x == 1 else None, retry=RetryPolicy(attempts=1, **NO_JITTER))
+    results = await gather(b, [1, *range(10, 10 + others)])
+    assert results == [refused, *(2 * x for x in range(10, 10 + others))]
+    assert len(b.calls) == 1 and b.stats.retried == 0
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_the_first_try_counts_even_when_its_call_answered_other_items() -> None:
+    # attempts=2: item 1's first try counts (its call answered item 10), its second (alone, no progress) too: it
+    # gets its error after two tries, not three.
+    b = Flaky(lambda x, call: Retry() if x == 1 else None, retry=RetryPolicy(attempts=2, **NO_JITTER))
+    results = await gather(b, [1, 10])
+    assert isinstance(results[0], TransientError) and "tried 2 times" in str(results[0]) and results[1] == 20
+    assert b.calls == [[1, 10], [1]]
+    await b.stop()
+
+
 async def test_max_tries_bounds_an_item_tried_again_while_others_progress() -> None:
     # Item 0 is asked again forever while a new item succeeds with it each time: it progresses, but not forever.
     b = Flaky(lambda x, call: Retry() if x == 0 else None, retry=RetryPolicy(attempts=10, max_tries=4, **NO_JITTER))
@@ -288,6 +310,31 @@ async def test_a_caller_who_leaves_during_its_backoff_is_not_tried_again() -> No
     await asyncio.sleep(10.0)
     assert len(b.calls) == 1
     await b.stop()
+    idle_and_clean(b)
+
+
+@pytest.mark.parametrize("how", ["process", "process_many"])
+async def test_a_backoff_whose_callers_all_left_keeps_no_timer_and_no_stop_waits_for_it(how: str) -> None:
+    loop = asyncio.get_running_loop()
+    b = Flaky(lambda x, call: Retry(), retry=RetryPolicy(backoff=5.0, **NO_JITTER), max_queue_time=0.0)
+    if how == "process":
+        calls = [asyncio.ensure_future(b.process(x)) for x in (1, 2)]
+    else:
+        calls = [asyncio.ensure_future(b.process_many([1, 2]))]
+    await until(lambda: len(b.calls) == 1)
+    assert testing.idle(b) != [] and loop.timers() == 1  # the backoff's
+    calls[0].cancel()
+    await asyncio.gather(*calls[:1], return_exceptions=True)
+    if len(calls) > 1:  # another caller still waits: the timer stays
+        assert loop.timers() == 1
+        calls[1].cancel()
+        await asyncio.gather(*calls[1:], return_exceptions=True)
+    await asyncio.sleep(0)
+    assert loop.timers() == 0 and testing.idle(b) == []  # an idle batcher keeps no timer
+    began = loop.time()
+    await b.stop()
+    assert loop.time() == began  # nothing left to wait for
+    assert len(b.calls) == 1
     idle_and_clean(b)
 
 

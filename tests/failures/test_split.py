@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from async_batcher import AsyncBatcher, batch
-from async_batcher.failures import Isolate, SplitOn, out_of_memory
+from async_batcher.failures import Isolate, RetryPolicy, SplitOn, out_of_memory
 from tests.batchers import idle_and_clean
 
 pytestmark = pytest.mark.virtual_time
@@ -128,6 +128,48 @@ async def test_each_key_has_its_own_ceiling() -> None:
     await b.stop()
 
 
+async def test_a_ceiling_is_kept_when_more_keys_come_and_go_than_idle_lanes_are_kept() -> None:
+    # 17 keys in turn, three rounds: more than the 16 idle lanes kept for their history. Each key runs out of memory
+    # once, and its ceiling holds in the later rounds (51 splits when it went with its lane).
+    class Keyed(Limited):
+        def batch_key(self, item: int) -> Hashable:
+            return item // 100
+
+    b = Keyed(2, max_batch_size=4, max_queue_time=1.0, split_on=SplitOn(MemoryError))
+    for _ in range(3):
+        for key in range(17):
+            assert await burst(b, 4, start=100 * key) == [2 * x for x in range(100 * key, 100 * key + 4)]
+    s = b.stats
+    assert s.splits == 17 and len(b.failed) == 17
+    assert s.ceilings == dict.fromkeys(range(17), 2.0)
+    b.split_on = None  # off: no ceiling is kept, of a lane or of a key let go
+    assert b.stats.ceilings == {}
+    b.split_on = SplitOn(MemoryError)
+    assert await burst(b, 4) == [0, 2, 4, 6]
+    assert b.stats.splits == 18
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_the_ceilings_of_keys_let_go_are_bounded_the_key_idle_longest_forgotten_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from async_batcher._core import ceiling
+
+    monkeypatch.setattr(ceiling, "KEEP_CEILINGS", 3)
+
+    class Keyed(Limited):
+        def batch_key(self, item: int) -> Hashable:
+            return item // 100
+
+    b = Keyed(2, max_batch_size=4, max_queue_time=1.0, split_on=SplitOn(MemoryError))
+    for key in range(20):
+        await burst(b, 4, start=100 * key)
+    # The 16 idle lanes kept (keys 4 to 19) have theirs; of the four keys let go, the three let go last.
+    assert sorted(b.stats.ceilings) == list(range(1, 20))
+    await b.stop()
+
+
 async def test_out_of_memory_is_never_bisected_nor_retried_as_a_bad_item() -> None:
     b = Limited(1, max_batch_size=4, max_queue_time=1.0, split_on=SplitOn(MemoryError), on_batch_error=Isolate())
     assert await burst(b, 4) == [0, 2, 4, 6]
@@ -175,3 +217,20 @@ def test_a_streaming_batcher_refuses_the_failure_keywords() -> None:
 
     with pytest.raises(TypeError, match="streaming"):
         Streams(split_on=MemoryError)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("retry", RetryPolicy()), ("on_batch_error", Isolate()), ("split_on", MemoryError)]
+)
+async def test_a_streaming_batcher_refuses_the_failure_settings_set_live(name: str, value: Any) -> None:
+    class Streams(AsyncBatcher[int, int]):
+        async def process_batch(self, batch: list[int]) -> Any:  # type: ignore[override]
+            yield [x * 2 for x in batch]
+
+    b = Streams(max_queue_time=0)
+    assert [part async for part in b.stream(1)] == [2]
+    with pytest.raises(TypeError, match=rf"Streams: {name}= is for a process_batch that returns its results; a stream"):
+        setattr(b, name, value)
+    assert getattr(b, name) is None  # the old value stays
+    setattr(b, name, None)  # (off is fine)
+    await b.stop()

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from async_batcher import AsyncBatcher, LateRefusalError, OversizedItemError
+from async_batcher import AsyncBatcher, LateRefusalError, OversizedItemError, QueueFullException
 from async_batcher.fastapi import add_batcher_exception_handlers, batcher_lifespan
 from async_batcher.metrics import register_batcher
 from tests.api.test_metrics import scrape, value
@@ -51,7 +51,7 @@ def _app(batcher: Slow) -> FastAPI:
 
 @pytest.mark.single_loop
 async def test_oversized_is_413_and_late_is_503_with_its_computed_retry_after() -> None:
-    batcher = Slow(max_queue_weight=100, refuse_late=True, max_queue_time=0)
+    batcher = Slow(max_queue_weight=100, refuse_late=True, max_queue_time=0, default_timeout=60.0)
     server = ThreadServer(_app(batcher))
     server.start()
     try:
@@ -81,7 +81,7 @@ async def test_oversized_is_413_and_late_is_503_with_its_computed_retry_after() 
 
 @pytest.mark.virtual_time
 async def test_the_refusals_by_reason_are_metrics() -> None:
-    batcher = Slow(max_queue_weight=10, max_queue_time=0)
+    batcher = Slow(max_queue_weight=10, max_queue_time=0, default_timeout=60.0)
     registry = CollectorRegistry()
     register_batcher(batcher, registry)
     with pytest.raises(OversizedItemError):
@@ -105,3 +105,25 @@ async def test_the_refusals_by_reason_are_metrics() -> None:
     assert value(samples, "async_batcher_rejected_items_total", batcher="Slow", reason="late") == 1
     assert value(samples, "async_batcher_items_total", batcher="Slow", outcome="rejected") == 2
     await batcher.stop()
+
+
+@pytest.mark.parametrize("computed", [0.0, 1e-6, 1.2])
+async def test_a_computed_retry_after_is_never_0_seconds(computed: float) -> None:
+    # A refusal that computed 0 (or less than a second) sent "Retry-After: 0", which invites an immediate retry.
+    app = FastAPI()
+    add_batcher_exception_handlers(app, retry_after=7)
+
+    @app.get("/late")
+    async def late() -> None:
+        raise LateRefusalError("late", predicted=1.0, budget=0.5, retry_after=computed)
+
+    @app.get("/full")
+    async def full() -> None:
+        raise QueueFullException("full", retry_after=computed)
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        for path in ("/late", "/full"):
+            response = await client.get(path)
+            assert response.status_code == 503
+            assert response.headers["Retry-After"] == ("2" if computed > 1 else "1")

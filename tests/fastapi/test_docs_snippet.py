@@ -48,3 +48,19 @@ async def test_the_guides_test_with_lifespan_manager_runs_the_lifespan() -> None
     after = scorer.stats
     assert after.processed == before.processed + 4 and after.batches < before.batches + 4  # batched
     assert not await scorer.is_running()  # the lifespan stopped it
+
+
+async def test_the_guides_poison_item_is_a_422_and_the_rest_of_its_batch_200() -> None:
+    from asgi_lifespan import LifespanManager
+
+    from docs.snippets.fastapi_poison import app, parser
+
+    texts = ["1", "2", "3", "x", "5", "6", "7", "8"]
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            responses = await asyncio.gather(*(client.post("/parse", json={"text": t}) for t in texts))
+    assert [r.status_code for r in responses] == [200, 200, 200, 422, 200, 200, 200, 200]
+    assert [r.json() for i, r in enumerate(responses) if i != 3] == [1, 2, 3, 5, 6, 7, 8]
+    assert "cannot parse 'x'" in responses[3].json()["detail"]
+    assert parser.stats.isolated == 1  # (the batches with it bisected down to it)

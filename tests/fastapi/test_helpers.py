@@ -14,6 +14,7 @@ from fastapi import Depends, FastAPI
 
 from async_batcher import AsyncBatcher, OutcomeUnknownError
 from async_batcher.fastapi import add_batcher_exception_handlers, batcher_dependency, batcher_lifespan, run_batchers
+from async_batcher.testing import record_batches
 from tests.servers import ThreadServer
 
 
@@ -227,17 +228,17 @@ async def test_without_a_name_the_dependency_gives_the_only_batcher_among_other_
     assert absent.status_code == 500
 
 
-def test_the_dependency_names_what_it_misses() -> None:
+async def test_the_dependency_names_what_it_misses() -> None:
     from starlette.requests import Request
 
     get = batcher_dependency("predictor")
     request = Request({"type": "http", "state": {"square": Square(name="square"), "other": 1}})
     with pytest.raises(LookupError, match=r"batcher 'predictor' is not in the app's lifespan state.*\['square'\]"):
-        get(request)
+        await get(request)
     with pytest.raises(LookupError, match=r"a batcher is not in the app's lifespan state, which is empty: the app's"):
-        batcher_dependency()(Request({"type": "http"}))
+        await batcher_dependency()(Request({"type": "http"}))
     with pytest.raises(LookupError, match=r"which holds no batcher \(only \['other'\]\): yield it from the lifespan"):
-        get(Request({"type": "http", "state": {"other": 1}}))
+        await get(Request({"type": "http", "state": {"other": 1}}))
     with pytest.raises(TypeError, match="name must be a batcher's name"):
         batcher_dependency(3)  # type: ignore[arg-type]
 
@@ -259,6 +260,31 @@ async def test_a_client_that_does_not_run_the_lifespan_is_told_how_to_run_it_in_
     assert "with TestClient(app) as client" in message and "LifespanManager(app)" in message
     assert "yield it from the lifespan" not in message  # (the app does)
     assert not await model.is_running()
+
+
+@pytest.mark.virtual_time
+async def test_concurrent_requests_on_the_virtual_clock_make_the_same_batches_every_run() -> None:
+    # The dependency is an async def: FastAPI runs it on the loop, not in a worker thread the virtual clock cannot
+    # see (the clock jumped past max_queue_time while the threads ran: [3], [2, 1], [1, 2] or [1, 1, 1] by run).
+    from asgi_lifespan import LifespanManager
+
+    seen: list[list[int]] = []
+    for _ in range(20):
+        model = Doubler(name="model", max_queue_time=0.01)
+        app = FastAPI(lifespan=batcher_lifespan(model))
+
+        @app.post("/double")
+        async def double(x: int, batcher: Annotated[Doubler, Depends(batcher_dependency("model"))]) -> int:
+            return await batcher.process(x)
+
+        async with LifespanManager(app) as manager:
+            transport = httpx.ASGITransport(app=manager.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                with record_batches(model) as log:
+                    responses = await asyncio.gather(*(client.post("/double", params={"x": x}) for x in range(3)))
+        assert [r.json() for r in responses] == [0, 2, 4]
+        seen.append([r.size for r in log])
+    assert seen == [[3]] * 20
 
 
 def test_batchers_need_distinct_names_and_must_be_batchers() -> None:

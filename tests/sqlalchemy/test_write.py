@@ -261,7 +261,7 @@ async def test_huge_batches_of_updates_with_missing_keys(database_url: str) -> N
     async with database(database_url, table) as engine:
         async with engine.begin() as connection:
             await connection.execute(table.insert(), [{"id": i, "v": "old"} for i in range(0, n, 2)])
-        updater = AsyncSqlalchemyWriteBatcher(table, engine, operation="update", max_batch_size=-1, max_queue_time=1)
+        updater = AsyncSqlalchemyWriteBatcher(table, engine, operation="update", max_batch_size=None, max_queue_time=1)
         async with updater:
             results = await updater.process_many([{"id": i, "v": "new"} for i in range(n)], return_exceptions=True)
         stored = {row["id"]: row["v"] for row in await read_rows(engine, table)}
