@@ -12,9 +12,10 @@ each item's id in its slot (``id % SLOTS``): a store, no system call, no wake-up
 dies, since the memory is the client's as much. The client removes the file's name once the owner has mapped it (the
 mapping lives on in both), and reads the board only when the connection drops.
 
-Two of the client's items waiting at once whose ids share a slot (``SLOTS`` or more apart) cannot be told apart:
-the client takes both as gone (reporting an outcome unknown that was not is safe; sending again an item that went is
-not).
+A slot is one unresolved call's: the client gives a new call an id whose slot no unresolved call holds (else a call
+that stays unresolved while ``SLOTS`` others pass, a long stream, would find its mark overwritten by a later call's
+and be sent again after it went). Only with more unresolved calls than slots do two share one: the client then takes
+both as gone (reporting an outcome unknown that was not is safe; sending again an item that went is not).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ __all__: list[str] = []
 
 #: Slots of a board: ids 8 bytes each (1 MiB, its pages touched only as the ids reach them).
 SLOTS: Final = 1 << 17
-_MASK: Final = SLOTS - 1
 SIZE: Final = 8 * SLOTS
 
 
@@ -72,13 +72,13 @@ class Board:
 
     def mark(self, id: int) -> None:
         """The owner: item ``id`` has gone into a batch."""
-        self.slots[id & _MASK] = id
+        self.slots[id & (SLOTS - 1)] = id
 
     def gone(self, ids: list[int]) -> set[int]:
         """The client: which of ``ids`` (its items sent and not answered) have gone."""
         by_slot: dict[int, list[int]] = {}
         for id in ids:
-            by_slot.setdefault(id & _MASK, []).append(id)
+            by_slot.setdefault(id & (SLOTS - 1), []).append(id)
         found: set[int] = set()
         for slot, group in by_slot.items():
             if len(group) > 1:  # (either may have overwritten the other's mark: both are taken as gone)

@@ -32,7 +32,7 @@ from async_batcher.exceptions import (
     OutcomeUnknownError,
     OwnerUnavailableError,
 )
-from async_batcher.shared import _wire
+from async_batcher.shared import _board, _wire
 from async_batcher.shared._link import describe
 
 if TYPE_CHECKING:
@@ -112,6 +112,8 @@ class Client:
         self.calls: dict[int, Call] = {}  # unresolved
         self.held: dict[int, Call] = {}
         self.ids = itertools.count(1)
+        self.slots: dict[int, int] = {}  # the gone board's slots of the unresolved calls: slot -> id
+        self.crowded: set[int] = set()  # unresolved calls that shared a slot (_new_id): taken as gone
         self.deadlines = Deadlines(self.loop)
         self.link: ClientLink | None = None
         self.leaving = False  # the owner said it is leaving: hold what comes
@@ -124,12 +126,28 @@ class Client:
 
     def submit(self, kind: int, item: Any, timeout: float | None, priority: float, extra: Any = None) -> Call:
         deadline = None if timeout is None else self.loop.time() + timeout
-        call = Call(next(self.ids), kind, item, deadline, priority, extra, self.loop.create_future())
+        call = Call(self._new_id(), kind, item, deadline, priority, extra, self.loop.create_future())
         self.calls[call.id] = call
         if deadline is not None:
             call.expiry = self.deadlines.add(deadline + GRACE, self._expire, call)
         self._route(call)
         return call
+
+    def _new_id(self) -> int:
+        """The next id whose slot on a gone board no unresolved call holds: a mark on the board is then its call's
+        alone, however long a call stays unresolved (a stream, a backoff) while others come and go. With every slot
+        held (more unresolved calls than slots), an id shares its slot: both calls are *crowded*, taken as gone if the
+        connection drops before they resolve (an outcome unknown, never an item sent twice)."""
+        ids, slots = self.ids, self.slots
+        mask = _board.SLOTS - 1
+        id = next(ids)
+        if len(slots) < _board.SLOTS:
+            while (id & mask) in slots:
+                id = next(ids)
+        else:
+            self.crowded.update((slots[id & mask], id))
+        slots[id & mask] = id
+        return id
 
     def _route(self, call: Call) -> None:
         if self.local is not None:
@@ -189,6 +207,11 @@ class Client:
         """Take ``call`` out of the unresolved (False if it was not there: resolved already)."""
         if self.calls.pop(call.id, None) is None:
             return False
+        slot = call.id & (_board.SLOTS - 1)
+        if self.slots.get(slot) == call.id:
+            del self.slots[slot]
+        if self.crowded:
+            self.crowded.discard(call.id)
         if not self.calls and self.idle is not None and not self.idle.done():
             self.idle.set_result(None)
         return True
@@ -377,7 +400,7 @@ class Client:
         gone = link.board.gone([c.id for c in sent]) if link.board is not None else set()
         link.close_board()
         for call in sent:
-            if call.gone or call.id in gone:
+            if call.gone or call.id in gone or call.id in self.crowded:
                 error = OutcomeUnknownError(
                     f"{self.name}: the owner (pid {link.peer_pid}) stopped while the item was in a batch: it may "
                     "have been processed"

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from async_batcher.shared import SharedBatcher
+import pytest
+
+from async_batcher import OutcomeUnknownError
+from async_batcher.shared import SharedBatcher, _board
 from tests.loops import until
 from tests.shared.models import Model
 
@@ -83,3 +86,66 @@ async def test_a_connection_still_in_its_handshake_is_closed_when_the_owner_leav
         rest = await reader.read()  # the end, not a connection left open after the owner is gone
     assert len(rest) < 1024
     writer.close()
+
+
+async def test_a_call_unresolved_while_many_pass_keeps_its_mark_on_the_gone_board(
+    address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A board of 8 slots: the 20 items answered one by one while the first stays in its batch would reuse its slot
+    # twice, overwriting its mark, were ids given without looking (it was then sent again after it had gone).
+    monkeypatch.setattr(_board, "SLOTS", 8)
+    models: list[Model] = []
+
+    async def make() -> Model:
+        models.append(Model(max_batch_size=1, max_queue_time=0, concurrency=2))
+        return models[-1]
+
+    owner = SharedBatcher(make, address=address, name="m")
+    client = SharedBatcher(make, address=address, name="m")
+    await owner.__aenter__()
+    await client.__aenter__()
+    try:
+        assert (owner.role, client.role) == ("owner", "client")
+        long = asyncio.ensure_future(client.process(["sleep", 30]))
+        await until(lambda: len(models[0].batches) == 1)
+        assert [await client.process(i) for i in range(20)] == [2 * i for i in range(20)]
+        seat = client._seat
+        assert seat is not None and seat.client.link is not None
+        seat.client.link.abort()  # the connection drops, as when the owner dies
+        with pytest.raises(OutcomeUnknownError):
+            await asyncio.wait_for(long, 10)
+        assert models[0].items.count(["sleep", 30]) == 1
+    finally:
+        await client.stop(force=True)
+        await owner.stop(force=True)
+
+
+async def test_calls_crowded_past_the_boards_slots_are_taken_as_gone(
+    address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # More unresolved calls than slots: ids share slots, and a call whose mark another overwrote is still reported as
+    # an outcome unknown, never sent again.
+    monkeypatch.setattr(_board, "SLOTS", 8)
+    models: list[Model] = []
+
+    async def make() -> Model:
+        models.append(Model(max_batch_size=1, max_queue_time=0, concurrency=2))
+        return models[-1]
+
+    owner = SharedBatcher(make, address=address, name="m")
+    client = SharedBatcher(make, address=address, name="m")
+    await owner.__aenter__()
+    await client.__aenter__()
+    try:
+        long = asyncio.ensure_future(client.process(["sleep", 30]))
+        await until(lambda: len(models[0].batches) == 1)
+        assert await asyncio.gather(*(client.process(i) for i in range(20))) == [2 * i for i in range(20)]
+        seat = client._seat
+        assert seat is not None and seat.client.link is not None
+        seat.client.link.abort()
+        with pytest.raises(OutcomeUnknownError):
+            await asyncio.wait_for(long, 10)
+        assert models[0].items.count(["sleep", 30]) == 1
+    finally:
+        await client.stop(force=True)
+        await owner.stop(force=True)
