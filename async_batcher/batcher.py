@@ -6,14 +6,15 @@ import abc
 import asyncio
 import copy
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Sequence
-from contextvars import copy_context
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
+from contextvars import Context, copy_context
 from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar, cast, overload
 
 from async_batcher import _checks, _sync
 from async_batcher._core.admission import Admission
+from async_batcher._core.handoff import Handoff
 from async_batcher._core.hooks import check_hooks, overridden
 from async_batcher._core.lifecycle import Lifecycle
 from async_batcher._core.options import BatcherOptions, SettingsView, settings_from
@@ -149,6 +150,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         self._recorder = _Recorder()
         self._life = Lifecycle(self, self._settings, self._recorder, cls._overridden)
         self._admission = Admission(self._life, self._settings)
+        self._handoff = Handoff(self._life, self._admission)  # (async_batcher.shared's owner)
         self._settings.changed = self._life.settings_changed
         self._sync = Gate(self.name)  # what blocking calls from threads share
 
@@ -327,6 +329,20 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         ``process_batch``, the stream has one part.
         """
         return self._admission.submit_stream(item, timeout=timeout, priority=priority)
+
+    def _submit(self, item: T, timeout: float | None = None, priority: float = 0) -> asyncio.Future[R]:
+        """Private (:mod:`async_batcher.shared`'s owner): :meth:`process` without its coroutine, from the loop the
+        batcher runs on; the future of the item's outcome. Cancelling it withdraws the item, as cancelling a caller
+        of :meth:`process` does."""
+        return self._handoff.submit(item, timeout, priority)
+
+    def _watch_sent(
+        self, sent: Callable[[list[Context]], None], ended: Callable[[list[Context]], None] | None = None
+    ) -> Callable[[], None]:
+        """Private (:mod:`async_batcher.shared`'s owner): call ``sent`` with the contexts of each batch's callers as
+        it goes, before ``process_batch`` is called (and ``ended`` as it ends); return what stops it. The batcher
+        must be started."""
+        return self._handoff.watch(sent, ended)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -20,14 +20,16 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
-from async_batcher import _misuse
 from async_batcher._checks import unexpected_keywords
 from async_batcher._core.options import OPTIONS, BatcherOptions
+from async_batcher._functions import _batcher_class, _FunctionBatcher, _qualname
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.stats import BatcherStats
 
 if TYPE_CHECKING:
     from typing import Unpack
+
+    from async_batcher.shared import SharedBatcher, Sharing
 
 __all__ = ["BatchDecorator", "BatchedFunction", "BatchedMethod", "batch"]
 
@@ -36,142 +38,21 @@ R = TypeVar("R")
 S = TypeVar("S")
 
 
-class _FunctionBatcher(AsyncBatcher[Any, Any]):
-    """The batcher behind a decorated function: its ``process_batch`` calls the function with the batch.
-
-    For a method it holds its instance weakly: the instance owns the batcher (through the descriptor's table),
-    not the other way round, so dropping the instance frees both. A caller keeps the instance alive while it
-    waits, because the :class:`BatchedFunction` it called holds it.
-    """
-
-    def __init__(self, func: Callable[..., Any], owner: object | None, **options: Any) -> None:
-        super().__init__(**options)
-        self.func = func
-        self._owner: Callable[[], object] | None = None
-        if owner is not None:
-            self._owner = weakref.ref(owner)
-
-    def _call(self, batch: list[Any]) -> Any:
-        if self._owner is None:
-            return self.func(batch)
-        owner = self._owner()
-        if owner is None:  # only reachable through a batcher kept after its instance was dropped
-            raise ReferenceError(f"{self.name}: the instance this batcher belongs to no longer exists")
-        return self.func(owner, batch)
-
-    def _checked(self, results: Any, n: int) -> Any:
-        return _misuse.checked(self.func, results, n, method=self._owner is not None)
-
-    def _noted(self, exc: BaseException) -> None:
-        _misuse.note(self.func, exc, method=self._owner is not None)
-
-
-class _AsyncFunctionBatcher(_FunctionBatcher):
-    async def process_batch(self, batch: list[Any]) -> Any:
-        try:
-            results = await self._call(batch)
-        except Exception as exc:
-            self._noted(exc)
-            raise
-        return self._checked(results, len(batch))
-
-
-class _StreamFunctionBatcher(_FunctionBatcher):
-    # An async generator function: its steps are the batch's, and callers iterate stream().
-    async def process_batch(self, batch: list[Any]) -> AsyncIterator[Any]:
-        try:
-            async for step in self._call(batch):
-                yield self._checked(step, len(batch))  # (the batch as it is at this step)
-        except Exception as exc:
-            self._noted(exc)
-            raise
-
-
-class _SyncFunctionBatcher(_FunctionBatcher):
-    # A plain def: the core runs it in the batcher's executor, off the event loop.
-    def process_batch(self, batch: list[Any]) -> Any:
-        try:
-            results = self._call(batch)
-        except Exception as exc:
-            self._noted(exc)
-            raise
-        if inspect.isawaitable(results):  # (the core awaits it on the loop)
-            return self._awaited(results, len(batch))
-        return self._checked(results, len(batch))
-
-    async def _awaited(self, results: Awaitable[Any], n: int) -> Any:
-        return self._checked(await results, n)
-
-
-def _batcher_class(
-    func: Callable[..., Any],
-    key: Callable[[Any], Hashable] | None,
-    weight: Callable[[Any], float] | None,
-    *,
-    continuous: bool,
-    dedup: Callable[[Any], Hashable | None] | None = None,
-    copy_result: Callable[[Any], Any] | None = None,
-) -> type[_FunctionBatcher]:
-    """The batcher class for ``func``: async, streaming or sync ``process_batch``, with the ``key`` / ``weight`` /
-    ``dedup`` / ``copy_result`` hooks and continuous batching."""
-    base: type[_FunctionBatcher]
-    if inspect.isasyncgenfunction(func) or inspect.isasyncgenfunction(type(func).__call__):
-        base = _StreamFunctionBatcher
-    elif inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
-        base = _AsyncFunctionBatcher
-    else:
-        base = _SyncFunctionBatcher
-    if continuous and base is not _StreamFunctionBatcher:
-        raise TypeError(f"@batch(continuous=True) needs an async generator function; {_qualname(func)!r} is not one")
-    if key is None and weight is None and dedup is None and copy_result is None and not continuous:
-        return base  # the core can tell that the hooks are not overridden, and skip them
-    namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": base.__qualname__}
-    if continuous:
-        namespace["continuous_batching"] = True
-    hooks: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
-        "batch_key": ("key", key),
-        "item_weight": ("weight", weight),
-        "dedup_key": ("dedup", dedup),
-        "copy_result": ("copy_result", copy_result),
-    }
-    for hook, (option, given) in hooks.items():
-        if given is not None:
-            _check_callable(option, given)
-            namespace[hook] = _method(given)
-    return type(base.__name__, (base,), namespace)
-
-
-def _method(func: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
-    """A hook of the batcher's class that calls ``func`` with its one argument (an item, or a result)."""
-
-    def hook(self: Any, value: Any) -> Any:
-        return func(value)
-
-    return hook
-
-
 @functools.cache
 def _options() -> frozenset[str]:
     """The options ``@batch(...)`` takes: the keywords of ``AsyncBatcher()`` (:class:`BatcherOptions`, the one
-    definition both share), and its own ``key``, ``weight``, ``dedup``, ``copy_result`` and ``continuous``."""
+    definition both share), and its own ``key``, ``weight``, ``dedup``, ``copy_result``, ``continuous`` and
+    ``shared``."""
     return OPTIONS | _OWN_OPTIONS
 
 
-_OWN_OPTIONS = frozenset({"key", "weight", "dedup", "copy_result", "continuous"})
+_OWN_OPTIONS = frozenset({"key", "weight", "dedup", "copy_result", "continuous", "shared"})
 
 
 def _check_flag(what: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{what} must be True or False, got {value!r}")
     return value
-
-
-def _check_callable(what: str, value: object) -> None:
-    if not callable(value):
-        raise TypeError(f"{what} must be callable, got {value!r}")
-    if inspect.iscoroutinefunction(value) or inspect.isasyncgenfunction(value):
-        # Called once per item as it is submitted, never awaited: its coroutine would be the key, or the weight.
-        raise TypeError(f"{what} must be a plain function (it is called, never awaited), got {value!r}")
 
 
 def _required_positionals(func: Callable[..., Any]) -> int:
@@ -181,10 +62,6 @@ def _required_positionals(func: Callable[..., Any]) -> int:
         return 1
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return sum(1 for p in parameters if p.kind in positional and p.default is p.empty)
-
-
-def _qualname(func: Callable[..., Any]) -> str:
-    return getattr(func, "__qualname__", None) or repr(func)
 
 
 def _names(func: Callable[..., Any]) -> dict[str, Any]:
@@ -211,6 +88,36 @@ async def _holding(instance: object, call: Awaitable[R]) -> R:
     return await call
 
 
+def _shared(
+    func: Callable[..., Any], cls: type[_FunctionBatcher], options: dict[str, Any], shared: object
+) -> SharedBatcher[Any, Any]:
+    """The shared batcher of ``@batch(shared=...)``: its factory makes the function's batcher, in the owner."""
+    from async_batcher.shared import SharedBatcher, Sharing
+
+    if shared is True:
+        sharing = Sharing()
+    elif isinstance(shared, Sharing):
+        sharing = shared
+    else:
+        raise TypeError(f"shared must be True, False or an async_batcher.shared.Sharing, got {shared!r}")
+
+    def factory() -> _FunctionBatcher:
+        return cls(func, None, **options)
+
+    # (Named as the function: the default address is named after it, the same in every process.)
+    factory.__module__ = getattr(func, "__module__", None) or factory.__module__
+    factory.__qualname__ = _qualname(func)
+    return SharedBatcher(
+        factory,
+        name=options["name"],
+        address=sharing.address,
+        role=sharing.role,
+        authkey=sharing.authkey,
+        max_message_size=sharing.max_message_size,
+        owner_wait=sharing.owner_wait,
+    )
+
+
 class BatchedFunction(Generic[T, R]):
     """A function of one item whose calls are batched: ``await f(item)`` gives that item's result.
 
@@ -220,9 +127,13 @@ class BatchedFunction(Generic[T, R]):
 
     __wrapped__: Callable[..., Any]
 
-    def __init__(self, batcher: AsyncBatcher[T, R], func: Callable[..., Any], instance: object = None) -> None:
-        #: The batcher behind the function: its settings can be changed live (``f.batcher.max_batch_size = 8``).
-        self.batcher = batcher
+    def __init__(
+        self, batcher: AsyncBatcher[T, R] | SharedBatcher[T, R], func: Callable[..., Any], instance: object = None
+    ) -> None:
+        #: The batcher behind the function: its settings can be changed live (``f.batcher.max_batch_size = 8``). With
+        #: ``shared=``, a :class:`~async_batcher.shared.SharedBatcher` (the same calls; the batcher itself is its
+        #: ``batcher``, in the process that owns it), typed as the common case.
+        self.batcher: AsyncBatcher[T, R] = cast("AsyncBatcher[T, R]", batcher)
         #: The instance of a method, ``None`` for a plain function.
         self.__self__ = instance
         self.__dict__.update(_names(func))
@@ -379,6 +290,7 @@ class BatchDecorator:
         dedup: Callable[[Any], Hashable | None] | None = ...,
         copy_result: Callable[[Any], Any] | None = ...,
         continuous: bool = ...,
+        shared: bool | Sharing = ...,
         **options: Unpack[BatcherOptions],
     ) -> BatchDecorator: ...
 
@@ -396,8 +308,11 @@ class BatchDecorator:
                 different keys never share a batch) and ``item_weight`` hooks; ``dedup``: a callable of one item
                 that becomes its ``dedup_key`` (identical items waiting or in flight share one row and one result),
                 and ``copy_result``: its ``copy_result`` (each sharing caller's copy of the result; ``copy.copy`` by
-                default); and ``continuous``: for an async generator function, let waiting items join a running
-                batch between its steps.
+                default); ``continuous``: for an async generator function, let waiting items join a running
+                batch between its steps; and ``shared``: ``True`` (or a :class:`~async_batcher.shared.Sharing` of
+                settings) to share the batcher among the processes of the machine (a function at module level,
+                not a method): the process that owns it calls the function, the others send it their items
+                (:class:`~async_batcher.shared.SharedBatcher`).
         """
         if len(args) > 1:
             raise TypeError(f"batch() takes the function to decorate and keyword settings; got {args!r}")
@@ -417,11 +332,19 @@ class BatchDecorator:
         dedup = merged.pop("dedup", None)
         copy_result = merged.pop("copy_result", None)
         continuous = _check_flag("continuous", merged.pop("continuous", False))
+        shared = merged.pop("shared", False)
         merged.setdefault("name", _qualname(func))
         cls = _batcher_class(func, key, weight, continuous=continuous, dedup=dedup, copy_result=copy_result)
         # Build a batcher now even for a method, so that bad settings fail at the decorator, not at first call.
         probe = cls(func, None, **merged)
         required = _required_positionals(func)
+        if shared is not False:
+            if required != 1:
+                raise TypeError(
+                    f"@batch(shared=...) shares a function of the module among processes; {_qualname(func)!r} is not "
+                    "one (a method's batcher belongs to its instance, which other processes do not have)"
+                )
+            return BatchedFunction(_shared(func, cls, merged, shared), func)
         if required == 1:
             return BatchedFunction(probe, func)
         if required == 2:

@@ -13,7 +13,10 @@ __all__ = [
     "BatchSizeMismatchError",
     "BatcherStoppedError",
     "LateRefusalError",
+    "MessageTooLargeError",
+    "NotPicklableError",
     "OutcomeUnknownError",
+    "OwnerUnavailableError",
     "OversizedItemError",
     "ProcessBatchCancelledError",
     "QueueFullException",
@@ -129,3 +132,30 @@ class TransientError(AsyncBatchException):
     """``process_batch`` answered this item with :class:`~async_batcher.failures.Retry` (without an error of its
     own), and it was not tried again: no retry policy (``retry=``), its attempts or the retry budget ran out, or its
     deadline would pass before its next try. The message says which."""
+
+
+class OwnerUnavailableError(BatcherStoppedError):
+    """A :class:`~async_batcher.shared.SharedBatcher`'s item found no owner to process it: none came within
+    ``owner_wait`` seconds (the owner had stopped or died and no process took over, or none was ever started), or the
+    owner refused this process's key. The item was not processed: it is safe to try again. The message names the
+    socket's address; ``__cause__`` is the last error met trying to reach it, if any."""
+
+
+class NotPicklableError(AsyncBatchException, TypeError):
+    """An item, a result or an exception of a :class:`~async_batcher.shared.SharedBatcher` could not cross between
+    processes: pickling it failed (or unpickling it, on the other side). The message names its type and the error;
+    an item that cannot be pickled fails its caller at once, before anything is sent."""
+
+
+class MessageTooLargeError(AsyncBatchException, ValueError):
+    """An item or a result of a :class:`~async_batcher.shared.SharedBatcher`, pickled, is larger than
+    ``max_message_size`` bytes: it does not cross (an item fails its caller at once, before anything is sent).
+    ``size`` and ``limit`` are in bytes."""
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild, (type(self), self.args, vars(self))

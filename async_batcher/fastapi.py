@@ -48,6 +48,7 @@ from async_batcher.exceptions import (
     OversizedItemError,
     QueueFullException,
 )
+from async_batcher.shared import SharedBatcher
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -56,12 +57,18 @@ __all__ = ["add_batcher_exception_handlers", "batcher_dependency", "batcher_life
 
 logger = logging.getLogger("async_batcher.fastapi")
 
+#: What the helpers take: a batcher of this process, or one shared by the processes of the machine.
+Batcher = AsyncBatcher[Any, Any] | SharedBatcher[Any, Any]
+_BATCHERS = (AsyncBatcher, SharedBatcher)
 
-def _by_name(batchers: tuple[AsyncBatcher[Any, Any], ...]) -> dict[str, AsyncBatcher[Any, Any]]:
-    named: dict[str, AsyncBatcher[Any, Any]] = {}
+
+def _by_name(batchers: tuple[Batcher, ...]) -> dict[str, Batcher]:
+    named: dict[str, Batcher] = {}
     for batcher in batchers:
-        if not isinstance(batcher, AsyncBatcher):
-            raise TypeError(f"expected AsyncBatcher instances (a @batch function's is f.batcher), got {batcher!r}")
+        if not isinstance(batcher, _BATCHERS):
+            raise TypeError(
+                f"expected AsyncBatcher instances (or SharedBatcher; a @batch function's is f.batcher), got {batcher!r}"
+            )
         if batcher.name in named:
             raise ValueError(f"two batchers are named {batcher.name!r}: give each batcher its own name=")
         named[batcher.name] = batcher
@@ -69,9 +76,7 @@ def _by_name(batchers: tuple[AsyncBatcher[Any, Any], ...]) -> dict[str, AsyncBat
 
 
 @contextlib.asynccontextmanager
-async def run_batchers(
-    *batchers: AsyncBatcher[Any, Any], stop_timeout: float | None = None
-) -> AsyncIterator[dict[str, AsyncBatcher[Any, Any]]]:
+async def run_batchers(*batchers: Batcher, stop_timeout: float | None = None) -> AsyncIterator[dict[str, Batcher]]:
     """Start ``batchers`` on entry and give them by name; on exit stop them, draining what they hold, in reverse.
 
     For a lifespan that builds its batchers itself (after loading a model, say) or has more state to yield::
@@ -83,13 +88,18 @@ async def run_batchers(
 
     ``stop_timeout``: how long each stop may drain before the items left are failed with
     ``BatcherStoppedError`` (None: as long as it takes). Every batcher is stopped even if one fails to stop.
-    Two batchers with the same ``name`` are a ``ValueError``, before any starts.
+    Two batchers with the same ``name`` are a ``ValueError``, before any starts. A
+    :class:`~async_batcher.shared.SharedBatcher` is started before the app serves (in the worker that owns it, its
+    factory has loaded the model), and stopped by handing over (the owner drains, a client takes over).
     """
     named = _by_name(batchers)
-    started: list[AsyncBatcher[Any, Any]] = []
+    started: list[Batcher] = []
     try:
         for batcher in batchers:
-            batcher.start()
+            if isinstance(batcher, SharedBatcher):
+                await batcher.__aenter__()
+            else:
+                batcher.start()
             started.append(batcher)
         yield dict(named)
     finally:
@@ -104,8 +114,8 @@ async def run_batchers(
 
 
 def batcher_lifespan(
-    *batchers: AsyncBatcher[Any, Any], stop_timeout: float | None = None
-) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[dict[str, AsyncBatcher[Any, Any]]]]:
+    *batchers: Batcher, stop_timeout: float | None = None
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[dict[str, Batcher]]]:
     """A ``lifespan=`` for ``FastAPI(...)`` that runs ``batchers`` for the life of the app (see run_batchers).
 
     Its state is the batchers by name, for :func:`batcher_dependency`. Uvicorn runs the shutdown half after it
@@ -114,13 +124,13 @@ def batcher_lifespan(
     """
     _by_name(batchers)  # a bad argument fails here, where the app is built, not at its start
 
-    def lifespan(app: Starlette) -> contextlib.AbstractAsyncContextManager[dict[str, AsyncBatcher[Any, Any]]]:
+    def lifespan(app: Starlette) -> contextlib.AbstractAsyncContextManager[dict[str, Batcher]]:
         return run_batchers(*batchers, stop_timeout=stop_timeout)
 
     return lifespan
 
 
-def batcher_dependency(name: str | None = None) -> Callable[[Request], Awaitable[AsyncBatcher[Any, Any]]]:
+def batcher_dependency(name: str | None = None) -> Callable[[Request], Awaitable[Batcher]]:
     """A FastAPI dependency that gives an endpoint the batcher named ``name`` from the app's lifespan state.
 
     An ``async def``: FastAPI runs it on the event loop, with no hop to a worker thread (a plain ``def`` dependency
@@ -135,9 +145,9 @@ def batcher_dependency(name: str | None = None) -> Callable[[Request], Awaitable
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a batcher's name (a str) or None, got {name!r}")
 
-    async def get_batcher(request: Request) -> AsyncBatcher[Any, Any]:
+    async def get_batcher(request: Request) -> Batcher:
         state: Mapping[str, Any] = request.scope.get("state") or {}
-        found = {key: value for key, value in state.items() if isinstance(value, AsyncBatcher)}
+        found = {key: value for key, value in state.items() if isinstance(value, _BATCHERS)}
         if name is not None and name in found:
             return found[name]
         if name is None and len(found) == 1:
@@ -147,7 +157,7 @@ def batcher_dependency(name: str | None = None) -> Callable[[Request], Awaitable
     return get_batcher
 
 
-def _missing(name: str | None, state: Mapping[str, Any], found: Mapping[str, AsyncBatcher[Any, Any]]) -> str:
+def _missing(name: str | None, state: Mapping[str, Any], found: Mapping[str, Batcher]) -> str:
     """Why the dependency finds no batcher for ``name``. An empty state is most often a lifespan that did not run (a
     test client that does not run it): the advice to yield the batcher would not fix that."""
     wanted = "a batcher" if name is None else f"batcher {name!r}"

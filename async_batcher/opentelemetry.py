@@ -151,7 +151,13 @@ def _batcher_of(batcher: object) -> AsyncBatcher[Any, Any]:
     if isinstance(batcher, AsyncBatcher):
         return batcher
     if isinstance(batcher, BatchedFunction):
-        return batcher.batcher
+        inner: object = batcher.batcher
+        if isinstance(inner, AsyncBatcher):
+            return inner
+        raise TypeError(
+            f"{batcher!r} is shared among processes: instrument its batcher where it is made, in its owner "
+            "(instrument(f.batcher.batcher) there, or in the factory of a SharedBatcher)"
+        )
     if isinstance(batcher, BatchedMethod):
         raise TypeError(
             f"{batcher!r} has a batcher per instance: instrument one instance's, "

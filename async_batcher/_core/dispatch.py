@@ -12,7 +12,7 @@ import asyncio
 import math
 import numbers
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from async_batcher._checks import is_real
 from async_batcher._core import forming
@@ -22,6 +22,8 @@ from async_batcher._core.state import DISPATCHING, State
 from async_batcher.exceptions import AsyncBatchException
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from async_batcher._core.execution import Runner
     from async_batcher._core.lane import Lane
     from async_batcher._core.queue import Queue
@@ -59,6 +61,7 @@ class Dispatch:
     timer_when: float
     flushing: dict[Lane, int]
     watchers: list[Watcher]
+    joiners: list[Callable[[list[Any]], None]]
 
     def check_drained(self) -> None: ...
 
@@ -270,6 +273,8 @@ class Dispatch:
                 batch.deadlines = [math.inf] * (len(batch.items) - len(taken.items))
             batch.deadlines.extend(taken.deadlines)
         batch.size = max(batch.size, len(batch.items))
+        for joined in self.joiners:
+            joined(taken.contexts)
         if self.room.putters:
             self.room.wake()
         return len(taken.items)

@@ -68,6 +68,7 @@ class Engine(Dispatch):
         "feedback",
         "flushing",
         "in_flight",
+        "joiners",
         "keyed",
         "loop",
         "name",
@@ -137,6 +138,8 @@ class Engine(Dispatch):
         self.flushing: dict[Lane, int] = {}  # a flush: so many items of these lanes go whatever the policy says
         # Told of every batch as it goes and as it ends (async_batcher.testing): the batcher's, over its runs.
         self.watchers: list[Watcher] = [] if watchers is None else watchers
+        # Told of the callers' contexts of the items that join a running streaming batch (continuous batching).
+        self.joiners: list[Callable[[list[Any]], None]] = []
         self.on_drained: Callable[[], None] = _ignore  # the stop's: called once, as the drain ends
         self.batch_limit = self.slot_limit = UNLIMITED
         self.weight_limit = math.inf

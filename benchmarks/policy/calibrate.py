@@ -33,7 +33,8 @@ HERE = Path(__file__).resolve().parent
 # think time on the simulator), ``ours-greedy`` without turns.
 SIM_OF = {"ours": RECOMMENDED, "ours-greedy": TURNS0, **{p.name: p for p in PEERS}}
 TOLERANCE = 0.2
-#: The simulator's modes compared: the model on the loop's core, and beside it on a core of its own.
+#: The simulator's modes compared besides the report's (the fitted core count): the model on the loop's core, and
+#: beside it on a core of its own.
 MODES = (1.0, 2.0)
 
 
@@ -197,10 +198,25 @@ def _short(path: Path) -> str:
         return str(path)
 
 
-def rigs_of(measured: list[Path] | None, connections: list[int]) -> list[tuple[Rig, list[Point]]]:
-    """The rigs to compare against (``measured``: local runs' CSVs instead of :data:`RIGS`), with their points."""
+def rigs_of(
+    measured: list[Path] | None, connections: list[int], costs: Path | None = None
+) -> list[tuple[Rig, list[Point]]]:
+    """The rigs to compare against (``measured``: local runs' CSVs instead of :data:`RIGS`), with their points; first,
+    where ``costs`` (a ``costs.json``) holds the closed loops its measurement drove, those (``this machine``: the
+    same run as the constants, which the core count is fitted to)."""
     chosen = list(RIGS) if not measured else [Rig(p.stem, p, "a local run of `make bench-peers`") for p in measured]
-    return [(rig, points(load_measured(rig.path), connections)) for rig in chosen if rig.path.is_file()]
+    out = [(rig, points(load_measured(rig.path), connections)) for rig in chosen if rig.path.is_file()]
+    if costs is not None:
+        from .costs import provenance
+
+        steps = provenance(costs)["measured"].get("steps") or []
+        own = [Point("ours", int(s["connections"]), [float(s["rps"])], [float(s["p50_ms"]) / 1000],
+                     [float(s["items_per_call"])] if s.get("items_per_call") else [])
+               for s in steps if int(s["connections"]) in connections and s["rps"] > 0]  # fmt: skip
+        if own:
+            rig = Rig("this machine", costs, "the closed loops of the constants' own measurement, one round each")
+            out.insert(0, (rig, own))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -213,14 +229,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--connections", default="1,8,64", help="the points: closed loops of these connections")
     parser.add_argument("--costs", type=Path, default=costs_file.COSTS)
-    parser.add_argument("--cores", type=float, default=1.0, help="the mode the verdict is on")
+    parser.add_argument("--cores", type=float, help="the mode the verdict is on (default: the fitted count, else 1)")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--peers-dir", type=Path, default=Path(".cache/peers"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--clock", default="uvloop", choices=("uvloop", "asyncio"))
     args = parser.parse_args(argv)
     costs = costs_file.load(args.costs)
-    rigs = rigs_of(args.measured, [int(c) for c in args.connections.split(",")])
+    args.cores = args.cores or costs_file.fitted_cores(args.costs) or 1.0
+    rigs = rigs_of(args.measured, [int(c) for c in args.connections.split(",")], args.costs)
     if not any(pts for _, pts in rigs):
         parser.error(f"no CSV has any of the variants {sorted(SIM_OF)} at {args.connections} connections")
     todo = pairs([p for _, pts in rigs for p in pts], args.duration, 1.0)

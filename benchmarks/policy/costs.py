@@ -9,7 +9,7 @@ from typing import Any
 
 from .sim.server import Costs
 
-__all__ = ["COSTS", "load", "provenance"]
+__all__ = ["COSTS", "fitted_cores", "load", "provenance"]
 
 COSTS = Path(__file__).with_name("costs.json")
 
@@ -29,4 +29,11 @@ def load(path: Path = COSTS) -> Costs:
 def provenance(path: Path = COSTS) -> dict[str, Any]:
     """How the constants were measured (``measured``) and from what (``derived_from``)."""
     data = _read(path)
-    return {"measured": data.get("measured", {}), "derived_from": data.get("derived_from", {})}
+    return {"measured": data.get("measured", {}), "derived_from": data.get("derived_from", {}),
+            "fit": data.get("fit", {})}  # fmt: skip
+
+
+def fitted_cores(path: Path = COSTS) -> float | None:
+    """The core count :mod:`benchmarks.policy.fit` fitted to the measured closed loops; None where none was."""
+    cores = _read(path).get("cores")
+    return None if cores is None else float(cores)

@@ -14,6 +14,16 @@ settings, uvicorn with uvloop and httptools, one worker), with clocks around the
 * ``GET /probe/model``: the model alone, before any load: ``process_batch`` (the batcher's, as its executor runs
   it) timed at batch sizes 1 to 256, interleaved, in a thread of its own while the loop idles.
 
+* ``GET /probe/turns?n=N``: the cost of one iteration of an event loop (a **turn**, what a policy's ``turns`` cost
+  after a batch's end): ``N`` zero-delay timers in a chain (``loop.call_at(loop.time(), ...)``, as the dispatcher
+  schedules its turns), each the only callback of its iteration, on this server's own loop (uvloop, its listening
+  socket registered) and on a fresh asyncio loop in a thread of its own (the loop's thread CPU per link: the server's
+  loop idles meanwhile);
+* ``GET /probe/gil?seconds=S&size=N``: the model's hold on the interpreter's lock (**gil**): a pure-Python counter
+  spins on the loop's thread for ``S`` seconds alone, then ``S`` seconds while the model's thread runs
+  ``process_batch`` on batches of ``N`` back to back; the share of the counter's progress lost is the share of the
+  time the model held the lock (the server must have two cores for it: on one, the cores are shared as well).
+
 ``GET /probe`` answers the sums since the last ``GET /probe`` (and starts them afresh).
 """
 
@@ -87,6 +97,84 @@ def time_model(repeats: int) -> list[tuple[int, int]]:
             process_batch(batcher, rows[:n])
             out.append((n, wall() - start))
     return out
+
+
+async def _chain(n: int) -> float:
+    """Thread CPU seconds per link of a chain of ``n`` zero-delay timers on the running loop: each the only callback
+    of its iteration, scheduled as the dispatcher schedules its turns."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    left = [n]
+
+    def link() -> None:
+        left[0] -= 1
+        if left[0] > 0:
+            loop.call_at(loop.time(), link)
+        else:
+            done.set_result(None)
+
+    start = cpu()
+    loop.call_at(loop.time(), link)
+    await done
+    return (cpu() - start) / 1e9 / n
+
+
+async def time_turns(n: int) -> dict[str, Any]:
+    """One iteration's cost on this server's loop, then on a fresh asyncio loop in a thread (module docstring)."""
+    import asyncio
+    import threading
+
+    served = await _chain(n)
+    out: dict[str, float] = {}
+
+    def plain() -> None:
+        # asyncio's own selector loop, whatever loop policy uvicorn set (its self-pipe registered, as on a server)
+        with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+            out["asyncio"] = runner.run(_chain(n))
+
+    thread = threading.Thread(target=plain)
+    thread.start()
+    await asyncio.to_thread(thread.join)
+    return {"uvloop": served, "asyncio": out["asyncio"], "loop": type(asyncio.get_running_loop()).__module__}
+
+
+def _spin(seconds: float) -> float:
+    """A pure-Python counter for ``seconds`` of wall time: its count a second."""
+    count = 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        count += 1
+    return count / seconds
+
+
+def time_gil(seconds: float, size: int) -> dict[str, float]:
+    """The counter's rate alone, then beside the model's thread running batches of ``size`` back to back; the
+    share lost is the model's hold on the lock. Blocks the loop on purpose (nothing else is served meanwhile)."""
+    import threading
+
+    batcher = BATCHER["batcher"]
+    process_batch = UNTIMED["process_batch"]
+    rows = [[0.1 * (i % 10)] * 10 for i in range(size)]
+    stop = threading.Event()
+    calls = [0]
+
+    def model() -> None:
+        while not stop.is_set():
+            process_batch(batcher, rows)
+            calls[0] += 1
+
+    alone = _spin(seconds)
+    thread = threading.Thread(target=model)
+    thread.start()
+    try:
+        beside = _spin(seconds)
+    finally:
+        stop.set()
+        thread.join()
+    return {"alone": alone, "beside": beside, "gil": max(0.0, min(1.0, 1.0 - beside / alone)),
+            "model_calls": calls[0], "seconds": seconds, "size": size}  # fmt: skip
 
 
 def instrument(ours_module: Any) -> None:
@@ -171,6 +259,14 @@ def main(argv: list[str] | None = None) -> None:
     @app.get("/probe")
     async def probe() -> dict[str, Any]:
         return PROBE.snapshot()
+
+    @app.get("/probe/turns")
+    async def turns(n: int = 20000) -> dict[str, Any]:
+        return await time_turns(n)
+
+    @app.get("/probe/gil")
+    async def gil(seconds: float = 2.0, size: int = 64) -> dict[str, float]:
+        return time_gil(seconds, size)
 
     @app.get("/probe/model")
     async def model(repeats: int = 100) -> list[tuple[int, int]]:

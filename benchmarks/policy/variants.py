@@ -8,10 +8,12 @@ simulator builds (in the worker that runs it, :mod:`benchmarks.policy.worker`), 
 every run, add it to :data:`REGISTRY` and to :data:`EXTRA` (or pass ``--variant NAME``).
 
 The grid (:func:`grid`) is every combination of :data:`QUEUE_TIMES` and :data:`HOLD_TIMES` at the README's other
-settings (the policies' four turns), its ``max_queue_time=0``, no-hold point named ``greedy``, and that point at the
-other :data:`TURNS` (``greedy-turns0`` ...): the best of the grid is the best a user can set. :func:`candidates` are
-the settings considered for the default: the grid's ``greedy`` points, the same without the regather, latency
-budgets, and closed-loop holds over them.
+settings (the policies' four turns), its ``max_queue_time=0``, no-hold point named ``greedy``: the best of the grid
+is the best a user can set with the keywords, the bar the defaults and the candidates are judged against.
+:func:`candidates` are the settings considered for the default: ``greedy`` at the other :data:`TURNS`
+(``greedy-turns0`` ...) and without the regather, latency budgets, and closed-loop holds over them; none of them is
+in the grid but ``greedy`` itself and ``wait0ms+holdXms``, which are judged against the rest of it
+(:mod:`.verdicts`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "candidates",
     "grid",
     "parse",
+    "turns_variant",
 ]
 
 ROLES = ("constructor", "recommended", "grid", "peer", "candidate", "extra")
@@ -70,34 +73,35 @@ def _policy(name: str, policy: str, role: str = "candidate") -> Variant:
     return Variant(name, "ours", f"{SETTINGS}, policy={policy}", role, POLICIES)
 
 
+def turns_variant(turns: int) -> Variant:
+    """``max_queue_time=0`` at ``turns`` turns, the README's other settings: the head-to-head's
+    ``ours-turnsT`` (``--ours turnsT:turns=T``)."""
+    return _policy(f"turns{turns}", f"Deadline(0, turns={turns})", "extra")
+
+
 # The head-to-head's ``ours-greedy``: max_queue_time=0 without turns (the calibration's).
-TURNS0 = _policy("turns0", "Deadline(0, turns=0)", "extra")
+TURNS0 = turns_variant(0)
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:g}ms"
 
 
-def grid(
-    queue_times: tuple[float, ...] = QUEUE_TIMES,
-    hold_times: tuple[float, ...] = HOLD_TIMES,
-    turns: tuple[int, ...] = TURNS,
-) -> list[Variant]:
-    """Fixed settings: every ``max_queue_time`` with every ``max_hold_time``, the README's other settings kept; and
-    ``max_queue_time=0`` without a hold at each of ``turns``."""
+def grid(queue_times: tuple[float, ...] = QUEUE_TIMES, hold_times: tuple[float, ...] = HOLD_TIMES) -> list[Variant]:
+    """Fixed settings: every ``max_queue_time`` with every ``max_hold_time``, the README's other settings kept."""
     out = []
     for wait in queue_times:
         for hold in hold_times:
             name = "greedy" if wait == 0 and hold == 0 else f"wait{_ms(wait)}" + (f"+hold{_ms(hold)}" if hold else "")
             kwargs = f"max_batch_size=256, max_queue_time={wait!r}, max_hold_time={hold!r}, max_queue_size=4096"
             out.append(Variant(name, "ours", kwargs, "grid"))
-    out += [_policy(f"greedy-turns{t}", f"Deadline(0, turns={t})", "grid") for t in turns]
     return out
 
 
-def candidates(the_grid: list[Variant]) -> tuple[list[str], list[Variant]]:
+def candidates(the_grid: list[Variant], turns: tuple[int, ...] = TURNS) -> tuple[list[str], list[Variant]]:
     """The settings considered for the default: their names, and the variants to run besides the grid's."""
     extra = [
+        *(_policy(f"greedy-turns{t}", f"Deadline(0, turns={t})") for t in turns),
         *(_policy(f"greedy-turns{t}-noregather", f"Deadline(0, turns={t}, regather=False)") for t in (1, 2, 4, 8, 16)),
         *(_policy(f"budget{b}ms", f"LatencyBudget({b / 1000!r})") for b in (10, 25, 50)),
         _policy("budget25ms-turns1", "LatencyBudget(0.025, turns=1)"),
@@ -108,8 +112,7 @@ def candidates(the_grid: list[Variant]) -> tuple[list[str], list[Variant]]:
         _policy("hold2ms-budget25ms", "ClosedLoopHold(0.002, LatencyBudget(0.025))"),
     ]
     names = {v.name for v in the_grid}
-    from_grid = [n for n in ("greedy", *(f"greedy-turns{t}" for t in TURNS), "wait0ms+hold2ms", "wait0ms+hold5ms")
-                 if n in names]  # fmt: skip
+    from_grid = [n for n in ("greedy", "wait0ms+hold2ms", "wait0ms+hold5ms") if n in names]
     return [*from_grid, *(v.name for v in extra)], extra
 
 

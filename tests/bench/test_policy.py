@@ -73,10 +73,11 @@ def test_the_uvloop_clock_counts_whole_milliseconds() -> None:
     assert fired["1.6ms"] == pytest.approx(0.0143)  # 2 ms
 
 
-def _shared(cores: float, job: float, start: float, spend: float) -> tuple[float, float]:
+def _shared(cores: float, job: float, start: float, spend: float, gil: float = 0.0) -> tuple[float, float]:
     """A model job of ``job`` CPU seconds submitted at 0, and the loop's ``spend`` seconds of CPU from ``start``, on
-    ``cores``: when the loop's work ends, and when the job's result reaches the loop."""
-    loop = SimLoop(clock="asyncio", cores=cores)
+    ``cores``, the job holding the interpreter's lock for the share ``gil`` of its time: when the loop's work ends,
+    and when the job's result reaches the loop."""
+    loop = SimLoop(clock="asyncio", cores=cores, gil=gil)
     loop.default_executor.cost = lambda: job
     ends: dict[str, float] = {}
 
@@ -114,6 +115,21 @@ def test_the_loop_and_the_model_share_the_cores(
     cores: float, job: float, start: float, spend: float, loop_end: float, job_end: float
 ) -> None:
     assert _shared(cores, job, start, spend) == pytest.approx((loop_end, job_end), rel=0, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("cores", "gil", "loop_end", "job_end"),
+    [
+        (2.0, 0.0, 0.5, 1.0),  # two cores, the lock never held: neither waits
+        (2.0, 1.0, 0.9, 1.4),  # the model holds the lock all the time: they take turns, as on one core
+        (2.0, 0.5, 0.1 + 0.4 * 1.5, 0.1 + 0.4 * 1.5 + 0.5),  # each gets 1 / (1 + 0.5) of the time beside the other
+        (1.0, 0.5, 0.9, 1.4),  # one core binds first: the lock changes nothing
+    ],
+)
+def test_the_models_hold_on_the_lock_slows_the_loop_beside_it(
+    cores: float, gil: float, loop_end: float, job_end: float
+) -> None:
+    assert _shared(cores, 1.0, 0.1, 0.4, gil) == pytest.approx((loop_end, job_end), rel=0, abs=1e-12)
 
 
 def test_fewer_than_one_core_is_refused() -> None:
@@ -171,7 +187,8 @@ def test_a_variants_kwargs_are_evaluated_anew_for_each_batcher() -> None:
 
 
 def _quick(out: Path, *extra: str) -> tuple[str, list[dict[str, str]]]:
-    cmd = [sys.executable, "-m", "benchmarks.policy", "--quick", "--no-peers", "--out-dir", str(out), *extra]
+    cmd = [sys.executable, "-m", "benchmarks.policy", "--quick", "--no-peers", "--no-validation", "--no-sensitivity"]
+    cmd += ["--out-dir", str(out), *extra]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
     md = (out / "policy.md").read_text()
     with open(out / "policy.csv", newline="") as f:
@@ -186,15 +203,18 @@ def test_quick_run_reports_every_scenario_and_the_same_seed_gives_the_same_numbe
     assert rows == again
     assert rows != other_seed
     assert md.splitlines()[0] == "# Dispatch policy on a simulated server (`make bench-policy`)"
-    headings = ["## The simulated server", "## Calibration", "## Targets (issue 44)", "### recommended"]
+    headings = ["## Status", "## The simulated server", "## Calibration", "## Targets (issue 44)", "### recommended"]
     headings += ["### constructor-defaults", "## Candidates for the default", "## Which setting serves which traffic"]
     headings += ["## Per scenario"]
     for heading in headings:
         assert heading in md, heading
     scenarios = {"poisson-50", "closed-8", "keyed-poisson-50"}
     variants = {"recommended", "constructor-defaults", "greedy", "wait2ms", "wait0ms+hold2ms", "wait2ms+hold2ms"}
-    variants.add("greedy-turns0")
-    assert {(r["scenario"], r["variant"]) for r in rows} == {(s, v) for s in scenarios for v in variants}
+    variants |= {"greedy-turns0", "greedy-turns32"}  # candidates, not in the grid
+    assert {(r["scenario"], r["variant"], r["seed"]) for r in rows} == {
+        (s, v, seed) for s in scenarios for v in variants for seed in ("1", "2")
+    }
+    assert {r["role"] for r in rows if r["variant"].startswith("greedy-turns")} == {"candidate"}
     for r in rows:
         assert int(r["answered"]) > 0 and float(r["throughput"]) > 0, r
         assert r["wall_clock_reads"] == "0", r

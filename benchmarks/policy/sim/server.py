@@ -12,6 +12,9 @@ it costs the loop ``submit`` seconds of CPU when a batch is handed over, and tak
 seconds off the loop (times a seeded lognormal factor of mean 1 and spread ``jitter``, if any) before its callers'
 results reach the loop. ``net`` is the time outside the server: half before a request reaches it, half for the
 answer to reach its client. Latency is from the client's send (an open loop's intended send time) to its answer.
+
+Besides, each iteration of the loop that runs a callback costs it ``turn`` seconds (``turn_asyncio`` on asyncio's
+clock), and the model's job holds the interpreter's lock for the share ``gil`` of its time (:mod:`.vloop`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from .traffic import Keys, Scenario, open_arrivals
@@ -42,6 +45,9 @@ class Costs:
     model_b: float
     net: float
     jitter: float = 0.0
+    turn: float = 0.0  # the loop's CPU per iteration, uvloop (the HTTP benchmark's server)
+    turn_asyncio: float = 0.0  # the same on asyncio's own loop
+    gil: float = 0.0  # the share of the model's time that it holds the interpreter's lock
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Costs:
@@ -50,6 +56,15 @@ class Costs:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    def turn_of(self, clock: str) -> float:
+        """The cost of one iteration of the loop whose clock the batchers see (``uvloop`` or ``asyncio``)."""
+        return self.turn_asyncio if clock == "asyncio" else self.turn
+
+    def scaled(self, name: str, factor: float) -> Costs:
+        """These constants with ``name`` times ``factor`` (a share, ``gil``, at most 1)."""
+        value = getattr(self, name) * factor
+        return replace(self, **{name: min(1.0, value) if name == "gil" else value})
 
     @property
     def request_cpu(self) -> float:
@@ -61,7 +76,7 @@ class Costs:
         n = max_batch_size
         loop = self.request_cpu + self.submit / n  # a request's CPU on the loop
         model = (self.model_a + self.model_b * n) / n  # and in the model's thread
-        return min(1.0 / loop, 1.0 / model, cores / (loop + model))
+        return min(1.0 / loop, 1.0 / model, cores / (loop + model), 1.0 / (loop + self.gil * model))
 
 
 class Model:
@@ -116,6 +131,7 @@ class Result:
     p999: float
     mean: float
     throughput: float
+    offered: float  # requests sent within the counted time, a second (a closed loop's: as many as it could)
     calls: int
     items: int
     items_per_call: float
@@ -170,6 +186,7 @@ class _Server:
         self.open_latencies: list[float] = []
         self.answered_in_window = 0
         self.closed_in_window = 0
+        self.sent_in_window = 0
         self.sent = 0
         self.outstanding = 0
         self.sending = 0  # sources still sending: the open loop, each closed-loop client
@@ -211,9 +228,14 @@ class _Server:
 
     def send(self, sent: float, item: Any, client: _Client | None) -> None:
         """A request sent at ``sent`` (now or later): it reaches the server half the network's time later."""
+        self._sent(sent)
+        self.loop.at(sent + self.half_net, self.arrive, sent, item, client)
+
+    def _sent(self, t: float) -> None:
         self.sent += 1
         self.outstanding += 1
-        self.loop.at(sent + self.half_net, self.arrive, sent, item, client)
+        if self.scenario.warmup <= t < self.scenario.duration:
+            self.sent_in_window += 1
 
     def stopped_sending(self) -> None:
         self.sending -= 1
@@ -242,8 +264,7 @@ class _Server:
         if t is None:
             self.stopped_sending()
             return
-        self.sent += 1
-        self.outstanding += 1
+        self._sent(t)
         self.loop.at(t + self.half_net, self._open_next, times, keys, t, self.next_item(keys))
 
 
@@ -292,7 +313,7 @@ async def _main(loop: SimLoop, scenario: Scenario, costs: Costs, make: MakeAdapt
 def run(scenario: Scenario, costs: Costs, make: MakeAdapter, clock: str = "uvloop", cores: float = 2.0) -> Result:
     """Run ``scenario`` through the batcher ``make`` builds, on a fresh :class:`SimLoop` with ``clock`` and
     ``cores``."""
-    loop = SimLoop(clock, cores)
+    loop = SimLoop(clock, cores, turn=costs.turn_of(clock), gil=costs.gil)
     model = Model(costs, scenario)
     wall = time.perf_counter()
     try:
@@ -312,6 +333,7 @@ def run(scenario: Scenario, costs: Costs, make: MakeAdapter, clock: str = "uvloo
         p999=percentile(latencies, 0.999),
         mean=math.fsum(latencies) / len(latencies) if latencies else math.nan,
         throughput=server.answered_in_window / window,
+        offered=server.sent_in_window / window,
         calls=model.calls,
         items=model.items,
         items_per_call=model.items / model.calls if model.calls else math.nan,

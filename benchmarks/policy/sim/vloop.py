@@ -22,7 +22,18 @@ job at a time) nothing ever waits: the model runs beside the loop, as on a machi
 ``cores=1`` they take turns on one core: a job's CPU time spent while the loop works stretches the loop's callback,
 and the loop's CPU spent while a job runs delays the job's end (each by the CPU the other got meanwhile: a job of
 ``c`` seconds that starts as the loop begins ``s`` seconds of work ends ``c + min(c, s)`` later). A fractional
-``cores`` between 1 and 2 stands for partial contention (the GIL, another process on the machine).
+``cores`` between 1 and 2 stands for partial contention (another process on the machine, the model's own threads):
+the calibration fits it (:mod:`benchmarks.policy.fit`).
+
+**The interpreter's lock.** A model job holds the GIL for a share ``gil`` of its time (its Python; the rest, the
+compiled kernels, let the loop run), and the loop holds it whenever it runs: while the loop works beside ``k`` jobs,
+the lock allows each of them at most ``1 / (1 + gil * k)`` of the time, whatever the cores. ``gil=0``: the lock
+never binds; ``gil=1``: the loop and the model take turns even on two cores. Each runnable thread's rate is thus
+``min(1, cores / threads, 1 / (loop + gil * jobs))`` (:meth:`SimExecutor.rate`).
+
+**Turns.** Every iteration of the loop that runs a callback costs it ``turn`` seconds of CPU first (the poll of the
+selector and the iteration's own work, measured: :mod:`benchmarks.policy.measure`): a policy's turns after a batch's
+end cost that much each, as on a real loop, where a loop with nothing to do between turns still polls.
 """
 
 from __future__ import annotations
@@ -53,17 +64,27 @@ class SimLoop(asyncio.BaseEventLoop):
     way (:meth:`at`); :attr:`now` is the exact time.
     """
 
-    def __init__(self, clock: str = "uvloop", cores: float = 2.0) -> None:
+    def __init__(self, clock: str = "uvloop", cores: float = 2.0, *, turn: float = 0.0, gil: float = 0.0) -> None:
         super().__init__()
-        if clock not in CLOCKS or not cores >= 1:
+        problem = None
+        if clock not in CLOCKS:
+            problem = f"clock {clock!r} is not one of {CLOCKS}"
+        elif not cores >= 1:
+            problem = f"cores must be 1 or more, got {cores!r}"
+        elif not 0 <= turn < 1:
+            problem = f"turn must be 0 or more seconds (and under one), got {turn!r}"
+        elif not 0 <= gil <= 1:
+            problem = f"gil must be a share between 0 and 1, got {gil!r}"
+        if problem is not None:
             self.close()
-            if clock not in CLOCKS:
-                raise ValueError(f"clock {clock!r} is not one of {CLOCKS}")
-            raise ValueError(f"cores must be 1 or more, got {cores!r}")
+            raise ValueError(problem)
         self._now = 0.0
         self._ms = clock == "uvloop"
         self.busy = 0.0
+        self.iterations = 0  # those that ran a callback (each cost ``turn``)
         self.cores = float(cores)
+        self.turn = float(turn)
+        self.gil = float(gil)
         self.default_executor = SimExecutor(self, workers=1)
 
     @property
@@ -131,6 +152,9 @@ class SimLoop(asyncio.BaseEventLoop):
             handle = heappop(scheduled)
             handle._scheduled = False
             ready.append(handle)
+        if ready:
+            self.iterations += 1
+            self.spend(self.turn)  # (the timers that come due meanwhile wait for the next iteration, as they would)
         popleft = ready.popleft
         for _ in range(len(ready)):
             handle = popleft()
@@ -188,8 +212,8 @@ class SimExecutor(concurrent.futures.Executor):
 
     @property
     def contended(self) -> bool:
-        """The loop at work would slow the jobs running, and they the loop: more threads than cores."""
-        return len(self.running) + 1 > self._loop.cores
+        """The loop at work would slow the jobs running, and they the loop: more threads than cores, or the lock."""
+        return bool(self.running) and self.rate(len(self.running), loop=True) < 1.0
 
     def _start(self) -> None:
         loop = self._loop
@@ -206,9 +230,12 @@ class SimExecutor(concurrent.futures.Executor):
             self.running.append(_Job(fut, result, error, self.cost()))
             self._project(loop.now)
 
-    def _rate(self, threads: int) -> float:
-        """The share of a processor each of ``threads`` runnable threads gets."""
-        return min(1.0, self._loop.cores / threads)
+    def rate(self, jobs: int, loop: bool) -> float:
+        """The share of a processor each runnable thread gets while ``jobs`` jobs run, and the loop works or not:
+        the cores shared alike, and the interpreter's lock, which the loop holds whenever it runs and each job for
+        the share ``gil`` of its time (the module's docstring)."""
+        locked = loop + self._loop.gil * jobs
+        return min(1.0, self._loop.cores / (jobs + loop), 1.0 / locked if locked > 0 else 1.0)
 
     def _sync(self, now: float) -> None:
         """Bring the jobs' CPU left up to ``now``, the loop idle since the last time (the loop's work brings them up
@@ -216,7 +243,7 @@ class SimExecutor(concurrent.futures.Executor):
         elapsed, self._last = now - self._last, now
         running = self.running
         while elapsed > 0 and running:
-            rate = self._rate(len(running))
+            rate = self.rate(len(running), loop=False)
             least = min(job.left for job in running)
             if least > elapsed * rate + EPSILON:
                 for job in running:
@@ -235,12 +262,12 @@ class SimExecutor(concurrent.futures.Executor):
 
     def share(self, now: float, seconds: float) -> float:
         """The loop begins ``seconds`` of CPU at ``now`` beside the jobs running: when it is done (it and they get
-        an equal share of the cores, :meth:`_rate`). The jobs' ends move by the CPU the loop took meanwhile: their
+        an equal share, :meth:`rate`). The jobs' ends move by the CPU the loop took meanwhile: their
         timers, set for the earliest they could end (:meth:`_project`), find them running and are set again."""
         self._sync(now)
         running = self.running
         while seconds > 0 and running:
-            rate = self._rate(len(running) + 1)
+            rate = self.rate(len(running), loop=True)
             least = min(job.left for job in running)
             if seconds <= least:
                 now += seconds / rate
@@ -262,7 +289,7 @@ class SimExecutor(concurrent.futures.Executor):
         t, done = now, 0.0
         running = sorted(self.running, key=lambda job: job.left) if len(self.running) > 1 else self.running
         for i, job in enumerate(running):
-            t += (job.left - done) / self._rate(len(running) - i)
+            t += (job.left - done) / self.rate(len(running) - i, loop=False)
             done = job.left
             self._at(job, t)
 

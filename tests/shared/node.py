@@ -1,0 +1,63 @@
+"""A process of the fault tests: ``python -m tests.shared.node ADDRESS DIR --items 0:20 [--pace s] [--role r]``.
+
+It starts a shared batcher of :func:`tests.shared.models.model` (which logs the model's calls to
+``$SHARED_TEST_LOG``), writes ``DIR/ready-<pid>`` (its role), submits its items (``--pace`` seconds apart, or all
+at once) and writes each one's outcome to ``DIR/out-<pid>.jsonl`` as it comes, then runs until SIGTERM, when it
+stops gracefully (an owner hands over) and writes ``DIR/stopped-<pid>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from async_batcher.shared import SharedBatcher
+from tests.shared.models import model
+
+
+async def main(address: str, directory: Path, items: range, pace: float, role: Any, timeout: float | None) -> None:
+    shared: SharedBatcher[Any, Any] = SharedBatcher(model, address=address, role=role, name="model", owner_wait=20)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    pid = os.getpid()
+    out = open(directory / f"out-{pid}.jsonl", "a", buffering=1)  # noqa: ASYNC230 - a line per outcome
+
+    async def one(item: int) -> None:
+        try:
+            value = await shared.process(item, timeout=timeout)
+        except Exception as exc:
+            record = {"item": item, "error": type(exc).__name__, "message": str(exc)}
+        else:
+            record = {"item": item, "ok": value}
+        out.write(json.dumps(record) + "\n")
+
+    async with shared:
+        (directory / f".ready-{pid}").write_text(str(shared.role))
+        (directory / f".ready-{pid}").rename(directory / f"ready-{pid}")  # (whole, or not there)
+        tasks = []
+        for item in items:
+            tasks.append(asyncio.ensure_future(one(item)))
+            if pace:
+                await asyncio.sleep(pace)
+        await asyncio.gather(*tasks)
+        await stop.wait()
+    out.close()
+    (directory / f"stopped-{pid}").write_text("")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("address")
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--items", default="0:0")
+    parser.add_argument("--pace", type=float, default=0.0)
+    parser.add_argument("--role", default="auto")
+    parser.add_argument("--timeout", type=float, default=None)
+    args = parser.parse_args()
+    start, _, stop = args.items.partition(":")
+    asyncio.run(main(args.address, args.directory, range(int(start), int(stop)), args.pace, args.role, args.timeout))

@@ -1,0 +1,151 @@
+"""Hand-over in one process: an owner that stops drains what it accepted while its clients hold what comes next for
+the next owner, one of them (role "auto"), which takes over."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from async_batcher import OutcomeUnknownError
+from async_batcher.shared import SharedBatcher, _board
+from tests.loops import until
+from tests.shared.models import Model
+
+
+async def test_an_owner_that_stops_drains_and_a_client_takes_over(address: str) -> None:
+    gate = asyncio.Event()
+    models: list[Model] = []
+
+    async def make() -> Model:
+        models.append(Model(gate=gate if not models else None, max_batch_size=5, max_queue_time=0, concurrency=1))
+        return models[-1]
+
+    first = SharedBatcher(make, address=address, name="m")
+    second = SharedBatcher(make, address=address, name="m")
+    await first.__aenter__()
+    await second.__aenter__()
+    try:
+        assert (first.role, second.role) == ("owner", "client")
+        accepted = [asyncio.ensure_future(second.process(i)) for i in range(5)]
+        await until(lambda: len(models[0].items) == 5)
+        leaving = asyncio.ensure_future(first.stop())
+        await until(lambda: second._seat is not None and second._seat.client.leaving)
+        held = [asyncio.ensure_future(second.process(i)) for i in range(5, 10)]
+        await asyncio.sleep(0.05)
+        assert len(models) == 1 and models[0].items == [0, 1, 2, 3, 4]  # held, not sent to the owner leaving
+        gate.set()
+        await leaving
+        assert list(await asyncio.gather(*accepted, *held)) == [2 * i for i in range(10)]
+        assert second.role == "owner"
+        assert models[1].items == [5, 6, 7, 8, 9]
+        assert await second.process(10) == 20  # its own callers now go straight to its batcher
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_a_stopping_client_never_takes_over_and_stopping_all_at_once_does_not_hang(address: str) -> None:
+    made: list[Model] = []
+
+    async def make() -> Model:
+        model = Model(max_batch_size=5, max_queue_time=0)
+        made.append(model)
+        return model
+
+    batchers = [SharedBatcher(make, address=address, name="m", owner_wait=2) for _ in range(3)]
+    for b in batchers:
+        await b.__aenter__()
+    assert [b.role for b in batchers] == ["owner", "client", "client"]
+    assert list(await asyncio.gather(*(b.process(i) for i, b in enumerate(batchers)))) == [0, 2, 4]
+    async with asyncio.timeout(10):
+        await asyncio.gather(*(b.stop() for b in batchers))
+    assert len(made) == 1  # nobody took over from an owner leaving while they stopped too
+
+
+async def test_a_client_told_the_owner_leaves_lets_go_once_answered(address: str) -> None:
+    # An owner that says it leaves but never closes (its loop stopped with the socket open, say) must not keep a
+    # client waiting on it: the client closes its end once its calls are answered, and looks for the next owner.
+    owner = SharedBatcher(Model, address=address, name="m")
+    client = SharedBatcher(Model, address=address, name="m", owner_wait=5)
+    async with owner, client:
+        assert owner._seat is not None and owner._seat.owner is not None and client._seat is not None
+        assert await client.process(1) == 2
+        link = client._seat.client.link
+        assert link is not None
+        owner._seat.owner.leave()  # LEAVING, and nothing more
+        await until(lambda: link.closed, within=10)
+
+
+async def test_a_connection_still_in_its_handshake_is_closed_when_the_owner_leaves(address: str) -> None:
+    async with SharedBatcher(Model, address=address, name="m") as owner:
+        reader, writer = await asyncio.open_unix_connection(address)  # connected: the owner's hello comes
+        await reader.readexactly(4)
+        assert owner._seat is not None
+    async with asyncio.timeout(10):
+        rest = await reader.read()  # the end, not a connection left open after the owner is gone
+    assert len(rest) < 1024
+    writer.close()
+
+
+async def test_a_call_unresolved_while_many_pass_keeps_its_mark_on_the_gone_board(
+    address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A board of 8 slots: the 20 items answered one by one while the first stays in its batch would reuse its slot
+    # twice, overwriting its mark, were ids given without looking (it was then sent again after it had gone).
+    monkeypatch.setattr(_board, "SLOTS", 8)
+    models: list[Model] = []
+
+    async def make() -> Model:
+        models.append(Model(max_batch_size=1, max_queue_time=0, concurrency=2))
+        return models[-1]
+
+    owner = SharedBatcher(make, address=address, name="m")
+    client = SharedBatcher(make, address=address, name="m")
+    await owner.__aenter__()
+    await client.__aenter__()
+    try:
+        assert (owner.role, client.role) == ("owner", "client")
+        long = asyncio.ensure_future(client.process(["sleep", 30]))
+        await until(lambda: len(models[0].batches) == 1)
+        assert [await client.process(i) for i in range(20)] == [2 * i for i in range(20)]
+        seat = client._seat
+        assert seat is not None and seat.client.link is not None
+        seat.client.link.abort()  # the connection drops, as when the owner dies
+        with pytest.raises(OutcomeUnknownError):
+            await asyncio.wait_for(long, 10)
+        assert models[0].items.count(["sleep", 30]) == 1
+    finally:
+        await client.stop(force=True)
+        await owner.stop(force=True)
+
+
+async def test_calls_crowded_past_the_boards_slots_are_taken_as_gone(
+    address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # More unresolved calls than slots: ids share slots, and a call whose mark another overwrote is still reported as
+    # an outcome unknown, never sent again.
+    monkeypatch.setattr(_board, "SLOTS", 8)
+    models: list[Model] = []
+
+    async def make() -> Model:
+        models.append(Model(max_batch_size=1, max_queue_time=0, concurrency=2))
+        return models[-1]
+
+    owner = SharedBatcher(make, address=address, name="m")
+    client = SharedBatcher(make, address=address, name="m")
+    await owner.__aenter__()
+    await client.__aenter__()
+    try:
+        long = asyncio.ensure_future(client.process(["sleep", 30]))
+        await until(lambda: len(models[0].batches) == 1)
+        assert await asyncio.gather(*(client.process(i) for i in range(20))) == [2 * i for i in range(20)]
+        seat = client._seat
+        assert seat is not None and seat.client.link is not None
+        seat.client.link.abort()
+        with pytest.raises(OutcomeUnknownError):
+            await asyncio.wait_for(long, 10)
+        assert models[0].items.count(["sleep", 30]) == 1
+    finally:
+        await client.stop(force=True)
+        await owner.stop(force=True)
