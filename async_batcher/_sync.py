@@ -67,7 +67,7 @@ def _hand_over(b: Base, coro: Coroutine[Any, Any, S], n: int) -> concurrent.futu
         run = b._life.run
         loop = run.loop
         if gate.stopping or run.state is State.STOPPED:
-            b._recorder.reject(n, "stopped")
+            b._recorder.rejected(n, "stopped")
             raise BatcherStoppedError(f"{b.name} is {'stopping' if gate.stopping else 'stopped'}")
         live = loop is not None and not loop.is_closed()
         if (

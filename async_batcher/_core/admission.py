@@ -37,6 +37,7 @@ from async_batcher.exceptions import (
     OversizedItemError,
     QueueFullException,
 )
+from async_batcher.stats import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
 
 if TYPE_CHECKING:
     from async_batcher._core.lifecycle import Lifecycle
@@ -124,7 +125,7 @@ class Admission:
             [self.key_and_weight(engine, x, n) for x in batch] if engine.keyed or engine.queue.weighted else None
         )
         if n > engine.room.limit:
-            self.recorder.reject(n, "queue_full")
+            self.recorder.rejected(n, "queue_full")
             raise QueueFullException(
                 f"{self.name}: process_many of {_checks.plural(n, 'item')} can never fit in "
                 f"max_queue_size={engine.room.size}"
@@ -154,7 +155,7 @@ class Admission:
             return await fut
         except asyncio.CancelledError:
             if fut.cancelled():
-                self.recorder.cancelled += n
+                self.recorder.resolved(n, CANCELLED)
                 engine.withdraw_bulk(bulk)
             raise
         except BaseException:
@@ -183,7 +184,7 @@ class Admission:
                 yield part
         except (asyncio.CancelledError, GeneratorExit):  # the consumer left: cancelled, or it stopped iterating
             if not sink.done():
-                self.recorder.cancelled += 1
+                self.recorder.resolved(1, CANCELLED)
                 sink.cancel()
             engine.withdraw(entry)
             raise
@@ -198,7 +199,7 @@ class Admission:
         (admitted as any item is), and wait for its result on a future of this caller's own."""
         key, weight = self.key_and_weight(engine, item, 1)
         if weight > engine.room.weight_limit:  # refused as it would be alone, even if a twin is in flight
-            self.recorder.reject(1, "oversized")
+            self.recorder.rejected(1, "oversized")
             raise engine.room.never_fits(1, weight)
         tag = self.dedup_tag(item)
         if tag is None:  # this item shares nothing: the plain long path
@@ -211,8 +212,8 @@ class Admission:
             hit, result = rows.cache.get(shared_key, engine.loop.time())
             if hit:
                 answer = rows.copy(result)
-                self.recorder.exited += 1
-                self.recorder.succeeded += 1
+                self.recorder.admitted(1)
+                self.recorder.resolved(1, SUCCEEDED)
                 self.recorder.count("cache_hits")
                 return answer
         row = rows.find(shared_key)
@@ -233,7 +234,7 @@ class Admission:
                     row.entry = Entry(item, row, engine.clock(), lane, context)
                 engine.put_entry(row.entry, priority)
                 return await self._await_row(engine, row, row.join(deadline), deadline)
-        self.recorder.exited += 1  # (submitted: it never waits in the queue, its row does)
+        self.recorder.admitted(1)  # (submitted: it never waits in the queue, its row does)
         self.recorder.count("deduplicated")
         return await self._await_row(engine, row, row.join(deadline), deadline)
 
@@ -244,7 +245,7 @@ class Admission:
             return await fut
         except asyncio.CancelledError:
             if fut.cancelled():
-                self.recorder.cancelled += 1
+                self.recorder.resolved(1, CANCELLED)
                 row.leave()
             raise
         finally:
@@ -254,7 +255,7 @@ class Admission:
     def _expire_shared(self, row: Shared, fut: asyncio.Future[Any]) -> None:
         if fut.done():
             return
-        self.recorder.timed_out += 1
+        self.recorder.resolved(1, TIMED_OUT)
         fut.set_exception(TimeoutError(f"{self.name}: no result within the timeout"))
         row.leave()
 
@@ -306,7 +307,7 @@ class Admission:
         if not _checks.is_real(weight) or not _checks.is_finite(weight) or weight < 0:
             raise ValueError(f"{self.name}: item_weight() must return a finite number >= 0, got {weight!r}")
         if weight > engine.weight_limit:
-            self.recorder.reject(n, "oversized")
+            self.recorder.rejected(n, "oversized")
             if weight > engine.room.weight_limit:  # over max_queue_weight too: the limit of what gets in
                 raise engine.room.never_fits(1, float(weight))
             raise OversizedItemError(
@@ -327,8 +328,8 @@ class Admission:
         """
         if engine.in_flight < engine.slot_limit or not engine.inside_own_batch():
             return
-        self.recorder.exited += n
-        self.recorder.failed += n
+        self.recorder.left(n)
+        self.recorder.resolved(n, FAILED)
         raise engine.reentrant_error()
 
     async def make_room(self, engine: Engine, n: int, weight: float, deadline: float | None) -> None:
@@ -337,7 +338,7 @@ class Admission:
         (and their weight :meth:`held <hold>`) without awaiting anything."""
         room = engine.room
         if weight > room.weight_limit:
-            self.recorder.reject(n, "oversized")
+            self.recorder.rejected(n, "oversized")
             raise room.never_fits(n, weight)
         due = self.late.refuse_if_late(engine, n, deadline)
         if room.no_room(n, weight):
@@ -363,20 +364,20 @@ class Admission:
         room = engine.room
         if not self.settings.wait_when_full:
             if room.queue.waiting + room.reserved + n > room.limit or room.putters:
-                self.recorder.reject(n, "queue_full")
+                self.recorder.rejected(n, "queue_full")
                 raise QueueFullException(
                     f"{self.name}: the queue is full (max_queue_size={engine.room.size}); cannot process more items "
                     "at the moment"
                 )
-            self.recorder.reject(n, "queue_weight")
+            self.recorder.rejected(n, "queue_weight")
             raise QueueFullException(
                 f"{self.name}: the queue's weight is full (max_queue_weight={room.weight_limit:g}, "
                 f"{room.held:g} admitted and not yet answered); cannot admit {weight:g} more at the moment"
             )
         await room.wait(n, deadline, engine.deadlines, self.recorder, engine.room_wanted_now, weight)
         if engine.state is not State.RUNNING:  # woken, then a stop began before it could queue
-            self.recorder.exited += n
-            self.recorder.failed += n
+            self.recorder.left(n)
+            self.recorder.resolved(n, FAILED)
             raise BatcherStoppedError(f"{self.name} is {engine.state.value}")
 
     # ------------------------------------------------------------------ timeouts
@@ -386,7 +387,7 @@ class Admission:
         sink = entry.sink
         if sink.done():
             return
-        self.recorder.timed_out += 1
+        self.recorder.resolved(1, TIMED_OUT)
         engine.withdraw(entry)
         sink.set_exception(TimeoutError(f"{self.name}: {what} within the timeout"))
 
@@ -394,7 +395,7 @@ class Admission:
         """A ``timeout=`` of :meth:`AsyncBatcher.process_many` expired: the whole call times out."""
         if bulk.future.done():
             return
-        self.recorder.timed_out += len(bulk.items)
+        self.recorder.resolved(len(bulk.items), TIMED_OUT)
         bulk.future.set_exception(TimeoutError(f"{self.name}: no results within the timeout"))
         engine.withdraw_bulk(bulk)
 

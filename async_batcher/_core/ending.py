@@ -79,7 +79,7 @@ class Ending:
                     goes_on = self.settle(recovery, batch, results, error, ran=ran)
                     return
             if ran:
-                self.recorder.processed += batch.size
+                self.recorder.processed(batch.size)
             if error is not None:
                 batch.answered = self.fail(batch, error, cut_off=cut_off)
             else:
@@ -189,7 +189,7 @@ class Ending:
 
     def record(self, batch: Batch) -> None:
         """The statistics of a call of ``process_batch`` that has ended."""
-        self.recorder.record_batch(batch.size, batch.waited, self.loop.time() - batch.called, batch.reason)
+        self.recorder.batch_ended(batch.size, batch.waited, self.loop.time() - batch.called, batch.reason)
 
 
 def discard(results: Any) -> None:

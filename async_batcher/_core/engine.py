@@ -38,6 +38,7 @@ from async_batcher._core.room import violations as room_violations
 from async_batcher._core.sinks import Bulk, fail_sinks
 from async_batcher._core.state import DISPATCHING, State
 from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ReentrantCallError
+from async_batcher.stats import CANCELLED, FAILED, TIMED_OUT
 
 if TYPE_CHECKING:
     from async_batcher._core.recovery import Recovery
@@ -285,7 +286,7 @@ class Engine(Dispatch):
         """The caller of ``entry`` was cancelled: if its future was (its own cancellation, not an error of
         ``process_batch``), it counts as cancelled, and its item is withdrawn if it has not been sent."""
         if entry.sink.cancelled():
-            self.recorder.cancelled += 1
+            self.recorder.resolved(1, CANCELLED)
             self.withdraw(entry)
 
     def withdraw(self, entry: Entry) -> None:
@@ -302,7 +303,7 @@ class Engine(Dispatch):
         """Take back an item :meth:`put` queued on a loop that turned out not to be the running one: as if it had
         never been submitted (it is submitted again, on the long path)."""
         if self.queue.withdraw(entry):
-            self.recorder.exited -= 1
+            self.recorder.returned(1)
 
     def _withdrawn(self) -> None:
         # Items left without a batch: room for those in line, and perhaps the end of a drain.
@@ -321,11 +322,11 @@ class Engine(Dispatch):
         if bulk is None:
             sink = entry.sink
             if not sink.done():
-                self.recorder.timed_out += 1
+                self.recorder.resolved(1, TIMED_OUT)
                 sink.set_exception(TimeoutError(f"{self.name}: no result within the timeout"))
             return
         if not bulk.future.done():
-            self.recorder.timed_out += len(bulk.items)
+            self.recorder.resolved(len(bulk.items), TIMED_OUT)
             bulk.future.set_exception(TimeoutError(f"{self.name}: no results within the timeout"))
         self.queue.withdraw_bulk(bulk)
 
@@ -335,7 +336,7 @@ class Engine(Dispatch):
         if not self.inside_own_batch():
             return
         self.queue.withdraw(entry)
-        self.recorder.failed += 1
+        self.recorder.resolved(1, FAILED)
         entry.sink.set_exception(self.reentrant_error())
 
     def inside_own_batch(self) -> bool:

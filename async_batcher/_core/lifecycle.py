@@ -31,6 +31,7 @@ from async_batcher._core.state import State
 from async_batcher._core.stopping import Stopping, in_hook, run_hook
 from async_batcher._core.streaming import StreamRunner
 from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
+from async_batcher.stats import FAILED
 
 if TYPE_CHECKING:
     from async_batcher._core.batch import Hooks, Watcher
@@ -90,7 +91,7 @@ class Lifecycle(Stopping):
         if run.loop is loop and run.state is State.RUNNING:
             startup = run.startup
             if startup is not None and not startup.done() and self.inside_hook(run, "on_start"):
-                self.recorder.reject(n, "reentrant")
+                self.recorder.rejected(n, "reentrant")
                 raise ReentrantCallError(
                     f"{self.name}: an item submitted from inside on_start() would wait for on_start() forever (the "
                     "first batch waits for it); warm up by calling process_batch() directly"
@@ -98,7 +99,7 @@ class Lifecycle(Stopping):
             return run
         if run.state is State.NEW or run.state is State.RUNNING:
             return self.bind(loop)  # (which refuses another loop that still runs)
-        self.recorder.reject(n, "stopped")
+        self.recorder.rejected(n, "stopped")
         raise BatcherStoppedError(f"{self.name} is {run.state.value}; start() it again to submit items")
 
     def inside_hook(self, run: Run, hook: str) -> bool:
@@ -230,9 +231,9 @@ class Lifecycle(Stopping):
         assert engine is not None
         rec = self.recorder
         lost = engine.queue.waiting + engine.room.awaiting
-        rec.exited += lost
+        rec.left(lost)
         lost += sum(len(batch.items) for batch in engine.batches)
-        rec.failed += lost
+        rec.resolved(lost, FAILED)
         return lost
 
     def _startup_done(self, run: Run, task: asyncio.Task[None]) -> None:

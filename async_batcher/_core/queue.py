@@ -123,7 +123,7 @@ class Queue:
         if self.weighted:
             lane.weight += sum(entry.weight for entry in entries)
         self.waiting += n
-        self.recorder.exited -= n
+        self.recorder.returned(n)
         self.tracked = True
         self.changes += 1
 
@@ -156,7 +156,7 @@ class Queue:
         if self.weighted:
             lane.weight -= entry.weight
         self.waiting -= 1
-        self.recorder.exited += 1
+        self.recorder.left(1)
         self.changes += 1
         return True
 
@@ -174,7 +174,7 @@ class Queue:
             if self.weighted:
                 lane.weight -= unsent
             self.waiting -= unsent
-            self.recorder.exited += unsent
+            self.recorder.left(unsent)
             self.changes += 1
         return unsent
 

@@ -30,6 +30,7 @@ from async_batcher._core.lane import WeightedEntry
 from async_batcher._core.parts import Part, Tree
 from async_batcher._core.policy import Reason
 from async_batcher._core.sinks import as_results, deadline_of, deliver, fail_sinks
+from async_batcher.stats import TIMED_OUT
 
 if TYPE_CHECKING:
     from async_batcher._core.batch import Batch
@@ -93,7 +94,7 @@ class Recovery:
             checked = as_results(results, batch.size)
         except Exception as exc:  # the wrong number of results, or not a sequence: every caller of the call gets why
             logger.warning("%s: %s", runner.name, exc)
-            recorder.processed += batch.size
+            recorder.processed(batch.size)
             self._add(batch, fail_sinks(batch.sinks, exc, recorder))
             return
         tree = batch.tree
@@ -107,7 +108,7 @@ class Recovery:
         if tree is not None and tree.part.sibling is not None:
             tree.part.sibling.presumed = True  # this half of a failed part succeeded: the other holds the fault
         if Retry not in set(map(type, checked)):
-            recorder.processed += size
+            recorder.processed(size)
             if self.retry is not None and self.retry.budget is not None:
                 runner.feedback.retries_earned(size)
             self._add(batch, deliver(batch.sinks, checked, recorder, futures_only=batch.futures_only))
@@ -116,7 +117,7 @@ class Recovery:
         index = tree.part.index
         kept = [k for k, result in enumerate(checked) if result.__class__ is not Retry]
         if kept:
-            recorder.processed += len(kept)
+            recorder.processed(len(kept))
             if self.retry is not None and self.retry.budget is not None:
                 runner.feedback.retries_earned(len(kept))
             sinks = [tree.sinks[index[k]] for k in kept]
@@ -128,7 +129,7 @@ class Recovery:
         size = batch.size
         if not isinstance(error, Exception):  # cancelled, interrupted: every item left fails with it
             self.fold(batch)
-            runner.recorder.processed += batch.size
+            runner.recorder.processed(batch.size)
             self._fail(runner, batch, error)
             return
         split, retry, isolate = self.split, self.retry, self.isolate
@@ -174,7 +175,7 @@ class Recovery:
                 )
                 return
             self._poison(runner, batch, error)
-        runner.recorder.processed += size
+        runner.recorder.processed(size)
         self._fail(runner, batch, error)
 
     def _poison(self, runner: Ending, batch: Batch, error: BaseException) -> None:
@@ -272,7 +273,7 @@ class Recovery:
 
     def _give_up(self, runner: Ending, tree: Tree, index: list[int], errors: list[Any], why: str) -> None:
         """Items that failed transiently and are not tried again: each caller gets its error."""
-        runner.recorder.processed += len(index)
+        runner.recorder.processed(len(index))
         for i, error in zip(index, errors, strict=True):
             if error is None:
                 error = Retry().outcome(why)
@@ -323,7 +324,7 @@ class Recovery:
             if part.isolating:
                 if tree.extra_left <= 0:  # the isolation's calls are spent: its items get the error that covers them
                     assert part.error is not None
-                    runner.recorder.processed += len(live)
+                    runner.recorder.processed(len(live))
                     tree.answered += fail_sinks([tree.sinks[i] for i in live], part.error, runner.recorder)
                     continue
                 tree.extra_left -= 1
@@ -417,11 +418,11 @@ def _expire(runner: Ending, sink: Any) -> int:
         bulk = sink[0]
         if bulk.future.done():
             return 0
-        recorder.timed_out += len(bulk.items)
+        recorder.resolved(len(bulk.items), TIMED_OUT)
         bulk.future.set_exception(TimeoutError(f"{runner.name}: no results within the timeout"))
         return 1
     if sink.done():
         return 0
-    recorder.timed_out += 1
+    recorder.resolved(1, TIMED_OUT)
     sink.set_exception(TimeoutError(f"{runner.name}: no result within the timeout"))
     return 1

@@ -14,6 +14,7 @@ from async_batcher._core.late import Lateness
 from async_batcher._core.settings import find
 from async_batcher._core.waits import LatencyBudget
 from async_batcher.exceptions import LateRefusalError
+from async_batcher.stats import FAILED
 
 if TYPE_CHECKING:
     from async_batcher._core.engine import Engine
@@ -78,10 +79,10 @@ class LateRefusal:
         if prediction is None or prediction.late_by(now, due) <= 0:
             return due
         if waited:
-            self.recorder.exited += n
-            self.recorder.failed += n
+            self.recorder.left(n)
+            self.recorder.resolved(n, FAILED)
         else:
-            self.recorder.reject(n, "late")
+            self.recorder.rejected(n, "late")
         late = prediction.late_by(now, due)
         held = due > prediction.tail
         whose = "the deadline of the items ahead of it in its batch" if held else "its deadline"

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from async_batcher._checks import plural
 from async_batcher.exceptions import OversizedItemError, QueueFullException
+from async_batcher.stats import CANCELLED, FAILED, TIMED_OUT
 
 if TYPE_CHECKING:
     from async_batcher._core.deadlines import Deadlines
@@ -165,13 +166,13 @@ class Room:
                 self.reserved -= n
                 self.reserved_weight -= weight
             self.awaiting -= n
-            recorder.exited += n
+            recorder.left(n)
             if isinstance(exc, asyncio.CancelledError):
-                recorder.cancelled += n
+                recorder.resolved(n, CANCELLED)
             elif isinstance(exc, TimeoutError):
-                recorder.timed_out += n
+                recorder.resolved(n, TIMED_OUT)
             else:
-                recorder.failed += n
+                recorder.resolved(n, FAILED)
             self.wake()  # it may have been the head of the line, holding smaller requests back
             raise
         finally:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from async_batcher import _checks
 from async_batcher.exceptions import BatchSizeMismatchError, TransientError
+from async_batcher.stats import FAILED, SUCCEEDED
 
 if TYPE_CHECKING:
     from async_batcher._core.lane import Lane, WeightedEntry
@@ -181,13 +182,13 @@ class Bulk:
         places, :meth:`fail_chunk`)."""
         if self.future.done():
             return
-        self.recorder.failed += len(self.items)
+        self.recorder.resolved(len(self.items), FAILED)
         self.future.set_exception(exc)
 
     def _succeed(self) -> None:
         failed = sum(1 for r in self.results if isinstance(r, BaseException))
-        self.recorder.failed += failed
-        self.recorder.succeeded += len(self.items) - failed
+        self.recorder.resolved(failed, FAILED)
+        self.recorder.resolved(len(self.items) - failed, SUCCEEDED)
         self.future.set_result(self.results)
 
 
@@ -270,7 +271,7 @@ def fail_sinks(sinks: list[Any], exc: BaseException, recorder: _Recorder) -> int
         elif not sink.done():
             sink.set_exception(exc)
             failed += 1
-    recorder.failed += failed
+    recorder.resolved(failed, FAILED)
     return failed + resolved
 
 
@@ -286,12 +287,12 @@ def deliver(sinks: list[Any], results: Sequence[Any], recorder: _Recorder, *, fu
                 if not sink.done():
                     sink.set_result(result)
                     settled += 1
-            recorder.succeeded += settled
+            recorder.resolved(settled, SUCCEEDED)
             return settled
         # Every caller still waits (the common case): set them all in one pass in C. Nothing can finish a
         # future meanwhile: set_result schedules its callbacks, it does not run them.
         consume(map(_set_result, sinks, results))
-        recorder.succeeded += len(sinks)
+        recorder.resolved(len(sinks), SUCCEEDED)
         return len(sinks)
     i = resolved = 0
     for sink in sinks:
@@ -311,8 +312,8 @@ def deliver(sinks: list[Any], results: Sequence[Any], recorder: _Recorder, *, fu
             result = result.outcome()
         if isinstance(result, BaseException):
             sink.set_exception(result)
-            recorder.failed += 1
+            recorder.resolved(1, FAILED)
         else:
             sink.set_result(result)
-            recorder.succeeded += 1
+            recorder.resolved(1, SUCCEEDED)
     return resolved
