@@ -98,7 +98,7 @@ def _refuse_from_own_thread_batch(b: Base) -> None:
     # very batch its thread is running.
     inside = getattr(thread_batch, "batch", None)
     engine = b._life.run.engine
-    if inside is not None and inside.owner is engine and engine is not None and engine.in_flight >= engine.slot_limit:
+    if inside is not None and engine is not None and inside.owner is engine.dispatcher and engine.waits_for_itself():
         raise ReentrantCallError(
             f"{b.name}: a blocking call from inside its own process_batch while every slot (concurrency="
             f"{b.concurrency}) is taken would wait for that batch forever"

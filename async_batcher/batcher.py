@@ -443,7 +443,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             self.name,
             queued=engine.queue.waiting,
             awaiting_room=engine.room.awaiting,
-            in_flight=engine.in_flight,
+            in_flight=engine.dispatcher.in_flight,
             ceilings=engine.feedback.ceilings(),
             queue_weight=engine.room.held,
         )

@@ -223,12 +223,12 @@ async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
         if not sending and not pending and not ended.done():
             ended.set_result(None)
 
-    engine.watchers.append((sent, over))
+    engine.dispatcher.watchers.append((sent, over))
     try:
         while quota := queue.still_queued(marked):
-            engine.flush(quota)
+            engine.dispatcher.flush(quota)
             await asyncio.sleep(0)
-            if queue.still_queued(marked) and engine.in_flight >= engine.slot_limit:
+            if queue.still_queued(marked) and engine.dispatcher.in_flight >= engine.dispatcher.slot_limit:
                 if engine.inside_own_batch():
                     raise ReentrantCallError(
                         f"{batcher.name}: flush() inside its own process_batch with every slot taken would wait for "
@@ -239,7 +239,7 @@ async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
         if pending:
             await ended
     finally:
-        engine.watchers.remove((sent, over))
+        engine.dispatcher.watchers.remove((sent, over))
 
 
 async def _until_a_slot(engine: Engine) -> None:
@@ -250,11 +250,11 @@ async def _until_a_slot(engine: Engine) -> None:
             freed.set_result(None)
 
     watcher = (lambda batch: None, over)
-    engine.watchers.append(watcher)
+    engine.dispatcher.watchers.append(watcher)
     try:
         await freed
     finally:
-        engine.watchers.remove(watcher)
+        engine.dispatcher.watchers.remove(watcher)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,15 +333,15 @@ def idle(batcher: AsyncBatcher[Any, Any]) -> list[str]:
     if engine is None:
         return []
     found = []
-    if engine.queue.waiting or engine.in_flight:
-        queued, flying = plural(engine.queue.waiting, "item"), plural(engine.in_flight, "batch", "batches")
+    if engine.queue.waiting or engine.dispatcher.in_flight:
+        queued, flying = plural(engine.queue.waiting, "item"), plural(engine.dispatcher.in_flight, "batch", "batches")
         found.append(f"{queued} queued, {flying} in flight")
     if engine.room.awaiting:
         found.append(f"{plural(engine.room.awaiting, 'item')} of callers in line for room")
-    if engine.timer is not None:
-        found.append(f"a timer for {engine.timer_at}")
-    if engine.pump_handle is not None and not engine.pump_handle.cancelled():
-        found.append(f"a pending wake-up {engine.pump_handle!r}")
+    if engine.dispatcher.timer is not None:
+        found.append(f"a timer for {engine.dispatcher.timer_at}")
+    if engine.dispatcher.pump_handle is not None and not engine.dispatcher.pump_handle.cancelled():
+        found.append(f"a pending wake-up {engine.dispatcher.pump_handle!r}")
     if engine.deadlines.timer is not None:
         found.append("a timeout timer")
     backoffs = engine.feedback.backoffs

@@ -306,7 +306,7 @@ class Admission:
         weight = hooks.item_weight(item)
         if not _checks.is_real(weight) or not _checks.is_finite(weight) or weight < 0:
             raise ValueError(f"{self.name}: item_weight() must return a finite number >= 0, got {weight!r}")
-        if weight > engine.weight_limit:
+        if weight > engine.dispatcher.weight_limit:
             self.recorder.rejected(n, "oversized")
             if weight > engine.room.weight_limit:  # over max_queue_weight too: the limit of what gets in
                 raise engine.room.never_fits(1, float(weight))
@@ -314,7 +314,7 @@ class Admission:
                 f"{self.name}: an item of weight {weight!r} can never fit in "
                 f"max_batch_weight={self.settings.limits.max_batch_weight!r}",
                 weight=float(weight),
-                limit=engine.weight_limit,
+                limit=engine.dispatcher.weight_limit,
             )
         return key, float(weight)
 
@@ -326,7 +326,7 @@ class Admission:
         no need: the last of the batches that took the slots finds them all taken, so they cannot all wait on
         themselves.
         """
-        if engine.in_flight < engine.slot_limit or not engine.inside_own_batch():
+        if not engine.waits_for_itself():
             return
         self.recorder.left(n)
         self.recorder.resolved(n, FAILED)
@@ -374,7 +374,7 @@ class Admission:
                 f"{self.name}: the queue's weight is full (max_queue_weight={room.weight_limit:g}, "
                 f"{room.held:g} admitted and not yet answered); cannot admit {weight:g} more at the moment"
             )
-        await room.wait(n, deadline, engine.deadlines, self.recorder, engine.room_wanted_now, weight)
+        await room.wait(n, deadline, engine.deadlines, self.recorder, engine.dispatcher.room_wanted_now, weight)
         if engine.state is not State.RUNNING:  # woken, then a stop began before it could queue
             self.recorder.left(n)
             self.recorder.resolved(n, FAILED)

@@ -179,6 +179,17 @@ class Ending:
             chosen.__cause__ = error
         return chosen
 
+    def abandon(self, batch: Batch, exc: AsyncBatchException) -> None:
+        """A forced stop (or an internal error) cuts ``batch`` off: its callers get ``exc`` (or what
+        :meth:`stopped_error` says), the parts of it not called yet ``exc``, and its task is cancelled; it answers no
+        one from now on (a batch running in a thread runs on to its end unheard)."""
+        batch.abandoned = True
+        fail_sinks(batch.sinks, self.stopped_error(batch, exc), self.recorder)
+        if batch.tree is not None:  # the parts of it not called yet
+            fail_sinks(batch.tree.pending_sinks(), exc, self.recorder)
+        if isinstance(batch.handle, asyncio.Task):
+            batch.handle.cancel()
+
     def release(self, batch: Batch) -> None:
         """Free the batch's slot (unless a stop already did): the engine looks again, so that a free slot never
         idles while a batch is due."""

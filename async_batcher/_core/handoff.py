@@ -76,14 +76,15 @@ class Handoff:
                 ended(_contexts(batch))
 
         pair = (on_sent, on_ended if ended is not None else _ignore)
-        engine.watchers.append(pair)
-        engine.joiners.append(sent)
+        dispatcher = engine.dispatcher
+        dispatcher.watchers.append(pair)
+        dispatcher.joiners.append(sent)
 
         def unwatch() -> None:
-            if pair in engine.watchers:
-                engine.watchers.remove(pair)
-            if sent in engine.joiners:
-                engine.joiners.remove(sent)
+            if pair in dispatcher.watchers:
+                dispatcher.watchers.remove(pair)
+            if sent in dispatcher.joiners:
+                dispatcher.joiners.remove(sent)
 
         return unwatch
 

@@ -136,9 +136,9 @@ class Lateness:
         if none), computed again if the queue changed otherwise than by arrivals, or the batch size changed, since it
         was last."""
         queue = engine.queue
-        seen = (queue.changes, engine.batch_limit, latency)
+        seen = (queue.changes, engine.dispatcher.batch_limit, latency)
         if self.seen != seen:
-            size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
+            size = math.inf if engine.dispatcher.batch_limit == UNLIMITED else engine.dispatcher.batch_limit
             rest = queue.waiting % size
             self.tail_deadline = queue.earliest_due(int(rest), latency) if rest else math.inf
             self.seen = seen
@@ -149,15 +149,15 @@ class Lateness:
         must be, for the items already in it (``latency``: the latency budget, ``inf`` if none); ``None``: admit
         them without asking (the warm-up, or an idle batcher: the head of the queue is always served)."""
         waiting = engine.queue.waiting
-        if (not waiting and not engine.in_flight) or self.fit.observations < WARMUP:
+        if (not waiting and not engine.dispatcher.in_flight) or self.fit.observations < WARMUP:
             return None
         a, b = self.model()
-        size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
-        slots = math.inf if engine.slot_limit == UNLIMITED else engine.slot_limit
+        size = math.inf if engine.dispatcher.batch_limit == UNLIMITED else engine.dispatcher.batch_limit
+        slots = math.inf if engine.dispatcher.slot_limit == UNLIMITED else engine.dispatcher.slot_limit
         wait = 0.0  # until its batch goes
         squares = 0.0  # the squares of the batch times it adds up (for the margin)
-        if engine.in_flight >= slots and engine.batches:
-            first = min(engine.batches, key=lambda batch: batch.started + b + a * batch.size)
+        if engine.dispatcher.in_flight >= slots and engine.dispatcher.batches:
+            first = min(engine.dispatcher.batches, key=lambda batch: batch.started + b + a * batch.size)
             took = b + a * first.size
             wait = max(0.0, first.started + took - now)
             squares += took * took
@@ -182,9 +182,9 @@ class Lateness:
     def admitted(self, engine: Engine, count: int, deadline: float) -> None:
         """``count`` items (a call's) are admitted, to be answered by ``deadline`` (``inf``: whenever): the earliest
         deadline of the tail batch, as it will be with them."""
-        if self.seen is None or self.seen[:2] != (engine.queue.changes, engine.batch_limit):
+        if self.seen is None or self.seen[:2] != (engine.queue.changes, engine.dispatcher.batch_limit):
             return  # (the queue or the batch size changed since the last prediction: the next computes it again)
-        size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
+        size = math.inf if engine.dispatcher.batch_limit == UNLIMITED else engine.dispatcher.batch_limit
         rest = engine.queue.waiting % size
         if not rest or rest + count > size:  # they start a tail batch of their own
             self.tail_deadline = deadline

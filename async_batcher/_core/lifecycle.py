@@ -178,7 +178,7 @@ class Lifecycle(Stopping):
         assert run.engine is not None
         if stall:
             run.engine.stall_changed()
-        run.engine.repump()
+        run.engine.dispatcher.repump()
 
     def _configure(self, run: Run) -> None:
         engine = run.engine
@@ -232,7 +232,7 @@ class Lifecycle(Stopping):
         rec = self.recorder
         lost = engine.queue.waiting + engine.room.awaiting
         rec.left(lost)
-        lost += sum(len(batch.items) for batch in engine.batches)
+        lost += sum(len(batch.items) for batch in engine.dispatcher.batches)
         rec.resolved(lost, FAILED)
         return lost
 
