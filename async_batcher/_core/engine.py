@@ -152,8 +152,7 @@ class Engine:
     ) -> None:
         """The settings as they are now: they apply from the next batch (:meth:`Dispatcher.repump` to look again)."""
         self.runner.stall_limit = stall_limit
-        runner = self.runner
-        runner.recovery = None if runner.is_stream else recovery
+        self.runner.recover_with(recovery)
         self.feedback.configure(
             None if recovery is None else recovery.retry, None if recovery is None else recovery.split
         )

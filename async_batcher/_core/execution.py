@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 from async_batcher._checks import plural
 from async_batcher._core.batch import Batch, Hooks, current_batch, thread_batch
 from async_batcher._core.ending import Ending
+from async_batcher._core.outcomes import Outcomes
 from async_batcher.exceptions import BatcherStoppedError, ProcessBatchCancelledError
 
 if TYPE_CHECKING:
@@ -82,6 +83,14 @@ class Runner(Ending):
         # the engine is told of it.
         self.recovery: Recovery | None = None
         self.feedback = feedback
+        self.outcomes = Outcomes(self.name, recorder)  # how the callers of its batches get their outcomes
+
+    def recover_with(self, recovery: Recovery | None) -> None:
+        """The failure settings as they are now (``None``: off; a streaming batch handles its failures itself),
+        bound to this runner's outcomes, feedback and loop."""
+        self.recovery = (
+            None if recovery is None or self.is_stream else recovery.bound(self.outcomes, self.feedback, self.loop)
+        )
 
     def start_after(self, startup: asyncio.Task[None]) -> None:
         """``on_start()`` runs as ``startup``: the batches formed before it ends wait for it, in order."""
