@@ -20,7 +20,6 @@ from async_batcher._core.lifecycle import Lifecycle
 from async_batcher._core.options import BatcherOptions, SettingsView, settings_from
 from async_batcher._core.queue import DEFAULT_KEY
 from async_batcher._core.state import State
-from async_batcher._threads import Gate
 from async_batcher.stats import BatcherStats, _Recorder
 
 if TYPE_CHECKING:
@@ -28,6 +27,8 @@ if TYPE_CHECKING:
     from typing import Self, Unpack
 
     from async_batcher._core.batch import Watcher
+    from async_batcher._core.engine import Engine
+    from async_batcher.stats import BatchObserver
 
 __all__ = ["AsyncBatcher"]
 
@@ -152,7 +153,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         self._admission = Admission(self._life, self._settings)
         self._handoff = Handoff(self._life, self._admission)  # (async_batcher.shared's owner)
         self._settings.changed = self._life.settings_changed
-        self._sync = Gate(self.name)  # what blocking calls from threads share
+        self._sync = _sync.Blocking(self, self._life, self._recorder)  # blocking calls from threads
 
     #: The hooks of the class that override :class:`AsyncBatcher`'s (set as each subclass is defined): a hook left
     #: alone costs nothing, it is never called.
@@ -385,8 +386,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         """
         force = _checks.flag("force", force)
         timeout = _checks.timeout(timeout)
-        thread = self._sync.thread
-        if thread.loop is not None and not thread.is_current():
+        if self._sync.has_other_thread():
             # Blocking calls started a loop thread for this batcher: the stop runs there, then the thread ends.
             await asyncio.get_running_loop().run_in_executor(None, partial(self.stop_sync, force, timeout))
         await self._life.stop(force=force, timeout=timeout)
@@ -417,7 +417,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         an item not yet sent is withdrawn and ``TimeoutError`` raised. Called from a thread that runs an event
         loop it raises ``RuntimeError`` (it would block that loop): await :meth:`process` there.
         """
-        return _sync.call(self, self.process(item, priority=priority), n=1, timeout=timeout, what="process_sync()")
+        return self._sync.call(self.process(item, priority=priority), n=1, timeout=timeout, what="process_sync()")
 
     def process_many_sync(
         self, items: Iterable[T], *, timeout: float | None = None, priority: float = 0, return_exceptions: bool = False
@@ -425,11 +425,11 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         """:meth:`process_many` for sync code, as :meth:`process_sync`."""
         batch = list(items)
         call = self.process_many(batch, priority=priority, return_exceptions=return_exceptions)
-        return _sync.call(self, call, n=len(batch), timeout=timeout, what="process_many_sync()")
+        return self._sync.call(call, n=len(batch), timeout=timeout, what="process_many_sync()")
 
     def stop_sync(self, force: bool = False, timeout: float | None = None) -> None:
         """:meth:`stop` for sync code: blocks until the batcher is stopped; ends the loop thread it started."""
-        _sync.stop(self, force=_checks.flag("force", force), timeout=_checks.timeout(timeout))
+        self._sync.stop(force=_checks.flag("force", force), timeout=_checks.timeout(timeout))
 
     # ------------------------------------------------------------------ statistics
 
@@ -451,6 +451,17 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
     def _batch_watchers(self) -> list[Watcher]:
         """Told of every batch of every run as it goes and as it ends (:mod:`async_batcher.testing`'s)."""
         return self._life.watchers
+
+    def _engine(self) -> Engine | None:
+        """The engine of the current run (``None`` before the first start): :mod:`async_batcher.testing`'s."""
+        return self._life.run.engine
+
+    def _observe(self, observer: BatchObserver, *, stop: bool = False) -> None:
+        """Feed ``observer`` every batch from now on, or ``stop``: :mod:`async_batcher.metrics`'s histograms."""
+        if stop:
+            self._recorder.remove_observer(observer)
+        else:
+            self._recorder.add_observer(observer)
 
     def __repr__(self) -> str:
         stats = self.stats

@@ -194,10 +194,6 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
 # ---------------------------------------------------------------------- a batcher's batches
 
 
-def _engine(batcher: AsyncBatcher[Any, Any]) -> Engine | None:
-    return batcher._life.run.engine
-
-
 async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
     """Send what waits in ``batcher`` now, whatever its settings say (as slots come free: ``concurrency`` holds),
     and return once those batches have ended. The loop runs one turn first, so that tasks created just before the
@@ -205,7 +201,7 @@ async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
     also while the flush waits for a busy slot. Of each batch key it sends as many items as waited, the first in line
     (one that came later with a better ``priority`` may take a place; those it kept out go at the next pass)."""
     await asyncio.sleep(0)
-    engine = _engine(batcher)
+    engine = batcher._engine()
     if engine is None:
         return
     queue = engine.queue
@@ -321,7 +317,7 @@ def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord
 def violations(batcher: AsyncBatcher[Any, Any]) -> list[str]:
     """The batcher's internal invariants that do not hold now, described (none, always: a test that finds one has
     found a bug of this package)."""
-    engine = _engine(batcher)
+    engine = batcher._engine()
     return [] if engine is None else _violations(engine)
 
 
@@ -329,7 +325,7 @@ def idle(batcher: AsyncBatcher[Any, Any]) -> list[str]:
     """Why ``batcher`` is not idle: items queued or in flight, a timer, a pending wake-up, a timeout timer, items
     waiting out a retry backoff; and :func:`violations`. Empty when nothing waits and nothing is scheduled: an idle
     batcher costs nothing."""
-    engine = _engine(batcher)
+    engine = batcher._engine()
     if engine is None:
         return []
     found = []

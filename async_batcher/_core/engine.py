@@ -22,7 +22,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from async_batcher._checks import plural
-from async_batcher._core.batch import Watcher, current_batch
+from async_batcher._core.batch import Batch, Watcher, current_batch
 from async_batcher._core.deadlines import Deadlines
 from async_batcher._core.deadlines import violations as deadline_violations
 from async_batcher._core.dispatcher import Dispatcher
@@ -295,9 +295,19 @@ class Engine:
         dispatcher = self.dispatcher
         return dispatcher.in_flight >= dispatcher.slot_limit and self.inside_own_batch()
 
-    def reentrant_error(self) -> ReentrantCallError:
+    def blocks_itself(self, inside: Batch) -> bool:
+        """Every slot is taken and ``inside`` (the batch whose thread is running) is one of this run's: a blocking
+        call from there would wait for that batch forever."""
+        dispatcher = self.dispatcher
+        return inside.owner is dispatcher and dispatcher.in_flight >= dispatcher.slot_limit
+
+    def slots_named(self) -> int | None:
+        """``concurrency`` as the batcher's settings say it (``None``: no limit)."""
         slot_limit = self.dispatcher.slot_limit
-        slots = "None" if slot_limit == UNLIMITED else slot_limit
+        return None if slot_limit == UNLIMITED else slot_limit
+
+    def reentrant_error(self) -> ReentrantCallError:
+        slots = self.slots_named()
         return ReentrantCallError(
             f"{self.name}: an item submitted (process(), process_many() or stream()) from inside its own process_batch "
             f"while every slot (concurrency={slots}) is taken would wait for its own batch forever; raise "

@@ -43,7 +43,7 @@ from async_batcher._core.policy import UNLIMITED
 from async_batcher.adaptive import AdaptiveWait
 
 if TYPE_CHECKING:
-    from async_batcher._core.engine import Engine
+    from async_batcher._core.dispatcher import Dispatcher
 
 __all__: list[str] = []
 
@@ -131,33 +131,35 @@ class Lateness:
         dearest = max(t / n for n, t in self.recent)
         return min(a, dearest), min(b, longest)
 
-    def tail(self, engine: Engine, latency: float) -> float:
+    def tail(self, dispatcher: Dispatcher, latency: float) -> float:
         """The earliest deadline of the items of the queue's last batch (``latency``: the latency budget, ``inf``
         if none), computed again if the queue changed otherwise than by arrivals, or the batch size changed, since it
         was last."""
-        queue = engine.queue
-        seen = (queue.changes, engine.dispatcher.batch_limit, latency)
+        queue = dispatcher.queue
+        seen = (queue.changes, dispatcher.batch_limit, latency)
         if self.seen != seen:
-            size = math.inf if engine.dispatcher.batch_limit == UNLIMITED else engine.dispatcher.batch_limit
+            size = math.inf if dispatcher.batch_limit == UNLIMITED else dispatcher.batch_limit
             rest = queue.waiting % size
             self.tail_deadline = queue.earliest_due(int(rest), latency) if rest else math.inf
             self.seen = seen
         return self.tail_deadline
 
-    def predict(self, engine: Engine, now: float, count: int = 1, latency: float = math.inf) -> Prediction | None:
+    def predict(
+        self, dispatcher: Dispatcher, now: float, count: int = 1, latency: float = math.inf
+    ) -> Prediction | None:
         """When the last of ``count`` items (a call's) that arrive now would be answered, and by when their batch
         must be, for the items already in it (``latency``: the latency budget, ``inf`` if none); ``None``: admit
         them without asking (the warm-up, or an idle batcher: the head of the queue is always served)."""
-        waiting = engine.queue.waiting
-        if (not waiting and not engine.dispatcher.in_flight) or self.fit.observations < WARMUP:
+        waiting = dispatcher.queue.waiting
+        if (not waiting and not dispatcher.in_flight) or self.fit.observations < WARMUP:
             return None
         a, b = self.model()
-        size = math.inf if engine.dispatcher.batch_limit == UNLIMITED else engine.dispatcher.batch_limit
-        slots = math.inf if engine.dispatcher.slot_limit == UNLIMITED else engine.dispatcher.slot_limit
+        size = math.inf if dispatcher.batch_limit == UNLIMITED else dispatcher.batch_limit
+        slots = math.inf if dispatcher.slot_limit == UNLIMITED else dispatcher.slot_limit
         wait = 0.0  # until its batch goes
         squares = 0.0  # the squares of the batch times it adds up (for the margin)
-        if engine.dispatcher.in_flight >= slots and engine.dispatcher.batches:
-            first = min(engine.dispatcher.batches, key=lambda batch: batch.started + b + a * batch.size)
+        if dispatcher.in_flight >= slots and dispatcher.batches:
+            first = min(dispatcher.batches, key=lambda batch: batch.started + b + a * batch.size)
             took = b + a * first.size
             wait = max(0.0, first.started + took - now)
             squares += took * took
@@ -173,19 +175,19 @@ class Lateness:
             wait += rounds * took
             squares += math.ceil(rounds) * took * took
         took = b + a * own
-        tail = self.tail(engine, latency) if waiting % size else math.inf  # (a tail batch of items already queued)
+        tail = self.tail(dispatcher, latency) if waiting % size else math.inf  # (a tail batch of items already queued)
         margin = Z * math.sqrt(self.spread2 * (squares + took * took))
         others = own - min(own, count)  # the items of its batch ahead of its own
         drained = wait + (b + a * others if others else 0.0)
         return Prediction(wait + took, margin, tail, drained, b + a * min(own, count), wait)
 
-    def admitted(self, engine: Engine, count: int, deadline: float) -> None:
+    def admitted(self, dispatcher: Dispatcher, count: int, deadline: float) -> None:
         """``count`` items (a call's) are admitted, to be answered by ``deadline`` (``inf``: whenever): the earliest
         deadline of the tail batch, as it will be with them."""
-        if self.seen is None or self.seen[:2] != (engine.queue.changes, engine.dispatcher.batch_limit):
+        if self.seen is None or self.seen[:2] != (dispatcher.queue.changes, dispatcher.batch_limit):
             return  # (the queue or the batch size changed since the last prediction: the next computes it again)
-        size = math.inf if engine.dispatcher.batch_limit == UNLIMITED else engine.dispatcher.batch_limit
-        rest = engine.queue.waiting % size
+        size = math.inf if dispatcher.batch_limit == UNLIMITED else dispatcher.batch_limit
+        rest = dispatcher.queue.waiting % size
         if not rest or rest + count > size:  # they start a tail batch of their own
             self.tail_deadline = deadline
         elif deadline < self.tail_deadline:

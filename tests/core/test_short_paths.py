@@ -73,7 +73,7 @@ async def test_a_plain_batcher_takes_the_short_path_and_calls_no_hook_it_did_not
         assert await b.process_many(range(10)) == [i * 2 for i in range(10)]
     assert counted["AsyncBatcher.process"] >= 20 and counted["Admission.submit_many"] >= 1  # (the counter sees)
     assert counted["Admission.submit"] == 0  # process() never took the long path
-    assert counted["Admission.key_and_weight"] == 0  # process_many() queued one entry, not an entry per item
+    assert counted["Intake.key_and_weight"] == 0  # process_many() queued one entry, not an entry per item
     assert not [name for name in NEVER_OVERRIDDEN if counted[name]]
     await b.stop()
 
