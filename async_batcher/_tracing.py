@@ -16,8 +16,8 @@ from opentelemetry import trace
 from async_batcher._checks import plural
 from async_batcher._core.current import CurrentBatch
 from async_batcher._core.dedup import Shared
+from async_batcher._core.failures import Retry
 from async_batcher._core.policy import UNLIMITED
-from async_batcher._core.sinks import Retry
 
 if TYPE_CHECKING:
     from async_batcher._core.batch import Batch

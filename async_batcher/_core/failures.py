@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from async_batcher import _checks
-from async_batcher._core.sinks import Retry
+from async_batcher.exceptions import TransientError
 
 __all__ = [
     "ErrorMatcher",
@@ -35,6 +35,37 @@ __all__ = [
     "matches",
     "out_of_memory",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """An element of ``process_batch``'s results: this item failed for a transient reason; try it again.
+
+    With a :class:`~async_batcher.failures.RetryPolicy` (``retry=``) the item goes back to the head of its lane after
+    its backoff and joins the next batch; without one, or once it may not be tried again (its attempts, the retry
+    budget, its deadline), its caller gets ``error`` (a :class:`~async_batcher.TransientError` saying why, when
+    ``error`` is ``None``).
+
+    Args:
+        error: What its caller gets if it is not tried again: the transient error (a throttle, ``UnprocessedItems``).
+        after: The least seconds to wait before trying again (a ``Retry-After``); the backoff when longer.
+    """
+
+    error: Exception | None = None
+    after: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.error is not None and not isinstance(self.error, Exception):
+            raise TypeError(f"Retry(error=...) must be an Exception instance or None, got {self.error!r}")
+        if self.after is not None:
+            object.__setattr__(self, "after", _checks.seconds("Retry(after=...)", self.after))
+
+    def outcome(self, why: str = "no retry policy (retry=) is set") -> Exception:
+        """What its caller gets when it is not tried again."""
+        if self.error is not None:
+            return self.error
+        return TransientError(f"process_batch asked to try this item again (Retry); not tried: {why}")
+
 
 #: What classifies an error: an exception class (the error is an instance of it), or a function of the error that
 #: returns whether it matches.

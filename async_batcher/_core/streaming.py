@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from async_batcher._core.batch import Batch, current_batch
 from async_batcher._core.execution import Runner
-from async_batcher._core.sinks import END, Retry, as_results
+from async_batcher._core.failures import Retry
+from async_batcher._core.sinks import END, as_results
 from async_batcher.exceptions import BatcherStoppedError
 from async_batcher.stats import FAILED, SUCCEEDED, TIMED_OUT
 
