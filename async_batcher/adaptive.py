@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from async_batcher._checks import seconds
+from async_batcher._core.state import UNLIMITED
 
 __all__ = ["AdaptiveWait", "AdaptiveWaitState"]
 
@@ -107,10 +108,12 @@ class AdaptiveWait:
         return a, b
 
     def keeps_up_size(self, concurrency: int) -> float:
-        """``n*``: the size that batches formed while slots are busy settle at (``inf`` if none keeps up)."""
+        """``n*``: the size that batches formed while slots are busy settle at (``inf`` if none keeps up);
+        ``concurrency``: the most batches in flight, :data:`~async_batcher.policies.UNLIMITED` for no limit (as the
+        batcher's settings give it; 0 or less, the spelling of earlier versions, is no limit too)."""
         a, b = self.model()
         lam = self.rate
-        slots = concurrency if concurrency > 0 else math.inf
+        slots = concurrency if 0 < concurrency < UNLIMITED else math.inf
         if lam * a >= slots:
             return math.inf
         if slots == math.inf:

@@ -11,18 +11,17 @@ leaves its ceiling in the queue's :class:`Kept`, where its key finds it again.
 from __future__ import annotations
 
 import math
-import sys
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING
+
+from async_batcher._core.state import UNLIMITED
 
 if TYPE_CHECKING:
     from async_batcher._core.lane import Lane
 
 __all__: list[str] = []
 
-# A lane's ceiling when there is none (policy.UNLIMITED).
-NONE = sys.maxsize
 # The keys whose ceilings are kept once their idle lanes are let go (Queue.drop_empty_lanes keeps 16 idle lanes): a
 # ceiling is a safety fact, not scheduling history. Past this many, the key idle longest is forgotten first.
 KEEP_CEILINGS = 1024
@@ -66,7 +65,7 @@ def held(lane: Lane, size: int, weight: float, *, weighted: bool, grow_after: in
     if capacity is None:
         return
     ceiling = lane.weight_ceiling if weighted else float(lane.ceiling)
-    if ceiling == math.inf or ceiling >= NONE:
+    if ceiling == math.inf or ceiling >= UNLIMITED:
         return
     if (weight if weighted else size) < (ceiling * _FULL_WEIGHT if weighted else ceiling):
         return  # a smaller batch says nothing of the ceiling
@@ -78,7 +77,7 @@ def held(lane: Lane, size: int, weight: float, *, weighted: bool, grow_after: in
     if weighted:
         lane.weight_ceiling = math.inf if raised >= capacity.peak else raised
     else:
-        lane.ceiling = NONE if raised >= capacity.peak else max(lane.ceiling + 1, int(raised))
+        lane.ceiling = UNLIMITED if raised >= capacity.peak else max(lane.ceiling + 1, int(raised))
 
 
 def settle(lane: Lane, size: int, weight: float, *, weighted: bool) -> None:
@@ -95,7 +94,7 @@ def ceiling_of(lane: Lane, *, weighted: bool) -> float | None:
     """The lane's ceiling now (weight units when ``weighted``), or ``None`` if it has none."""
     if weighted:
         return None if lane.weight_ceiling == math.inf else lane.weight_ceiling
-    return None if lane.ceiling >= NONE else float(lane.ceiling)
+    return None if lane.ceiling >= UNLIMITED else float(lane.ceiling)
 
 
 class Kept:
@@ -109,7 +108,7 @@ class Kept:
 
     def park(self, lane: Lane) -> None:
         """``lane`` is let go: keep its ceiling, if it has one."""
-        if lane.capacity is None or (lane.ceiling >= NONE and lane.weight_ceiling == math.inf):
+        if lane.capacity is None or (lane.ceiling >= UNLIMITED and lane.weight_ceiling == math.inf):
             return
         self.by_key[lane.key] = (lane.ceiling, lane.weight_ceiling, lane.capacity)
         if len(self.by_key) > KEEP_CEILINGS:
@@ -128,5 +127,5 @@ class Kept:
         """The ceilings kept, by key (weight units when ``weighted``)."""
         for key, (size, weight, _) in self.by_key.items():
             at = weight if weighted else size
-            if at < NONE and at != math.inf:
+            if at < UNLIMITED and at != math.inf:
                 yield key, float(at)

@@ -24,6 +24,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
@@ -78,7 +79,7 @@ class Runner(Ending):
         self.on_end = on_end
         # The engine's, for continuous batching: items of the batch's lane join it (how many).
         self.join = join
-        self.stall_limit = float("inf")  # stream_stall_timeout, or inf (a stream's wait for a slow consumer)
+        self.stall_limit = math.inf  # stream_stall_timeout, or inf (a stream's wait for a slow consumer)
         # on_batch_error, retry, split_on: what a failed call leads to (None: its callers get the error); and what
         # the engine is told of it.
         self.recovery: Recovery | None = None

@@ -316,5 +316,4 @@ class SettingsView:
         budget: LatencyBudget | None = find(self._settings.policy, LatencyBudget)
         if budget is None:
             return None
-        slots = self._settings.limits.concurrency
-        return budget.adaptive.state(-1 if slots is None else slots)
+        return budget.adaptive.state(self._settings.slot_limit)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from async_batcher._checks import plural
+from async_batcher._core.state import UNLIMITED
 from async_batcher.exceptions import OversizedItemError, QueueFullException
 from async_batcher.stats import CANCELLED, FAILED, TIMED_OUT
 
@@ -59,7 +59,7 @@ class Room:
     def __init__(self, queue: Queue, name: str) -> None:
         self.queue = queue
         self.name = name
-        self.limit = sys.maxsize  # max_queue_size as the queue compares it (sys.maxsize: none)
+        self.limit = UNLIMITED  # max_queue_size as the queue compares it
         self.size: int | None = None  # max_queue_size as the user gave it (for messages)
         self.weight_limit = math.inf  # max_queue_weight (inf: none); set by the engine
         self.putters: deque[tuple[asyncio.Future[None], int, float]] = deque()  # (waiter, items, weight)

@@ -119,7 +119,7 @@ class LatencyBudget(_Waiting):
     def pumping(self, now: float) -> None:
         signals = self.signals
         self.adaptive.note_arrivals(signals.arrivals, now)
-        target = self.adaptive.target_size(_concurrency(signals.concurrency))
+        target = self.adaptive.target_size(signals.concurrency)
         limit = signals.batch_limit
         self._trigger = max(1, min(limit, math.ceil(target) if target < math.inf else UNLIMITED))
 
@@ -139,7 +139,3 @@ class LatencyBudget(_Waiting):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_latency={self.max_latency!r}, turns={self.turns}, regather={self.regather})"
-
-
-def _concurrency(slots: int) -> int:
-    return -1 if slots == UNLIMITED else slots
