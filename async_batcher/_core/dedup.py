@@ -81,7 +81,7 @@ class Shared(SharedSink):
     def _moved(self) -> None:
         # Its deadline may have moved: a queued row's is what refuse_late holds the items behind it to.
         if self.entry is not None and self.entry.lane is not None:
-            self.rows.engine.queue.deadline_moved()
+            self.rows.engine.queue.deadline_moved(self.entry)
 
 
 class Cache:

@@ -104,11 +104,12 @@ class Lateness:
         self.recent: deque[tuple[int, float]] = deque(maxlen=RECENT)
         self.spread2 = 0.0  # the mean square of the batches' relative errors about the fit, as it stood before each
         self.tail_deadline = math.inf  # the earliest deadline of the items of the queue's last batch
-        # What tail_deadline was computed for: the queue's changes, the batch size (which items make the last batch)
-        # and the latency budget. Arrivals keep it up to date; when items leave (cancelled, timed out, sent: their
-        # batch taken, or cut to a preferred size), come back, or their deadlines move, or max_batch_size is set
-        # live, it is computed again from the items queued.
-        self.seen: tuple[int, int, float] | None = None
+        # What tail_deadline was computed for: the queue (a run's), its changes, the batch size (which items make the
+        # last batch) and the latency budget. Arrivals keep it up to date; when items leave (cancelled, timed out,
+        # sent: their batch taken, or cut to a preferred size), come back, or their deadlines move, or
+        # max_batch_size is set live, it is computed again from the items of the last batch (at most
+        # max_batch_size of them). When the last batch is the whole queue, the queue keeps its earliest deadline.
+        self.seen: tuple[object, int, int, float] | None = None
 
     def observe(self, size: int, waited: float, elapsed: float) -> None:
         """A batch of ``size`` items ended, ``elapsed`` seconds after it went (a batch observer of the recorder)."""
@@ -133,14 +134,17 @@ class Lateness:
 
     def tail(self, dispatcher: Dispatcher, latency: float) -> float:
         """The earliest deadline of the items of the queue's last batch (``latency``: the latency budget, ``inf``
-        if none), computed again if the queue changed otherwise than by arrivals, or the batch size changed, since it
-        was last."""
+        if none): the whole queue's, which the queue keeps as items come and go, when the last batch is all of it;
+        else computed again from its items if the queue changed otherwise than by arrivals, or the batch size
+        changed, since it was last."""
         queue = dispatcher.queue
-        seen = (queue.changes, dispatcher.batch_limit, latency)
+        size = dispatcher.batch_limit
+        rest = queue.waiting % size
+        if rest == queue.waiting:
+            return queue.earliest_due_of_all(latency) if rest else math.inf
+        seen = (queue, queue.changes, size, latency)
         if self.seen != seen:
-            size = math.inf if dispatcher.batch_limit == UNLIMITED else dispatcher.batch_limit
-            rest = queue.waiting % size
-            self.tail_deadline = queue.earliest_due(int(rest), latency) if rest else math.inf
+            self.tail_deadline = queue.earliest_due(rest, latency)
             self.seen = seen
         return self.tail_deadline
 
@@ -154,8 +158,8 @@ class Lateness:
         if (not waiting and not dispatcher.in_flight) or self.fit.observations < WARMUP:
             return None
         a, b = self.model()
-        size = math.inf if dispatcher.batch_limit == UNLIMITED else dispatcher.batch_limit
-        slots = math.inf if dispatcher.slot_limit == UNLIMITED else dispatcher.slot_limit
+        size = dispatcher.batch_limit  # (UNLIMITED: one batch takes them all)
+        slots = dispatcher.slot_limit
         wait = 0.0  # until its batch goes
         squares = 0.0  # the squares of the batch times it adds up (for the margin)
         if dispatcher.in_flight >= slots and dispatcher.batches:
@@ -164,13 +168,10 @@ class Lateness:
             wait = max(0.0, first.started + took - now)
             squares += took * took
         total = waiting + count  # the items up to its last, in order
-        ahead = 0  # full batches before its last one's
-        own = total
-        if size < math.inf:
-            ahead = (total - 1) // int(size)
-            own = total - ahead * int(size)
+        ahead = (total - 1) // size  # full batches before its last one's
+        own = total - ahead * size
         if ahead:
-            rounds = ahead / slots
+            rounds = 0.0 if slots == UNLIMITED else ahead / slots  # (with no limit they run beside its own)
             took = b + a * size
             wait += rounds * took
             squares += math.ceil(rounds) * took * took
@@ -184,10 +185,11 @@ class Lateness:
     def admitted(self, dispatcher: Dispatcher, count: int, deadline: float) -> None:
         """``count`` items (a call's) are admitted, to be answered by ``deadline`` (``inf``: whenever): the earliest
         deadline of the tail batch, as it will be with them."""
-        if self.seen is None or self.seen[:2] != (dispatcher.queue.changes, dispatcher.batch_limit):
+        queue = dispatcher.queue
+        if self.seen is None or self.seen[:3] != (queue, queue.changes, dispatcher.batch_limit):
             return  # (the queue or the batch size changed since the last prediction: the next computes it again)
-        size = math.inf if dispatcher.batch_limit == UNLIMITED else dispatcher.batch_limit
-        rest = dispatcher.queue.waiting % size
+        size = dispatcher.batch_limit
+        rest = queue.waiting % size
         if not rest or rest + count > size:  # they start a tail batch of their own
             self.tail_deadline = deadline
         elif deadline < self.tail_deadline:

@@ -8,6 +8,7 @@ Batches are formed from the queue by :mod:`~async_batcher._core.forming`.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -53,12 +54,17 @@ class Queue:
     ``changes`` counts the changes of the queued items other than arrivals at the ends of their levels (items that
     left, items put back at the head, a queued item's deadline that moved): what is computed over the queued items
     in their order (the deadline of the last batch, :meth:`earliest_due`) is computed again when it has changed.
+    Over the whole queue it is kept as items come and go instead (:meth:`earliest_due_of_all`): a heap of each
+    item's due, whose entries that left, or whose due moved, are dropped as they reach its top.
     """
 
     __slots__ = (
         "ceilings",
         "changes",
         "dispatches",
+        "dues",
+        "dues_latency",
+        "dues_seq",
         "expire",
         "fifo0",
         "lane0",
@@ -84,6 +90,11 @@ class Queue:
         self.expire: Callable[[Any], None] = _ignore
         # The out-of-memory ceilings (split_on) of keys whose idle lanes were let go: kept beyond KEEP_IDLE.
         self.ceilings = Kept()
+        # Each queued item's due, (due, seq, entry), from the first time the whole queue's earliest is asked (a late
+        # refusal's), with the latency budget it was computed for; seq: the tie-break (entries are never compared).
+        self.dues: list[tuple[float, int, Any]] | None = None
+        self.dues_latency = math.inf
+        self.dues_seq = 0
 
     # ------------------------------------------------------------------ entering
 
@@ -111,6 +122,8 @@ class Queue:
         self.waiting += 1
         if entry.deadline < math.inf:
             self.tracked = True
+        if self.dues is not None:
+            self._note_due(entry)
 
     def push_front(self, lane: Lane, entries: Sequence[Entry]) -> None:
         """Put items tried again back at the head of their lane (its best priority, in their order): they join its
@@ -126,6 +139,9 @@ class Queue:
         self.recorder.returned(n)
         self.tracked = True
         self.changes += 1
+        if self.dues is not None:
+            for entry in entries:
+                self._note_due(entry)
 
     def push_bulk(self, bulk: Bulk, priority: float) -> None:
         """Queue a plain ``process_many`` call as one entry of the default lane."""
@@ -141,6 +157,8 @@ class Queue:
         self.waiting += n
         if bulk.deadline < math.inf:
             self.tracked = True
+        if self.dues is not None:
+            self._note_due(bulk)
 
     # ------------------------------------------------------------------ leaving without a batch
 
@@ -197,11 +215,15 @@ class Queue:
             lane.clean = True
         self.lanes = {self.lane0.key: self.lane0}
         self.changes += 1
+        if self.dues is not None:
+            self.dues.clear()
         return sinks
 
-    def deadline_moved(self) -> None:
+    def deadline_moved(self, entry: Entry) -> None:
         """A queued item's deadline moved (a shared row's callers came or left)."""
         self.changes += 1
+        if self.dues is not None:
+            self._note_due(entry)
 
     # ------------------------------------------------------------------ looking
 
@@ -252,6 +274,41 @@ class Queue:
                 oldest = min(oldest, head.arrival)
         return oldest
 
+    def earliest_due_of_all(self, latency: float) -> float:
+        """The earliest deadline of every item queued (:meth:`earliest_due` of them all), from the heap of dues kept
+        as items come: entries that left, or whose due moved, are dropped as they reach its top, so that departures
+        cost no look at the rest of the queue. The heap is made (again) at the first call, for a new latency budget,
+        and when it holds more than twice what is queued."""
+        dues = self.dues
+        if dues is None or latency != self.dues_latency or len(dues) > 2 * self.waiting + 64:
+            dues = self._dues_made(latency)
+        while dues:
+            due, _, entry = dues[0]
+            now_due, n = due_of(entry, latency)
+            if not n:  # it left (sent, withdrawn)
+                heapq.heappop(dues)
+            elif now_due != due:  # its caller left, or a shared row's deadline moved
+                self.dues_seq += 1
+                heapq.heapreplace(dues, (now_due, self.dues_seq, entry))
+            else:
+                return due
+        return math.inf
+
+    def _dues_made(self, latency: float) -> list[tuple[float, int, Any]]:
+        self.dues, self.dues_latency = [], latency
+        for lane in self.lanes.values():
+            if lane.count:
+                for entry in lane.entries():
+                    self._note_due(entry)
+        heapq.heapify(self.dues)
+        return self.dues
+
+    def _note_due(self, entry: Any) -> None:
+        due, n = due_of(entry, self.dues_latency)
+        if n and self.dues is not None:
+            self.dues_seq += 1
+            heapq.heappush(self.dues, (due, self.dues_seq, entry))
+
     def earliest_due(self, count: int, latency: float) -> float:
         """The earliest deadline of the last ``count`` items queued (by arrival, the whole queue seen as one line),
         each item due by its caller's deadline (a shared row's: its callers' now) or ``latency`` seconds after its
@@ -265,15 +322,9 @@ class Queue:
                 for entry in reversed(fifo):
                     if seen >= count:
                         break
-                    if entry.__class__ is Bulk:
-                        n = len(entry.items) - entry.pos if entry.lane is not None else 0
-                        deadline = math.inf if entry.future.done() else entry.deadline
-                    else:
-                        n = 0 if entry.lane is None else 1
-                        sink = entry.sink
-                        deadline = math.inf if sink.done() else deadline_of(sink, entry.deadline)
+                    due, n = due_of(entry, latency)
                     if n:
-                        found.append((entry.arrival, min(deadline, entry.arrival + latency), n))
+                        found.append((entry.arrival, due, n))
                         seen += n
         found.sort(key=_first, reverse=True)  # (stable: of equal arrivals, the later in its level first)
         due = math.inf
@@ -328,6 +379,20 @@ class Queue:
                     lane.weight += entry.weight if entry.lane is not None else 0.0
                 elif entry.lane is not None:
                     lane.weight += len(entry.items) - entry.pos
+
+
+def due_of(entry: Any, latency: float) -> tuple[float, int]:
+    """A queued entry's due (its caller's deadline, a shared row's callers' now, or ``latency`` seconds after its
+    arrival, whichever comes first; a caller that has left has no deadline) and how many items of it are queued (0:
+    it left)."""
+    if entry.__class__ is Bulk:
+        n = len(entry.items) - entry.pos if entry.lane is not None else 0
+        deadline = math.inf if entry.future.done() else entry.deadline
+    else:
+        n = 0 if entry.lane is None else 1
+        sink = entry.sink
+        deadline = math.inf if sink.done() else deadline_of(sink, entry.deadline)
+    return min(deadline, entry.arrival + latency), n
 
 
 def violations(queue: Queue) -> list[str]:
