@@ -197,9 +197,10 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         return DEFAULT_KEY
 
     def item_weight(self, item: T) -> float:
-        """Overridable hook: the weight of an item (bytes, tokens) against ``max_batch_weight``; 1 by default.
+        """Overridable hook: the weight of an item (bytes, tokens) against ``max_batch_weight`` and
+        ``max_queue_weight``, which need it.
 
-        Called once per item, at submission, when overridden or when ``max_batch_weight`` is set.
+        Called once per item, at submission, when overridden (else never).
         """
         return 1.0
 

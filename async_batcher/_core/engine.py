@@ -146,7 +146,6 @@ class Engine:
         weight_limit: float,
         priority_wait: float,
         policy: DispatchPolicy,
-        weighted: bool,
         stall_limit: float,
         recovery: Recovery | None = None,
     ) -> None:
@@ -169,8 +168,6 @@ class Engine:
             except Exception as exc:  # (the new policy is in place: the batcher serves on)
                 message = f"{self.name}: {type(old).__name__}.replaced() raised"
                 self.loop.call_exception_handler({"message": message, "exception": exc})
-        if weighted and not self.queue.weighted:
-            self.queue.keep_weights()
         if self.room.putters:
             self.room.wake()
 

@@ -157,7 +157,7 @@ class Lifecycle(Stopping):
             name=self.name,
             # The hooks cost a call per item: they are only called when overridden (or weights are limited).
             keyed="batch_key" in self.overridden,
-            weighted="item_weight" in self.overridden or settings.weighted,
+            weighted="item_weight" in self.overridden,  # (a weight limit needs the hook)
             watchers=self.watchers,
         )
         if started is not None:
@@ -169,7 +169,7 @@ class Lifecycle(Stopping):
         self.run = run
         return run
 
-    def settings_changed(self, *, weights: bool = False, room: bool = False, stall: bool = False) -> None:
+    def settings_changed(self, *, room: bool = False, stall: bool = False) -> None:
         """A setting changed on a live batcher: it applies from the next batch (the stall timeout, from now)."""
         run = self.run
         if run.state not in (State.RUNNING, State.STOPPING):
@@ -194,7 +194,6 @@ class Lifecycle(Stopping):
             weight_limit=settings.weight_limit,
             priority_wait=settings.max_priority_wait,
             policy=settings.policy,
-            weighted=settings.weighted,
             recovery=settings.recovery,
         )
         self.choose_fast_path(run)

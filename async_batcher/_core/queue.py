@@ -369,17 +369,6 @@ class Queue:
                     elif lane.capacity is not None:
                         self.ceilings.park(lane)  # (its ceiling outlives it: Kept)
 
-    def keep_weights(self) -> None:
-        """Weights come into play on a running batcher: count the queued items' weights from now on."""
-        self.weighted = True
-        for lane in self.lanes.values():
-            lane.weight = 0.0
-            for entry in lane.entries():
-                if entry.__class__ is not Bulk:
-                    lane.weight += entry.weight if entry.lane is not None else 0.0
-                elif entry.lane is not None:
-                    lane.weight += len(entry.items) - entry.pos
-
 
 def due_of(entry: Any, latency: float) -> tuple[float, int]:
     """A queued entry's due (its caller's deadline, a shared row's callers' now, or ``latency`` seconds after its

@@ -127,12 +127,6 @@ class Settings:
         return math.inf if weight is None else weight
 
     @property
-    def weighted(self) -> bool:
-        """Items have weights to keep: a weight limit is set (``item_weight`` overridden is the lifecycle's to
-        know)."""
-        return self.limits.max_batch_weight is not None or self.limits.max_queue_weight is not None
-
-    @property
     def stall_limit(self) -> float:
         stall = self.streaming.stall_timeout
         return math.inf if stall is None else stall
@@ -198,13 +192,20 @@ class Settings:
                 "weight",
                 "every item would weigh 1 (max_queue_size bounds their number)",
             )
+        if limits.max_batch_weight is not None:
+            self._needs_hook(
+                "max_batch_weight",
+                limits.max_batch_weight,
+                "item_weight",
+                "weight",
+                "every item would weigh 1 (max_batch_size bounds their number)",
+            )
         old = self.limits
-        weights = (limits.max_batch_weight, limits.max_queue_weight) != (None, None) and not self.weighted
         room = (limits.max_queue_size or UNLIMITED) > (old.max_queue_size or UNLIMITED) or (
             limits.max_queue_weight or math.inf
         ) > (old.max_queue_weight or math.inf)
         self.limits = limits
-        self.changed(weights=weights, room=room)
+        self.changed(room=room)
 
     def set_limit(self, name: str, value: Any) -> None:
         self.set_limits(replace(self.limits, **{name: value}))

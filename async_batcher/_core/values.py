@@ -36,7 +36,8 @@ class Limits:
 
     Args:
         max_batch_size: The most items in one batch.
-        max_batch_weight: The most total :meth:`~async_batcher.AsyncBatcher.item_weight` in one batch.
+        max_batch_weight: The most total :meth:`~async_batcher.AsyncBatcher.item_weight` in one batch. A batcher
+            given one must override ``item_weight`` (``weight=`` with ``@batch``): without, it is a ``ValueError``.
         concurrency: The most batches processed at once.
         max_queue_size: The most items waiting for a batch (batches in flight not counted); past it a call raises
             :class:`~async_batcher.QueueFullException` or waits (``wait_when_full``).

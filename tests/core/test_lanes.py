@@ -412,9 +412,13 @@ async def test_a_kept_lanes_lone_caller_after_an_idle_spell_goes_at_once() -> No
 
 async def test_weights_turned_on_live_count_right_with_kept_lanes_holding_callers_who_left() -> None:
     # Kept lanes hold withdrawn entries (callers timed out: single and process_many across keys); items wait in
-    # two lanes; max_batch_weight comes on live (Queue.keep_weights walks every lane): the counts stay right, and
-    # the batches keep the limit.
-    b = ByHundreds(delay=1.0, max_queue_time=0, concurrency=1)
+    # two lanes; max_batch_weight comes on live (items weigh 1 each: item_weight is overridden, as a weight limit
+    # needs): the counts stay right, and the batches keep the limit.
+    class Weighed(ByHundreds):
+        def item_weight(self, item: int) -> float:
+            return 1.0
+
+    b = Weighed(delay=1.0, max_queue_time=0, concurrency=1)
     async with asyncio.timeout(100):
         for x in (100, 200, 300):
             assert await b.process(x) == 2 * x

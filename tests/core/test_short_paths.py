@@ -65,6 +65,11 @@ class Keyed(Recording):
         return item // 100  # (one key for the items of these tests)
 
 
+class Weighed(Recording):
+    def item_weight(self, item: int) -> float:
+        return 1.0  # (a weight limit needs the hook)
+
+
 async def test_a_plain_batcher_takes_the_short_path_and_calls_no_hook_it_did_not_override() -> None:
     b = Recording(max_queue_time=0)
     b.start()
@@ -83,8 +88,8 @@ async def test_a_plain_batcher_takes_the_short_path_and_calls_no_hook_it_did_not
     [
         (lambda: Keyed(max_queue_time=0), "Keyed.batch_key", "AsyncBatcher.item_weight"),
         (
-            lambda: Recording(max_queue_time=0, max_batch_weight=10),
-            "AsyncBatcher.item_weight",
+            lambda: Weighed(max_queue_time=0, max_batch_weight=10),
+            "Weighed.item_weight",
             "AsyncBatcher.batch_key",
         ),
     ],
