@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import Self, Unpack
 
-    from async_batcher._core.batch import Watcher
+    from async_batcher._core.batch import Batch, Watcher
     from async_batcher._core.engine import Engine
     from async_batcher.stats import BatchObserver
 
@@ -452,6 +452,11 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
     def _batch_watchers(self) -> list[Watcher]:
         """Told of every batch of every run as it goes and as it ends (:mod:`async_batcher.testing`'s)."""
         return self._life.watchers
+
+    def _call_watchers(self) -> list[Callable[[Batch], None]]:
+        """Told of every call of ``process_batch`` of every run as it begins, with what it is handed
+        (:mod:`async_batcher.testing`'s)."""
+        return self._life.calls
 
     def _engine(self) -> Engine | None:
         """The engine of the current run (``None`` before the first start): :mod:`async_batcher.testing`'s."""

@@ -275,11 +275,14 @@ class BatchRecord:
 
 @contextmanager
 def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord]]:
-    """Record every batch ``batcher`` sends while inside: a list of :class:`BatchRecord`, in the order the batches
-    went, each completed with its end. It needs no ``start()`` (the batches of a run started inside are recorded
-    too). Each call of ``process_batch`` is a record: a part of a failed batch called on its own (bisected by
-    ``on_batch_error``, split by ``split_on``) is one, with the reason ``split``, as ``stats.reasons`` counts it."""
+    """Record every call of ``process_batch`` that ``batcher`` makes while inside: a list of :class:`BatchRecord`, in
+    the order the calls began, each with what ``process_batch`` was handed (not the items whose callers left before
+    the call; a batch all of whose callers left is never called, nor recorded, as ``stats.batches`` counts it), and
+    completed with its end. It needs no ``start()`` (the batches of a run started inside are recorded too). A part
+    of a failed batch called on its own (bisected by ``on_batch_error``, split by ``split_on``) is a record, with the
+    reason ``split``, as ``stats.reasons`` counts it."""
     watchers = batcher._batch_watchers()
+    calls = batcher._call_watchers()
     log: list[BatchRecord] = []
     index: dict[Batch, int] = {}
 
@@ -288,7 +291,7 @@ def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord
         now = asyncio.get_running_loop().time()
         log[i] = BatchRecord(record.items, record.key, record.reason, record.started, record.waited, now)
 
-    def sent(batch: Batch) -> None:
+    def called(batch: Batch) -> None:
         i = index.get(batch)
         if i is not None:  # a part of a failed batch: the call before it has ended
             close(i)
@@ -303,12 +306,18 @@ def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord
         if i is not None:
             close(i)
 
-    watcher = (sent, over)
+    watcher = (_not_called_yet, over)  # (a batch's end; and its items' arrivals are kept while one watches)
     watchers.append(watcher)
+    calls.append(called)
     try:
         yield log
     finally:
         watchers.remove(watcher)
+        calls.remove(called)
+
+
+def _not_called_yet(batch: Batch) -> None:
+    pass
 
 
 # ---------------------------------------------------------------------- the batcher's own checks

@@ -61,6 +61,7 @@ class Runner(Ending):
         on_end: Callable[[Batch, int], None],
         join: Callable[[Batch], int],
         feedback: Feedback,
+        calls: list[Callable[[Batch], None]] | None = None,
     ) -> None:
         self.hooks = hooks
         self.name = hooks.name
@@ -85,6 +86,8 @@ class Runner(Ending):
         self.recovery: Recovery | None = None
         self.feedback = feedback
         self.outcomes = Outcomes(self.name, recorder)  # how the callers of its batches get their outcomes
+        # Told of each call of process_batch as it begins, with what it is handed (async_batcher.testing's).
+        self.calls: list[Callable[[Batch], None]] = [] if calls is None else calls
 
     def recover_with(self, recovery: Recovery | None) -> None:
         """The failure settings as they are now (``None``: off; a streaming batch handles its failures itself),
@@ -96,6 +99,12 @@ class Runner(Ending):
     def start_after(self, startup: asyncio.Task[None]) -> None:
         """``on_start()`` runs as ``startup``: the batches formed before it ends wait for it, in order."""
         self.startup = startup
+
+    def calling(self, batch: Batch) -> None:
+        """A call of ``process_batch`` begins, on ``batch.items`` (those of its callers still waiting, or of a part of
+        it): tell who watches the calls."""
+        for called in self.calls:
+            called(batch)
 
     def call(self, items: list[Any]) -> Any:
         """``process_batch(batch=items)`` where its parameter is named ``batch`` (as 0.2.2 called it), else by
@@ -154,6 +163,7 @@ class Runner(Ending):
             current_batch.set(batch)
             if self.recovery is not None:
                 batch.kept = batch.items.copy()  # (process_batch may change its list: a failure needs the items)
+            self.calling(batch)
             ran = batch.entered = True
             results = await self.call(batch.items)
         except asyncio.CancelledError as exc:
@@ -192,6 +202,7 @@ class Runner(Ending):
             return
         future.add_done_callback(partial(self.executor_done, batch))
         batch.handle = future
+        self.calling(batch)
 
     def in_thread(self, batch: Batch) -> Any:
         """What the executor runs: ``process_batch``, unless a forced stop answered the callers before it started."""

@@ -34,7 +34,9 @@ from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
 from async_batcher.stats import FAILED
 
 if TYPE_CHECKING:
-    from async_batcher._core.batch import Hooks, Watcher
+    from collections.abc import Callable
+
+    from async_batcher._core.batch import Batch, Hooks, Watcher
     from async_batcher._core.settings import Settings
     from async_batcher.stats import _Recorder
 
@@ -69,7 +71,7 @@ class Run:
 class Lifecycle(Stopping):
     """A batcher's runs, one after the other: the current one (``run``), how it starts and how it stops."""
 
-    __slots__ = ("hooks", "overridden", "recorder", "run", "settings", "watchers")
+    __slots__ = ("calls", "hooks", "overridden", "recorder", "run", "settings", "watchers")
 
     def __init__(self, hooks: Hooks, settings: Settings, recorder: _Recorder, overridden: frozenset[str]) -> None:
         self.hooks = hooks
@@ -78,6 +80,8 @@ class Lifecycle(Stopping):
         self.overridden = overridden  # the hooks the batcher's class overrides: the others are never called
         self.run = Run(None)
         self.watchers: list[Watcher] = []  # told of the batches of every run (async_batcher.testing's)
+        # Told of each call of process_batch of every run as it begins, with what it is handed (record_batches').
+        self.calls: list[Callable[[Batch], None]] = []
 
     @property
     def name(self) -> str:
@@ -152,7 +156,7 @@ class Lifecycle(Stopping):
         engine = Engine(
             loop,
             self.recorder,
-            partial(cls, self.hooks, loop, self.recorder, run.context),
+            partial(cls, self.hooks, loop, self.recorder, run.context, calls=self.calls),
             settings.policy,
             name=self.name,
             # The hooks cost a call per item: they are only called when overridden (or weights are limited).

@@ -182,6 +182,7 @@ class StreamRunner(Runner):
                 # Its size: the most items it holds at once (items join and leave a stream batch as it runs).
                 entered = batch.size = len(batch.items)
                 current_batch.set(batch)
+                self.calling(batch)
                 batch.entered = True
                 steps = self.call(batch.items)
                 async for parts in steps:
