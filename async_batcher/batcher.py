@@ -190,8 +190,9 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
     def batch_key(self, item: T) -> Hashable:
         """Overridable hook: items with different keys never share a batch (one table, queue, model, tenant...).
 
-        Each key keeps its own pending batch and deadline; keys come and go at run time (the 16 idle keys whose
-        last batch ended last are remembered, for their history); when slots are scarce, keys are served in turn.
+        Each key keeps its own pending batch and deadline; keys come and go at run time (the idle keys whose last
+        batch ended last are remembered, for their history: the policy's ``keep_idle``); when slots are scarce,
+        keys are served in turn.
         Called once per item, at submission. The default puts every item under one key.
         """
         return DEFAULT_KEY

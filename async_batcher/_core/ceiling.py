@@ -22,12 +22,6 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
-# The keys whose ceilings are kept once their idle lanes are let go (Queue.drop_empty_lanes keeps 16 idle lanes): a
-# ceiling is a safety fact, not scheduling history. Past this many, the key idle longest is forgotten first.
-KEEP_CEILINGS = 1024
-# A success at this share of a weight ceiling counts as "at the ceiling" (items of every weight rarely fill it).
-_FULL_WEIGHT = 0.75
-
 
 class Capacity:
     """What a lane's out-of-memory splits taught: the largest size (or weight) that failed, the step of the ceiling's
@@ -58,16 +52,16 @@ def lower(lane: Lane, size: int, weight: float, *, weighted: bool, grow_by: floa
     return float(lane.ceiling)
 
 
-def held(lane: Lane, size: int, weight: float, *, weighted: bool, grow_after: int) -> None:
-    """A call of ``size`` items (``weight``) succeeded: after ``grow_after`` in a row at the ceiling, raise it a
-    step; lift it at the size that failed."""
+def held(lane: Lane, size: int, weight: float, *, weighted: bool, grow_after: int, full_share: float) -> None:
+    """A call of ``size`` items (``weight``) succeeded: after ``grow_after`` in a row at the ceiling (or, weighted,
+    at ``full_share`` of it), raise it a step; lift it at the size that failed."""
     capacity = lane.capacity
     if capacity is None:
         return
     ceiling = lane.weight_ceiling if weighted else float(lane.ceiling)
     if ceiling == math.inf or ceiling >= UNLIMITED:
         return
-    if (weight if weighted else size) < (ceiling * _FULL_WEIGHT if weighted else ceiling):
+    if (weight if weighted else size) < (ceiling * full_share if weighted else ceiling):
         return  # a smaller batch says nothing of the ceiling
     capacity.successes += 1
     if capacity.successes < grow_after:
@@ -98,20 +92,22 @@ def ceiling_of(lane: Lane, *, weighted: bool) -> float | None:
 
 
 class Kept:
-    """The ceilings of keys whose lanes were let go while idle, by key (at most :data:`KEEP_CEILINGS`, the key idle
-    longest forgotten first): a key that comes back finds its ceiling, and what taught it, in its new lane."""
+    """The ceilings of keys whose lanes were let go while idle, by key (at most ``limit``, ``SplitOn.keys_kept``, the
+    key idle longest forgotten first): a key that comes back finds its ceiling, and what taught it, in its new
+    lane."""
 
-    __slots__ = ("by_key",)
+    __slots__ = ("by_key", "limit")
 
     def __init__(self) -> None:
         self.by_key: OrderedDict[Hashable, tuple[int, float, Capacity]] = OrderedDict()
+        self.limit = 0  # (set with split_on: SplitOn.keys_kept)
 
     def park(self, lane: Lane) -> None:
         """``lane`` is let go: keep its ceiling, if it has one."""
         if lane.capacity is None or (lane.ceiling >= UNLIMITED and lane.weight_ceiling == math.inf):
             return
         self.by_key[lane.key] = (lane.ceiling, lane.weight_ceiling, lane.capacity)
-        if len(self.by_key) > KEEP_CEILINGS:
+        if len(self.by_key) > self.limit:
             self.by_key.popitem(last=False)
 
     def restore(self, lane: Lane) -> None:

@@ -231,7 +231,7 @@ class Dispatcher:
                 self._dispatch(lane, reason, now)
         if self.flushing:
             self.flushing = {}
-        queue.drop_empty_lanes()
+        queue.drop_empty_lanes(self.policy.keep_idle)
         if self.room.putters:
             self.room.wake()  # the batches just taken made room
         if not queue.waiting:

@@ -20,7 +20,7 @@ import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 from async_batcher import _checks
 from async_batcher.exceptions import TransientError
@@ -312,7 +312,8 @@ class SplitOn:
     each ``grow_after`` calls in a row that succeed at the ceiling (additive increase), so that a transient spike
     does not shrink it for good; at the size that failed first the ceiling is lifted. A single item that still fails
     fails alone, with the error. The ceilings are in ``stats.ceilings``, the splits in ``stats.splits``. A key's
-    ceiling outlives its idle lane: it is kept for 1024 keys at most, the key idle longest forgotten first.
+    ceiling outlives its idle lane: it is kept for :attr:`keys_kept` keys at most, the key idle longest forgotten
+    first.
 
     Args:
         errors: Exception classes, or functions of an error, that mean "too big": ``SplitOn(torch.OutOfMemoryError,
@@ -323,6 +324,14 @@ class SplitOn:
     """
 
     __slots__ = ("errors", "grow_after", "grow_by")
+
+    #: With ``item_weight``, a call that succeeds at this share of the weight ceiling or more counts as "at the
+    #: ceiling" (toward ``grow_after``): items of every weight rarely fill it exactly. (Without, a call counts at the
+    #: ceiling's size only.)
+    full_share: ClassVar[float] = 0.75
+    #: The keys whose ceilings are kept once their idle lanes are let go (a ceiling is a safety fact, not scheduling
+    #: history): past this many, the key idle longest is forgotten first.
+    keys_kept: ClassVar[int] = 1024
 
     def __init__(self, *errors: ErrorMatcher, grow_after: int = 8, grow_by: float | None = None) -> None:
         self.errors = _matchers("SplitOn(...)", errors) if errors else (out_of_memory,)

@@ -18,13 +18,13 @@ come. (Past saturation that is what limits a batch: it closes, in effect, when t
 one late, and the items after that are refused until it goes.)
 
 **The margin.** A batch's time strays from the fit (jitter, a busy loop), the more the longer it is; the prediction
-is a sum of a few batch times. The margin is ``Z`` standard deviations of the prediction, the batches' errors taken
+is a sum of a few batch times. The margin is ``margin`` standard deviations of the prediction, the batches' errors taken
 as independent, each the measured relative spread of the batches' times about the fit, times that batch's time.
 
 **Safeguards** (the pitfalls of BentoML's fitted dispatcher, which cancelled requests while doing no work): the fit
 is never negative (:meth:`AdaptiveWait.model`) and is bounded by what was seen (its cost per batch by the longest of
 the recent batches, its cost per item by the dearest of them per item: one stall does not make every prediction
-wild), nothing is refused before :data:`WARMUP` batches were measured, and an item that finds the batcher idle
+wild), nothing is refused before ``warmup`` batches were measured, and an item that finds the batcher idle
 (nothing queued, nothing in flight) is never refused: the head of the queue is always served, so batches keep going
 and keep the fit true even if it went wild. (An item that finds the queue empty but a batch in flight is judged: it
 waits for that batch.)
@@ -44,19 +44,9 @@ from async_batcher.adaptive import AdaptiveWait
 
 if TYPE_CHECKING:
     from async_batcher._core.dispatcher import Dispatcher
+    from async_batcher._core.values import RefuseLate
 
 __all__: list[str] = []
-
-#: Batches measured before anything is refused.
-WARMUP = 8
-#: The margin, in standard deviations of the prediction. Three, not 2.33 (1 % of a normal error): the errors come
-#: in groups (a batch that runs long makes every item behind it late together); on the virtual clock, with a model of
-#: 20 % jitter at twice its capacity, 2.33 let 1 % of the answers through late, 3 let 0.3 %, for 1 % less goodput.
-Z = 3.0
-#: The recent batches that bound the fit.
-RECENT = 64
-#: Weight of the newest batch in the relative spread (as in the fit: about the last 20 batches count).
-_DECAY = 0.05
 
 
 class Prediction:
@@ -97,11 +87,12 @@ class Prediction:
 class Lateness:
     """What one batcher measures of its batches to predict when an item would be answered (module docstring)."""
 
-    __slots__ = ("fit", "recent", "seen", "spread2", "tail_deadline")
+    __slots__ = ("fit", "recent", "rule", "seen", "spread2", "tail_deadline")
 
-    def __init__(self) -> None:
+    def __init__(self, rule: RefuseLate) -> None:
+        self.rule = rule  # the constants of the prediction (its warm-up, margin, recent batches, spread's decay)
         self.fit = AdaptiveWait(1.0)  # (its fit only: the budget is not used)
-        self.recent: deque[tuple[int, float]] = deque(maxlen=RECENT)
+        self.recent: deque[tuple[int, float]] = deque(maxlen=rule.recent)
         self.spread2 = 0.0  # the mean square of the batches' relative errors about the fit, as it stood before each
         self.tail_deadline = math.inf  # the earliest deadline of the items of the queue's last batch
         # What tail_deadline was computed for: the queue (a run's), its changes, the batch size (which items make the
@@ -111,6 +102,13 @@ class Lateness:
         # max_batch_size of them). When the last batch is the whole queue, the queue keeps its earliest deadline.
         self.seen: tuple[object, int, int, float] | None = None
 
+    def use(self, rule: RefuseLate) -> None:
+        """The setting's constants as they are now (what was measured is kept)."""
+        if rule is not self.rule:
+            self.rule = rule
+            if self.recent.maxlen != rule.recent:
+                self.recent = deque(self.recent, maxlen=rule.recent)
+
     def observe(self, size: int, waited: float, elapsed: float) -> None:
         """A batch of ``size`` items ended, ``elapsed`` seconds after it went (a batch observer of the recorder)."""
         if size <= 0 or not 0 <= elapsed < math.inf:
@@ -119,7 +117,8 @@ class Lateness:
             a, b = self.model()
             predicted = b + a * size
             error = (elapsed - predicted) / predicted if predicted > 0 else 0.0
-            self.spread2 += _DECAY * (min(error * error, 100.0) - self.spread2)  # (one stall counts, boundedly)
+            decay = self.rule.spread_decay
+            self.spread2 += decay * (min(error * error, 100.0) - self.spread2)  # (one stall counts, boundedly)
         self.fit.observe(size, elapsed)
         self.recent.append((size, elapsed))
 
@@ -155,7 +154,7 @@ class Lateness:
         must be, for the items already in it (``latency``: the latency budget, ``inf`` if none); ``None``: admit
         them without asking (the warm-up, or an idle batcher: the head of the queue is always served)."""
         waiting = dispatcher.queue.waiting
-        if (not waiting and not dispatcher.in_flight) or self.fit.observations < WARMUP:
+        if (not waiting and not dispatcher.in_flight) or self.fit.observations < self.rule.warmup:
             return None
         a, b = self.model()
         size = dispatcher.batch_limit  # (UNLIMITED: one batch takes them all)
@@ -177,7 +176,7 @@ class Lateness:
             squares += math.ceil(rounds) * took * took
         took = b + a * own
         tail = self.tail(dispatcher, latency) if waiting % size else math.inf  # (a tail batch of items already queued)
-        margin = Z * math.sqrt(self.spread2 * (squares + took * took))
+        margin = self.rule.margin * math.sqrt(self.spread2 * (squares + took * took))
         others = own - min(own, count)  # the items of its batch ahead of its own
         drained = wait + (b + a * others if others else 0.0)
         return Prediction(wait + took, margin, tail, drained, b + a * min(own, count), wait)

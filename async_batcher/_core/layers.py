@@ -39,6 +39,7 @@ class Layer(DispatchPolicy):
         self.inner = inner
         self.turns = inner.turns
         self.hard_deadline = inner.hard_deadline
+        self.keep_idle = inner.keep_idle
         signals = getattr(self, "signals", None)
         if signals is not None:
             inner.bind(signals)

@@ -22,6 +22,7 @@ from async_batcher._core.policy import DispatchPolicy
 from async_batcher._core.settings import (
     DISPATCH_KEYWORDS,
     Limits,
+    RefuseLate,
     ResultCache,
     Settings,
     Streaming,
@@ -54,8 +55,8 @@ class BatcherOptions(TypedDict, total=False):
     wait_when_full: bool
     #: Refuse at admission an item predicted to be answered after its deadline (its ``timeout``, ``default_timeout``
     #: or ``max_latency``), with :class:`~async_batcher.LateRefusalError`; a call with none of them is a
-    #: ``ValueError``. Default False.
-    refuse_late: bool
+    #: ``ValueError``. ``True``, or a :class:`~async_batcher.RefuseLate` that says how it predicts. Default False.
+    refuse_late: bool | RefuseLate
     #: Keep the results of deduplicated items (the ``dedup_key`` hook, which it needs) for a while:
     #: :class:`~async_batcher.ResultCache`. Default ``None``: nothing is kept once a row resolves.
     result_cache: ResultCache | None
@@ -138,7 +139,7 @@ def settings_from(
             raise TypeError(f"{where}: pass {group}= or {', '.join(f'{key}=' for key in both)}, not both")
     settings.executor = _checks.executor(options.get("executor"))
     settings.wait_when_full = _checks.flag("wait_when_full", options.get("wait_when_full", False))
-    settings.refuse_late = _checks.flag("refuse_late", options.get("refuse_late", False))
+    settings.refuse_late = _refuse_late(options.get("refuse_late", False))
     settings.set_result_cache(options.get("result_cache"))
     limits = options.get("limits")
     if limits is None:
@@ -169,6 +170,12 @@ def settings_from(
     settings.set_on_batch_error(options.get("on_batch_error"))
     settings.set_split_on(options.get("split_on"))
     return settings, options.get("name")
+
+
+def _refuse_late(value: object) -> bool | RefuseLate:
+    """``refuse_late=`` as given (checked): ``True``, ``False`` or a :class:`RefuseLate`."""
+    RefuseLate.of(value)
+    return value  # type: ignore[return-value]
 
 
 def _deprecated(options: dict[str, Any]) -> None:
@@ -280,9 +287,9 @@ class SettingsView:
     wait_when_full: _Setting[bool] = _plain(
         "wait_when_full", lambda v: _checks.flag("wait_when_full", v), "On a full queue, wait for room (else raise)."
     )
-    refuse_late: _Setting[bool] = _plain(
+    refuse_late: _Setting[bool | RefuseLate] = _plain(
         "refuse_late",
-        lambda v: _checks.flag("refuse_late", v),
+        _refuse_late,
         "Refuse at admission an item predicted to miss its deadline (:class:`~async_batcher.LateRefusalError`).",
     )
     result_cache: _Setting[ResultCache | None] = _Setting(

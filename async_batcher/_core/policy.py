@@ -155,6 +155,10 @@ class DispatchPolicy:
     turns: int = 0
     #: A deadline of this policy bounds a hold too (a latency budget does; ``max_queue_time`` does not).
     hard_deadline: bool = False
+    #: The idle lanes (batch keys with nothing queued and no batch in flight) kept for their history, those whose
+    #: last batch ended last: when their last batch ended, their arrivals then, this policy's memo of them. A key
+    #: used again finds its lane's history; a stream of new keys (one a user) keeps no more than this many.
+    keep_idle: int = 16
 
     signals: Signals
 

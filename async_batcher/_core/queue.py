@@ -28,10 +28,6 @@ __all__: list[str] = []
 # The key of every item when batch_key is not overridden.
 DEFAULT_KEY: Hashable = object()
 
-# The idle lanes (empty, no batch in flight) kept for their history when keys come and go: a service's keys (a
-# model, a length bucket) are usually fewer; a stream of new keys (one a user) keeps no more than this.
-KEEP_IDLE = 16
-
 _ended = attrgetter("ended")
 _first = itemgetter(0)
 
@@ -88,7 +84,7 @@ class Queue:
         self.recorder = recorder
         # The engine's: an entry (or a plain bulk call) whose deadline passed has left the queue: fail its caller.
         self.expire: Callable[[Any], None] = _ignore
-        # The out-of-memory ceilings (split_on) of keys whose idle lanes were let go: kept beyond KEEP_IDLE.
+        # The out-of-memory ceilings (split_on) of keys whose idle lanes were let go: kept beyond the idle lanes.
         self.ceilings = Kept()
         # Each queued item's due, (due, seq, entry), from the first time the whole queue's earliest is asked (a late
         # refusal's), with the latency budget it was computed for; seq: the tie-break (entries are never compared).
@@ -335,9 +331,10 @@ class Queue:
             count -= n
         return due
 
-    def drop_empty_lanes(self) -> None:
+    def drop_empty_lanes(self, keep: int) -> None:
         """Keys come and go: forget the lanes that hold nothing and have no batch in flight, all but the
-        :data:`KEEP_IDLE` whose last batch ended last; the default lane stays. A key used again finds its lane's
+        ``keep`` (:attr:`DispatchPolicy.keep_idle <async_batcher.policies.DispatchPolicy.keep_idle>`) whose last
+        batch ended last; the default lane stays. A key used again finds its lane's
         history (when its last batch ended, the rate since, the policy's memo), as the default lane's callers do; a
         stream of new keys keeps at most that many idle lanes. A lane's out-of-memory ceiling is kept longer, in
         :attr:`ceilings` (:class:`~async_batcher._core.ceiling.Kept`): a key used again finds it, however many keys
@@ -355,10 +352,10 @@ class Queue:
                 lane.order = []
                 lane.clean = True
             idle.append(lane)
-        if len(idle) > KEEP_IDLE:
+        if len(idle) > keep:
             idle.sort(key=_ended)
             lanes = self.lanes
-            for lane in idle[: len(idle) - KEEP_IDLE]:
+            for lane in idle[: len(idle) - keep]:
                 # (A key whose hash changes, against the contract of a dict key, may find its lane, another or none,
                 # at each look: a lane found that is not this one goes back, so that the pump never fails and no
                 # lane that holds items is lost.)

@@ -37,10 +37,15 @@ class LateRefusal:
         self.measure_lateness()
 
     def measure_lateness(self) -> Lateness | None:
-        """With ``refuse_late`` on: what is measured of the batches to predict an item's answer, from now on."""
-        if self.lateness is None and self.settings.refuse_late:
-            self.lateness = Lateness()
-            self.recorder.add_observer(self.lateness.observe)
+        """With ``refuse_late`` on: what is measured of the batches to predict an item's answer, from now on, under
+        the setting's constants as they are now."""
+        rule = self.settings.late
+        if rule is not None:
+            if self.lateness is None:
+                self.lateness = Lateness(rule)
+                self.recorder.add_observer(self.lateness.observe)
+            else:
+                self.lateness.use(rule)
         return self.lateness
 
     def latency(self) -> float:

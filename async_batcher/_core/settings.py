@@ -21,10 +21,10 @@ from async_batcher._core.hold import ClosedLoopHold
 from async_batcher._core.layers import Layer, PreferredSizes, preferred_sizes
 from async_batcher._core.policy import UNLIMITED, DispatchPolicy
 from async_batcher._core.recovery import Recovery
-from async_batcher._core.values import Limits, ResultCache, Streaming
+from async_batcher._core.values import Limits, RefuseLate, ResultCache, Streaming
 from async_batcher._core.waits import Deadline, LatencyBudget
 
-__all__ = ["Limits", "ResultCache", "Streaming"]
+__all__ = ["Limits", "RefuseLate", "ResultCache", "Streaming"]
 
 
 # The batcher (its settings) each policy serves: one policy serves one batcher. (A policy that can be neither a
@@ -84,7 +84,8 @@ class Settings:
         self.from_keywords = True  # the policy was built from the dispatch keywords (not given as policy=)
         self.max_queue_time = 0.01  # what max_queue_time says when the policy has no Deadline (a latency budget)
         self.wait_when_full = False
-        self.refuse_late = False  # refuse at admission an item predicted to miss its deadline
+        # Refuse at admission an item predicted to miss its deadline: False, True or a RefuseLate, as given.
+        self.refuse_late: bool | RefuseLate = False
         self.result_cache: ResultCache | None = None
         self.default_timeout: float | None = None
         self.max_priority_wait = 1.0
@@ -125,6 +126,11 @@ class Settings:
     def queue_weight_limit(self) -> float:
         weight = self.limits.max_queue_weight
         return math.inf if weight is None else weight
+
+    @property
+    def late(self) -> RefuseLate | None:
+        """How ``refuse_late`` predicts (``None``: off)."""
+        return RefuseLate.of(self.refuse_late)
 
     @property
     def stall_limit(self) -> float:

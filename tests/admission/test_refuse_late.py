@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
-from async_batcher import AsyncBatcher, LateRefusalError, QueueFullException
-from async_batcher._core.late import WARMUP
+from async_batcher import AsyncBatcher, LateRefusalError, QueueFullException, RefuseLate
 from tests.batchers import idle_and_clean, until
 
 pytestmark = pytest.mark.virtual_time
+
+# Batches measured before anything is refused (RefuseLate's warmup, which refuse_late=True takes).
+WARMUP = RefuseLate().warmup
 
 
 class Model(AsyncBatcher[int, int]):
@@ -426,3 +428,31 @@ async def test_departures_do_not_make_each_arrival_look_at_the_whole_queue_again
     assert [r for r in results if not isinstance(r, asyncio.CancelledError)] == list(range(1, n, 2))
     await b.stop()
     idle_and_clean(b)
+
+
+async def test_its_constants_are_a_refuse_late_value_of_their_own() -> None:
+    # The warm-up, the margin, the recent batches and the spread's decay were module constants of the prediction,
+    # unseen; they are RefuseLate's fields (refuse_late=True is RefuseLate()), read back as given and set live.
+    assert RefuseLate() == RefuseLate(warmup=8, margin=3.0, recent=64, spread_decay=0.05)
+    b = Model(refuse_late=RefuseLate(warmup=2), max_queue_time=0)
+    for n in (1, 4):  # two batches measured: past this warm-up (not the default one)
+        await asyncio.gather(*(b.process(i) for i in range(n)))
+    assert b.refuse_late == RefuseLate(warmup=2)
+    slow = asyncio.ensure_future(b.process(0))  # 11 ms in flight
+    await after_time(lambda: b.stats.in_flight == 1)
+    with pytest.raises(LateRefusalError):
+        await b.process(1, timeout=0.005)
+    b.refuse_late = True  # the default warm-up (8): the fit has seen 2 batches, nothing is refused
+    assert b.refuse_late is True
+    (late,) = await asyncio.gather(b.process(2, timeout=0.005), return_exceptions=True)
+    assert isinstance(late, TimeoutError)  # (admitted, and late)
+    assert await slow == 0
+    await b.stop()
+    for bad, message in (
+        ({"warmup": 0}, "warmup"),
+        ({"margin": -1.0}, "margin"),
+        ({"recent": 0}, "recent"),
+        ({"spread_decay": 0.0}, "spread_decay"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            RefuseLate(**bad)

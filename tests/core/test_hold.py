@@ -50,14 +50,14 @@ from typing import Any
 import pytest
 
 from async_batcher import END, AsyncBatcher, BatcherStoppedError, QueueFullException, testing
-from async_batcher.policies import ClosedLoopHold, Deadline, LaneView
+from async_batcher.policies import ClosedLoopHold, Deadline, DispatchPolicy, LaneView
 from tests.batchers import Recording, engine_of, stop_as, until
 from tests.loops import VirtualClockLoop
 
 pytestmark = pytest.mark.virtual_time
 
-# The idle lanes a batcher keeps for their history when keys come and go (async_batcher/_core/queue.py KEEP_IDLE).
-KEEP_IDLE = 16
+# The idle lanes a batcher keeps for their history when keys come and go (the policy's keep_idle).
+KEEP_IDLE = DispatchPolicy.keep_idle
 
 
 class Keyed(Recording):

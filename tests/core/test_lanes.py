@@ -53,7 +53,8 @@ import pytest
 
 from async_batcher import AsyncBatcher, BatcherStoppedError, testing
 from async_batcher._core.lane import Lane
-from async_batcher._core.queue import KEEP_IDLE, Queue
+from async_batcher._core.queue import Queue
+from async_batcher.policies import DispatchPolicy
 from tests.batchers import (
     AllKeyed,
     Recording,
@@ -66,6 +67,9 @@ from tests.batchers import (
     until,
     warm,
 )
+
+# The idle lanes a batcher keeps for their history (the policy's keep_idle).
+KEEP_IDLE = DispatchPolicy.keep_idle
 
 pytestmark = pytest.mark.virtual_time
 
@@ -297,8 +301,8 @@ async def test_thousands_of_keys_churning_keep_the_bound_and_release_their_keys(
     looks = [0]
     drop = Queue.drop_empty_lanes
 
-    def checked(queue: Queue) -> None:
-        drop(queue)
+    def checked(queue: Queue, keep: int) -> None:
+        drop(queue, keep)
         looks[0] += 1
         idle = [
             lane for lane in queue.lanes.values() if not lane.count and not lane.in_flight and lane is not queue.lane0

@@ -39,8 +39,7 @@ import pytest
 
 from async_batcher import END, AsyncBatcher, BatcherStoppedError, testing
 from async_batcher._core.engine import Engine
-from async_batcher._core.queue import KEEP_IDLE
-from async_batcher.policies import ClosedLoopHold, Deadline
+from async_batcher.policies import ClosedLoopHold, Deadline, DispatchPolicy
 from tests.batchers import (
     AllKeyed,
     Recording,
@@ -53,6 +52,9 @@ from tests.batchers import (
     until,
     warm,
 )
+
+# The idle lanes a batcher keeps for their history (the policy's keep_idle).
+KEEP_IDLE = DispatchPolicy.keep_idle
 
 pytestmark = pytest.mark.virtual_time
 

@@ -12,8 +12,11 @@ import pytest
 
 from async_batcher import Limits
 from async_batcher import batch as batched
-from async_batcher._core.queue import KEEP_IDLE
+from async_batcher.policies import DispatchPolicy
 from tests.batchers import Recording, Sleepy, Tens, outcome, settled, until
+
+# The idle lanes a batcher keeps for their history (the policy's keep_idle).
+KEEP_IDLE = DispatchPolicy.keep_idle
 
 pytestmark = pytest.mark.virtual_time
 

@@ -154,9 +154,7 @@ async def test_a_ceiling_is_kept_when_more_keys_come_and_go_than_idle_lanes_are_
 async def test_the_ceilings_of_keys_let_go_are_bounded_the_key_idle_longest_forgotten_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from async_batcher._core import ceiling
-
-    monkeypatch.setattr(ceiling, "KEEP_CEILINGS", 3)
+    monkeypatch.setattr(SplitOn, "keys_kept", 3)
 
     class Keyed(Limited):
         def batch_key(self, item: int) -> Hashable:
