@@ -10,14 +10,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterab
 from contextvars import Context, copy_context
 from functools import partial
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar, cast, overload
+from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
 from async_batcher import _checks, _sync
 from async_batcher._core.admission import Admission
 from async_batcher._core.handoff import Handoff
 from async_batcher._core.hooks import check_hooks, overridden
-from async_batcher._core.lifecycle import Lifecycle
+from async_batcher._core.lifecycle import Lifecycle, Running
 from async_batcher._core.options import BatcherOptions, SettingsView, settings_from
+from async_batcher._core.options import signature as options_signature
 from async_batcher._core.queue import DEFAULT_KEY
 from async_batcher._core.state import State
 from async_batcher.stats import BatcherStats, _Recorder
@@ -37,20 +38,6 @@ R = TypeVar("R")
 
 # The default priority, by identity: the common case's test costs no comparison of numbers.
 _ZERO: Final = 0
-
-
-class _Running:
-    """``batcher.running``: computed at each read. Not a property: a non-data descriptor, so that a subclass that
-    sets an attribute of its own named ``running`` (a name 0.2.2's subclasses were free to use) keeps working."""
-
-    @overload
-    def __get__(self, batcher: None, owner: type[Any]) -> _Running: ...
-
-    @overload
-    def __get__(self, batcher: AsyncBatcher[Any, Any], owner: type[Any]) -> bool: ...
-
-    def __get__(self, batcher: AsyncBatcher[Any, Any] | None, owner: type[Any]) -> bool | _Running:
-        return self if batcher is None else batcher._running()
 
 
 class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
@@ -127,18 +114,13 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         whether its caller has left, are the batch's to ask: :func:`~async_batcher.current_batch`.
 
     Args:
-        **options: The settings (:class:`~async_batcher.BatcherOptions`), all keyword-only and optional:
-            ``limits`` (:class:`~async_batcher.Limits`: ``max_batch_size``, ``max_batch_weight``, ``concurrency``,
-            ``max_queue_size``, ``max_queue_weight``; ``None`` is no limit), ``policy`` (when a batch goes: a
-            :class:`~async_batcher.policies.DispatchPolicy`, ``Deadline(max_queue_time=0.01)`` by default),
-            ``streaming`` (:class:`~async_batcher.Streaming`), ``executor``, ``wait_when_full``, ``refuse_late``,
-            ``result_cache`` (:class:`~async_batcher.ResultCache`), ``default_timeout``, ``max_priority_wait``,
-            ``name``, and what a failed batch leads to (each off by default, :mod:`async_batcher.failures`):
-            ``retry``, ``on_batch_error``, ``split_on``. Each field of a group may be given on its own
-            instead (``max_batch_size=64``, ``max_queue_time=0.002``, ``max_latency=``, ``max_hold_time=``,
-            ``preferred_batch_sizes=``, ``stream_buffer=``, ``stream_stall_timeout=``), as in earlier versions;
-            the dispatch keywords build the policy. async-batcher 0.2.2's ``batch_size`` (``max_batch_size``),
-            ``sleep_time`` and ``buffering_time`` (ignored) warn.
+        **options: The settings (:class:`~async_batcher.BatcherOptions`), all keyword-only and optional; the
+            signature lists them with their defaults. A group (``limits``, ``streaming``) or its fields one by one
+            (``max_batch_size=64``), as in earlier versions; the dispatch keywords (``max_queue_time``,
+            ``max_latency``, ``max_hold_time``, ``preferred_batch_sizes``) build the ``policy``. What a failed batch
+            leads to (``retry``, ``on_batch_error``, ``split_on``) is off by default (:mod:`async_batcher.failures`).
+            async-batcher 0.2.2's ``batch_size`` (``max_batch_size``), ``sleep_time`` and ``buffering_time``
+            (ignored) warn.
     """
 
     def __init__(self, **options: Unpack[BatcherOptions]) -> None:
@@ -359,7 +341,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             return
         self._life.bind(loop, copy_context())
 
-    running: _Running = _Running()
+    running: Running = Running()
     """Whether the batcher is started and not yet fully stopped (it is running while it drains): a plain attribute,
     for ``if batcher.running:``. (Read only; a subclass that keeps an attribute of its own by that name keeps it.)"""
 
@@ -438,26 +420,12 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
     @property
     def stats(self) -> BatcherStats:
         """A frozen snapshot of the counters and recent latency percentiles."""
-        engine = self._life.run.engine
-        if engine is None:
-            return self._recorder.snapshot(self.name, queued=0, awaiting_room=0, in_flight=0)
-        return self._recorder.snapshot(
-            self.name,
-            queued=engine.queue.waiting,
-            awaiting_room=engine.room.awaiting,
-            in_flight=engine.dispatcher.in_flight,
-            ceilings=engine.feedback.ceilings(),
-            queue_weight=engine.room.held,
-        )
+        return self._life.stats()
 
-    def _batch_watchers(self) -> list[Watcher]:
-        """Told of every batch of every run as it goes and as it ends (:mod:`async_batcher.testing`'s)."""
-        return self._life.watchers
-
-    def _call_watchers(self) -> list[Callable[[Batch], None]]:
-        """Told of every call of ``process_batch`` of every run as it begins, with what it is handed
-        (:mod:`async_batcher.testing`'s)."""
-        return self._life.calls
+    def _watchers(self) -> tuple[list[Watcher], list[Callable[[Batch], None]]]:
+        """:mod:`async_batcher.testing`'s: told of every batch of every run as it goes and ends, and of every call
+        of ``process_batch`` as it begins, with what it is handed."""
+        return self._life.watchers, self._life.calls
 
     def _engine(self) -> Engine | None:
         """The engine of the current run (``None`` before the first start): :mod:`async_batcher.testing`'s."""
@@ -465,10 +433,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
 
     def _observe(self, observer: BatchObserver, *, stop: bool = False) -> None:
         """Feed ``observer`` every batch from now on, or ``stop``: :mod:`async_batcher.metrics`'s histograms."""
-        if stop:
-            self._recorder.remove_observer(observer)
-        else:
-            self._recorder.add_observer(observer)
+        (self._recorder.remove_observer if stop else self._recorder.add_observer)(observer)
 
     def __repr__(self) -> str:
         stats = self.stats
@@ -476,3 +441,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             f"<{type(self).__name__} {self.name!r} {self._life.run.state.value} limits={self.limits!r} "
             f"policy={self.policy!r} queued={stats.queued} in_flight={stats.in_flight}>"
         )
+
+
+# What help() and inspect.signature() show of AsyncBatcher(...): its keywords with their defaults, not **options.
+AsyncBatcher.__init__.__signature__ = options_signature()  # type: ignore[attr-defined]

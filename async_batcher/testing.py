@@ -281,8 +281,7 @@ def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord
     completed with its end. It needs no ``start()`` (the batches of a run started inside are recorded too). A part
     of a failed batch called on its own (bisected by ``on_batch_error``, split by ``split_on``) is a record, with the
     reason ``split``, as ``stats.reasons`` counts it."""
-    watchers = batcher._batch_watchers()
-    calls = batcher._call_watchers()
+    watchers, calls = batcher._watchers()
     log: list[BatchRecord] = []
     index: dict[Batch, int] = {}
 

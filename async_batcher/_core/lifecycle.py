@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable
 from functools import partial
 from threading import get_ident
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from async_batcher._checks import plural
 from async_batcher._core.batch import current_batch
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from async_batcher._core.batch import Batch, Hooks, Watcher
     from async_batcher._core.settings import Settings
-    from async_batcher.stats import _Recorder
+    from async_batcher.stats import BatcherStats, _Recorder
 
 __all__: list[str] = []
 
@@ -68,6 +68,26 @@ class Run:
         return State.NEW if self.engine is None else self.engine.state
 
 
+class RunningOwner(Protocol):
+    """What :class:`Running` asks of the batcher it is read on."""
+
+    def _running(self) -> bool: ...
+
+
+class Running:
+    """``batcher.running``: computed at each read. Not a property: a non-data descriptor, so that a subclass that
+    sets an attribute of its own named ``running`` (a name 0.2.2's subclasses were free to use) keeps working."""
+
+    @overload
+    def __get__(self, batcher: None, owner: type[Any]) -> Running: ...
+
+    @overload
+    def __get__(self, batcher: RunningOwner, owner: type[Any]) -> bool: ...
+
+    def __get__(self, batcher: RunningOwner | None, owner: type[Any]) -> bool | Running:
+        return self if batcher is None else batcher._running()
+
+
 class Lifecycle(Stopping):
     """A batcher's runs, one after the other: the current one (``run``), how it starts and how it stops."""
 
@@ -86,6 +106,20 @@ class Lifecycle(Stopping):
     @property
     def name(self) -> str:
         return self.hooks.name
+
+    def stats(self) -> BatcherStats:
+        """A frozen snapshot of the counters (the batcher's, over its runs) and of the current run's state."""
+        engine = self.run.engine
+        if engine is None:
+            return self.recorder.snapshot(self.name, queued=0, awaiting_room=0, in_flight=0)
+        return self.recorder.snapshot(
+            self.name,
+            queued=engine.queue.waiting,
+            awaiting_room=engine.room.awaiting,
+            in_flight=engine.dispatcher.in_flight,
+            ceilings=engine.feedback.ceilings(),
+            queue_weight=engine.room.held,
+        )
 
     # ------------------------------------------------------------------ starting
 
