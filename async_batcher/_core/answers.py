@@ -15,23 +15,14 @@ from async_batcher._core.policy import DispatchPolicy, Reason
 __all__: list[str] = []
 
 
-def trigger(policy: DispatchPolicy, full: Any, items: int) -> int:
-    """The count at which a lane goes at once: ``full`` (what :meth:`DispatchPolicy.full_at` said), at most
-    ``items`` (a full batch)."""
-    try:
-        found: int = min(full, items)
-    except TypeError:  # (None, a string: compared with a count, or left to fail further on)
-        raise _wrong_answer(policy, "full_at", full, "a number of items") from None
-    return found
-
-
 def due(policy: DispatchPolicy, at: Any) -> float:
     """What :meth:`DispatchPolicy.due` said: a time on the loop's clock, or ``inf``."""
     if at.__class__ is not float and not is_real(at):
-        raise _wrong_answer(policy, "due", at, "a time on the loop's clock, or inf")
+        raise wrong(policy, "due", at, "a time on the loop's clock, or inf")
     if at != at:  # NaN: neither due nor not, it would leave the lane waiting, silently
-        raise _wrong_answer(policy, "due", at, "a time, or inf", ValueError)
-    return float(at)
+        raise wrong(policy, "due", at, "a time, or inf", ValueError)
+    taken: float = at  # (as it is: an int, a numpy float, compared as they are)
+    return taken
 
 
 def reason(policy: DispatchPolicy, said: Any) -> Reason:
@@ -51,9 +42,9 @@ def size(policy: DispatchPolicy, said: Any) -> int:
     """What :meth:`DispatchPolicy.size` said: a whole number of items, one or more."""
     found: int = said  # (as it is: a numpy integer is a count too)
     if said.__class__ is not int and (isinstance(said, bool) or not isinstance(said, numbers.Integral)):
-        raise _wrong_answer(policy, "size", said, "a whole number of items, one or more")
+        raise wrong(policy, "size", said, "a whole number of items, one or more")
     if not found >= 1:  # a batch that takes nothing would be formed again and again, forever
-        raise _wrong_answer(policy, "size", said, "a batch takes one item or more", ValueError)
+        raise wrong(policy, "size", said, "a batch takes one item or more", ValueError)
     return found
 
 
@@ -67,7 +58,7 @@ def fault(exc: BaseException) -> str:
 _POLICY_ANSWER = "_async_batcher_policy_answer"
 
 
-def _wrong_answer(
+def wrong(
     policy: DispatchPolicy, method: str, value: object, wanted: str, kind: type[Exception] = TypeError
 ) -> Exception:
     """The error of a dispatch policy's answer that is not what its method must return: it names the policy, the

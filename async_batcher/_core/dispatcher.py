@@ -164,13 +164,20 @@ class Dispatcher:
         if self.flushing and lane in self.flushing:
             return now, Reason.FLUSH
         policy = self.policy
-        trigger = lane.trigger = answers.trigger(policy, policy.full_at(lane, now), items)
+        full = policy.full_at(lane, now)
+        try:
+            trigger = lane.trigger = min(full, items)
+        except TypeError:  # (None, a string: compared with a count, or left to fail further on)
+            raise answers.wrong(policy, "full_at", full, "a number of items") from None
         if lane.count >= trigger:
             return now, Reason.SIZE
-        at = answers.due(policy, policy.due(lane, now))
+        at = policy.due(lane, now)
+        if at.__class__ is not float or at != at:  # (the policy's answers are checked off the common case's way)
+            at = answers.due(policy, at)
         if at > now:
             return at, None
-        return at, answers.reason(policy, policy.reason(lane, now))
+        reason = policy.reason(lane, now)
+        return at, reason if reason.__class__ is Reason else answers.reason(policy, reason)
 
     # ------------------------------------------------------------------ told of arrivals
 
@@ -262,9 +269,12 @@ class Dispatcher:
         queue.dispatches += 1
         lane.served = queue.dispatches
         policy = self.policy
-        size = answers.size(policy, policy.size(lane))
-        items, weight = self.capacity(lane)
-        limit = min(size, items)
+        size = policy.size(lane)
+        if size.__class__ is not int or size < 1:
+            size = answers.size(policy, size)
+        # The capacity the decision found for this lane in this pass (decide(): its weight is left on the lane).
+        limit = min(size, self.batch_limit, lane.ceiling)
+        weight = lane.trigger_weight
         flushing = self.flushing
         quota = flushing.get(lane, 0) if flushing else 0  # (a flush's: what waited when it began, not what came since)
         if quota and reason is Reason.FLUSH:

@@ -163,7 +163,8 @@ class Runner(Ending):
             current_batch.set(batch)
             if self.recovery is not None:
                 batch.kept = batch.items.copy()  # (process_batch may change its list: a failure needs the items)
-            self.calling(batch)
+            if self.calls:
+                self.calling(batch)
             ran = batch.entered = True
             results = await self.call(batch.items)
         except asyncio.CancelledError as exc:
@@ -202,7 +203,8 @@ class Runner(Ending):
             return
         future.add_done_callback(partial(self.executor_done, batch))
         batch.handle = future
-        self.calling(batch)
+        if self.calls:
+            self.calling(batch)
 
     def in_thread(self, batch: Batch) -> Any:
         """What the executor runs: ``process_batch``, unless a forced stop answered the callers before it started."""

@@ -109,6 +109,10 @@ async def test_with_weights_the_ceiling_is_a_weight() -> None:
     b = Weighted(45, max_batch_weight=160, max_queue_time=1.0, split_on=SplitOn(MemoryError))
     assert await burst(b, 16) == [2 * x for x in range(16)]
     assert b.stats.ceilings == {None: 40.0}
+    # The next batches weigh no more than the ceiling (4 items of 10): no call fails any more.
+    failures, calls = len(b.failed), len(b.sizes)
+    assert await burst(b, 16) == [2 * x for x in range(16)]
+    assert len(b.failed) == failures and max(b.sizes[calls:]) == 4
     await b.stop()
     idle_and_clean(b)
 
