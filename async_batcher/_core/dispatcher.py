@@ -1,20 +1,17 @@
-"""When batches go: the :class:`Dispatcher` of one run, which owns the slots, the pump, the one timer, the turns and the
+"""When batches go: the :class:`Dispatcher` of one run owns the slots, the pump, the one timer, the turns and the
 flush, and asks the run's :class:`~async_batcher._core.policy.DispatchPolicy` (private; the dispatch layer, above
 execution, below the engine that composes it).
 
-**The decision.** When a lane's next batch goes, and why, is decided in one place, :meth:`Dispatcher.decide`, once per
-lane and pass: ``(when, reason)``, at once when the lane is full (``max_batch_size`` items, its ``max_batch_weight``,
-or the ceiling an out-of-memory split set), while the run drains, while a flush sends it, or when the policy's size is
-reached; else when the policy says. The decision leaves on the lane what an arrival compares with
-(``Lane.trigger``, ``Lane.trigger_weight``): :meth:`Dispatcher.arrived` wakes the pump only when an arrival may have
-made a batch due (nothing else would: no timer; or the lane reached what makes it go at once).
+**The decision**, in one place, once per lane and pass (:meth:`Dispatcher.decide`): ``(when, reason)``; at once when
+the lane is full (``max_batch_size``, ``max_batch_weight``, or an out-of-memory split's ceiling), drains, is flushed,
+or reaches the policy's size; else when the policy says. It leaves on the lane what an arrival compares with
+(``Lane.trigger``, ``Lane.trigger_weight``): :meth:`Dispatcher.arrived` wakes the pump only then, or with no timer.
 
-**The pump.** :meth:`Dispatcher.pump` sends every lane that is due while slots are free, the lane served longest ago
-first, each batch formed by :mod:`~async_batcher._core.forming` and handed to the run's runner; else it arms one timer
-for the earliest time a lane will be due. A batch's end comes back through :meth:`Dispatcher.batch_ended` (the
-runner's ``on_end``), which lets the loop turn the policy's ``turns`` before the next batch forms while items wait.
-Nothing runs while nothing waits: an idle dispatcher schedules no wake-up. It tells the engine
-above it through the callbacks it gave: ``on_idle`` (nothing waits: a drain may be over), ``on_fault`` (a bug).
+**The pump** (:meth:`Dispatcher.pump`) sends every due lane while slots are free, the one served longest ago first
+(:mod:`~async_batcher._core.forming` forms the batch, the runner runs it); else it arms one timer for the earliest due
+time. A batch's end (:meth:`Dispatcher.batch_ended`, the runner's ``on_end``) lets the loop turn the policy's
+``turns`` before the next batch forms. An idle dispatcher schedules no wake-up. It tells the engine above it through
+the callbacks it gave: ``on_idle`` (nothing waits: a drain may be over), ``on_fault`` (a bug).
 """
 
 from __future__ import annotations
@@ -47,16 +44,11 @@ _served = itemgetter(0)
 _NEVER: tuple[float, Reason | None] = (math.inf, None)
 
 
-def _ignore() -> None:
-    pass
-
-
 class Dispatcher:
     """The slots, the pump, the policy's decisions applied, the turns, the flush and the one timer of a run (see the
     module's docstring). It is the :class:`~async_batcher._core.policy.Signals` its policy reads.
 
-    Invariant (:func:`~async_batcher._core.engine.violations`): ``in_flight == len(batches)``, the slots taken (at
-    most ``slot_limit`` unless it was lowered under them).
+    Invariant (:func:`~async_batcher._core.engine.violations`): ``in_flight == len(batches)``, the slots taken.
     """
 
     __slots__ = (
@@ -95,6 +87,7 @@ class Dispatcher:
         *,
         name: str,
         watchers: list[Watcher],
+        on_idle: Callable[[], None],
         on_fault: Callable[[AsyncBatchException], None],
     ) -> None:
         self.loop = loop
@@ -119,7 +112,7 @@ class Dispatcher:
         self.watchers = watchers
         # Told of the callers' contexts of the items that join a running streaming batch (continuous batching).
         self.joiners: list[Callable[[list[Any]], None]] = []
-        self.on_idle: Callable[[], None] = _ignore  # the engine's: nothing waits now (a drain may be over)
+        self.on_idle = on_idle  # the engine's: nothing waits now (a drain may be over)
         self.on_fault = on_fault  # the engine's: fail every caller (a bug here or in the policy)
         self.policy = policy
         policy.bind(self)
@@ -138,7 +131,7 @@ class Dispatcher:
     def arrivals(self) -> int:
         return self.recorder.exited + self.queue.waiting
 
-    def count(self, name: str, n: int = 1) -> None:
+    def count(self, name: str, n: int = 1) -> None:  # (Signals.count)
         self.recorder.count(name, n)
 
     # ------------------------------------------------------------------ the decision
@@ -334,9 +327,9 @@ class Dispatcher:
             self.pump_safely()
 
     def _turn(self, left: int) -> None:
-        """Pump after ``left`` more turns of the loop: each a zero-delay timer, which the loop runs once it has polled
-        its sockets and run what was ready. The pending turn is ``pump_handle``: arrivals do not pump early, and a
-        batch that ends meanwhile starts the count again; a flush ends them."""
+        """Pump after ``left`` more turns of the loop (zero-delay timers: the loop polls its sockets between them). The
+        pending turn is ``pump_handle``: arrivals do not pump early; a batch's end restarts the count; a flush ends
+        it."""
         if left > 0 and not self.flushing:
             self.pump_handle = self.loop.call_at(self.loop.time(), self._turn, left - 1)
         else:
@@ -412,9 +405,8 @@ class Dispatcher:
         for lane, n in quota.items():
             if n > flushing.get(lane, 0):
                 flushing[lane] = n
-        # A pump already to come is left to come, and turns to come end at the next (:meth:`_turn`): cancelled and
-        # asked for again, the pump went to the back of the loop's line, and two flushes doing so in turn kept it
-        # from ever running.
+        # A pump to come is left to come (turns end at the next: _turn): cancelled and asked for again, it went to the
+        # back of the loop's line, and two flushes doing so in turn kept it from ever running.
         self.repump()
 
     def _scheduled_pump(self) -> None:

@@ -118,9 +118,9 @@ class Engine:
             policy,
             name=name,
             watchers=[] if watchers is None else watchers,
+            on_idle=self.check_drained,
             on_fault=self.abort,
         )
-        self.dispatcher.on_idle = self.check_drained
         # How this run's batches run: made here, told of their end, of how items join a streaming batch, and of what
         # a failed call leads to (the run's feedback: retries, backoffs, ceilings).
         self.feedback = RunFeedback(loop, self.queue, self.requeue, self.dispatcher.part_sent)
