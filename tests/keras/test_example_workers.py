@@ -125,3 +125,83 @@ async def test_ready_is_503_until_the_batcher_runs() -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
         response = await client.get("/ready")
     assert (response.status_code, response.json()) == (503, {"ready": False})
+
+
+@pytest.fixture(scope="module")
+def two_workers_sharing(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("shared") / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_SERVER_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+    command = [sys.executable, "-m", SERVER_MODULE, "--port", str(port), "--workers", "2", "--shared"]
+    command += ["--max-queue-time", "0.02", "--max-batch-size", "16"]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        roles: set[str] = set()
+        while roles != {"owner", "client"}:  # bounded: healthy once the owner answers, from either worker
+            assert process.poll() is None, log.read_text()
+            with contextlib.suppress(OSError, ValueError):
+                status, body = _get(url + "/healthz")
+                if status == 200 and json.loads(body)["status"] == "ok":
+                    roles.add(json.loads(body)["role"])
+            assert time.monotonic() < deadline, f"two workers were not up in {STARTUP_TIMEOUT} s:\n{log.read_text()}"
+            time.sleep(0.1)
+        directory = _metrics_dir(process.pid)
+        assert directory is not None
+        yield url, process, directory
+    finally:
+        left = kill_group(process)
+        assert not left, f"left running after a graceful stop: {left}\n{log.read_text()}"
+
+
+def _tensorflow_loaded(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return "libtensorflow" in f.read()
+
+
+@pytest.mark.single_loop
+def test_two_workers_sharing_one_batcher_load_one_model_and_scrape_as_one(
+    two_workers_sharing: tuple[str, subprocess.Popen[bytes], Path],
+) -> None:
+    from benchmarks.keras import model as example_model
+
+    url, process, directory = two_workers_sharing
+    rows = example_model.sample_inputs(REQUESTS, seed=5)
+    expected = np.asarray(example_model.load_or_train().predict_on_batch(rows))[:, 0]
+    before = _batch_size_sum(url)
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda row: _post(url + "/optimized_predict", [float(v) for v in row]), rows))
+    np.testing.assert_allclose(answers, expected, rtol=RTOL)
+    for _ in range(4):  # either worker answers the scrape: the one batcher, each request once
+        assert _batch_size_sum(url) == before + REQUESTS
+    # Its histograms are in the owner's file alone: the client worker registered no empty copy.
+    assert len(list(directory.glob("histogram_*.db"))) == 1
+    # One model: TensorFlow in one worker; not in the other, nor in uvicorn's supervisor.
+    workers = [pid for pid in children(process.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(workers) == 2
+    assert sorted(_tensorflow_loaded(pid) for pid in [*workers, process.pid]) == [False, False, True]
+    # /predict has no model to run outside the owner: refused alike in every worker.
+    status, _ = _get_post(url + "/predict")
+    assert status == 501
+
+
+def _batch_size_sum(url: str) -> float:
+    families = {f.name: f for f in text_string_to_metric_families(_get(url + "/metrics/")[1].decode())}
+    family = families.get("async_batcher_batch_size")
+    return 0.0 if family is None else next(s.value for s in family.samples if s.name.endswith("_sum"))
+
+
+def _get_post(url: str) -> tuple[int, bytes]:
+    body = json.dumps([0.0] * 10).encode()
+    headers = {"Content-Type": "application/json", "Connection": "close"}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
