@@ -3,9 +3,11 @@ it, written by the worker that owns it alone, and its counts going on across a h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,6 +90,28 @@ def test_two_workers_sharing_one_batcher_scrape_as_one(address: str, tmp_path: P
             assert value(samples, "async_batcher_batch_size_sum") == REQUESTS + warm_up
             assert value(samples, "async_batcher_queued_items") == 0
         assert pids_writing(directory) == {owner}  # the client registered nothing: no empty copy beside it
+
+        # kill -9 of the owner: the client takes over (uvicorn starts a worker in the dead one's place, a client).
+        before = value(scrape(url), "async_batcher_batch_size_sum")
+        os.kill(owner, signal.SIGKILL)
+
+        def taken_over() -> bool:
+            with contextlib.suppress(OSError):
+                answer = json.loads(get(f"{url}/double/0"))
+                return bool(answer["role"] == "owner" and answer["pid"] != owner)
+            return False
+
+        until(taken_over, "the next owner", timeout=60)
+        after = value(scrape(url), "async_batcher_batch_size_sum")
+        assert after >= before  # the dead owner's batches still count
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda x: get(f"{url}/double/{x}"), range(REQUESTS)))
+        samples = scrape(url)
+        assert value(samples, "async_batcher_batch_size_sum") == after + REQUESTS  # the next owner's add on
+        # The dead owner's live gauges are gone; the next owner's are copied within a second.
+        until(lambda: value(scrape(url), "async_batcher_queued_items") == 0, "the queue's gauge at zero")
+        (next_owner,) = pids_writing(directory) - {owner}
+        assert next_owner in roles  # the worker that was the client
     finally:
         left = kill_group(server)
     text = log.read_text()
