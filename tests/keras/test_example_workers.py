@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,12 +55,14 @@ def _metrics_dir(parent: int) -> Path | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+@contextlib.contextmanager
+def _server(
+    log: Path, *options: str, up: Callable[[str, subprocess.Popen[bytes]], bool]
+) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    """The server with two workers and ``options``, once ``up(url, process)`` (bounded); every process ended after."""
     port = free_port()
-    log = tmp_path_factory.mktemp("workers") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_SERVER_") and k != "PROMETHEUS_MULTIPROC_DIR"}
-    command = [sys.executable, "-m", SERVER_MODULE, "--port", str(port), "--workers", "2"]
+    command = [sys.executable, "-m", SERVER_MODULE, "--port", str(port), "--workers", "2", *options]
     command += ["--max-queue-time", "0.02", "--max-batch-size", "16"]
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -69,17 +71,28 @@ def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT
-        while True:  # bounded: both workers load TensorFlow and the model, each writes its live gauges when ready
+        while not up(url, process):  # bounded: the workers import TensorFlow and load the model
             assert process.poll() is None, log.read_text()
-            directory = _metrics_dir(process.pid)
-            if directory is not None and len(list(directory.glob("gauge_livesum_*.db"))) == 2:
-                break
             assert time.monotonic() < deadline, f"two workers were not up in {STARTUP_TIMEOUT} s:\n{log.read_text()}"
             time.sleep(0.2)
+        directory = _metrics_dir(process.pid)
+        assert directory is not None
         yield url, process, directory
     finally:
         left = kill_group(process)
         assert not left, f"left running after a graceful stop: {left}\n{log.read_text()}"
+
+
+def _both_exporting(url: str, process: subprocess.Popen[bytes]) -> bool:
+    """Each worker writes its live gauges once its model is loaded and its batcher runs."""
+    directory = _metrics_dir(process.pid)
+    return directory is not None and len(list(directory.glob("gauge_livesum_*.db"))) == 2
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    with _server(tmp_path_factory.mktemp("workers") / "server.log", up=_both_exporting) as server:
+        yield server
 
 
 @pytest.mark.single_loop
@@ -131,33 +144,17 @@ async def test_ready_is_503_until_the_batcher_runs() -> None:
 def two_workers_sharing(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("shared") / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_SERVER_") and k != "PROMETHEUS_MULTIPROC_DIR"}
-    command = [sys.executable, "-m", SERVER_MODULE, "--port", str(port), "--workers", "2", "--shared"]
-    command += ["--max-queue-time", "0.02", "--max-batch-size", "16"]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        roles: set[str] = set()
-        while roles != {"owner", "client"}:  # bounded: healthy once the owner answers, from either worker
-            assert process.poll() is None, log.read_text()
-            with contextlib.suppress(OSError, ValueError):
-                status, body = _get(url + "/healthz")
-                if status == 200 and json.loads(body)["status"] == "ok":
-                    roles.add(json.loads(body)["role"])
-            assert time.monotonic() < deadline, f"two workers were not up in {STARTUP_TIMEOUT} s:\n{log.read_text()}"
-            time.sleep(0.1)
-        directory = _metrics_dir(process.pid)
-        assert directory is not None
-        yield url, process, directory
-    finally:
-        left = kill_group(process)
-        assert not left, f"left running after a graceful stop: {left}\n{log.read_text()}"
+    roles: set[str] = set()
+
+    def both_healthy(url: str, process: subprocess.Popen[bytes]) -> bool:  # healthy once the owner answers
+        with contextlib.suppress(OSError, ValueError):
+            status, body = _get(url + "/healthz")
+            if status == 200 and json.loads(body)["status"] == "ok":
+                roles.add(json.loads(body)["role"])
+        return roles == {"owner", "client"}
+
+    with _server(tmp_path_factory.mktemp("shared") / "server.log", "--shared", up=both_healthy) as server:
+        yield server
 
 
 def _tensorflow_loaded(pid: int) -> bool:

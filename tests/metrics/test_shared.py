@@ -6,35 +6,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.metrics.test_multiprocess import get, scrape, until, value
 from tests.processes import kill_group
 from tests.servers import free_port
+from tests.shared.conftest import address as address  # (the fixture: a socket's path in a private folder)
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = 200
-
-
-@pytest.fixture
-def address() -> Iterator[str]:
-    directory = tempfile.mkdtemp(prefix="ab-metrics-", dir="/tmp")
-    os.chmod(directory, 0o700)
-    try:
-        yield os.path.join(directory, "b.sock")
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def pids_writing(directory: Path, batcher: str = "doubler") -> set[int]:
