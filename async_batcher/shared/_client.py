@@ -120,6 +120,7 @@ class Client:
         self.local: AsyncBatcher[Any, Any] | None = None
         self.give_up: asyncio.TimerHandle | None = None
         self.last_error: BaseException | None = None  # the last error met looking for an owner
+        self.takeover_error: BaseException | None = None  # why this process could not take over, when it last tried
         self.last_load = 0.0  # how long the last owner's factory took
 
     # ------------------------------------------------------------------ calls in
@@ -191,12 +192,13 @@ class Client:
         now = self.loop.time()
         wait = self.wait
         for call in [c for c in self.held.values() if c.since + wait <= now]:
-            cause = self.last_error
+            cause, takeover = self.last_error, self.takeover_error
             error = OwnerUnavailableError(
                 f"{self.name}: no owner at {self.address} took the item within owner_wait={wait:g}s"
-                + (f" (last error: {cause})" if cause is not None else "")
+                + (f" (last error: {_said(cause)})" if cause is not None else "")
+                + (f"; this process could not take it over: {_said(takeover)}" if takeover is not None else "")
             )
-            error.__cause__ = cause
+            error.__cause__ = takeover if takeover is not None else cause
             self._fail(call, error)
         if self.held:
             self.give_up = self.loop.call_at(min(c.since for c in self.held.values()) + wait, self._give_up)
@@ -368,7 +370,7 @@ class Client:
         """Connected to an owner: send it what is held, in order."""
         self.link = link
         self.leaving = False
-        self.last_error = None
+        self.last_error = self.takeover_error = None
         self.last_load = link.peer_load
         self._release_held()
 
@@ -457,6 +459,12 @@ class Client:
         """Fail the calls held for an owner (none will take them: the key is refused)."""
         for call in list(self.held.values()):
             self._fail(call, error)
+
+
+def _said(error: BaseException) -> str:
+    """An error as a message says it (its type too, when its text alone would say nothing)."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _by_id(call: Call) -> int:

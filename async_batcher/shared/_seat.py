@@ -121,7 +121,7 @@ class Seat:
                 self.wake.clear()
                 await self.wake.wait()  # (the connection dropped)
                 continue
-            if self._may_own() and self.election.try_acquire():
+            if self._may_own() and self._acquire():
                 try:
                     await self._own()
                 except Exception as exc:
@@ -146,6 +146,17 @@ class Seat:
                 continue
             await asyncio.sleep(backoff)
             backoff = min(2 * backoff, _MAX_BACKOFF)
+
+    def _acquire(self) -> bool:
+        """Take the lock if nobody holds it; False, and the error kept, if its file cannot be opened (EMFILE, or
+        refused): the search goes on (an error here must not end it, leaving the items held for nobody)."""
+        try:
+            return self.election.try_acquire()
+        except OSError as exc:
+            if repr(exc) != repr(self.client.takeover_error):  # (once, not at every try)
+                logger.warning("%s: cannot take the lock of %s: %r", self.name, self.address, exc)
+            self.client.takeover_error = exc
+            return False
 
     def _may_own(self) -> bool:
         return self.sharing.role == "auto" and not self.stopping and self.loop.time() >= self.no_own_until

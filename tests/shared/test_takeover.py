@@ -1,0 +1,43 @@
+"""Taking over from an owner that left, when it goes wrong: the lock file cannot be opened, the factory fails; and a
+client connecting as the owner leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from async_batcher.shared import SharedBatcher
+from tests.loops import until
+from tests.shared.models import Model
+
+
+async def test_a_lock_file_that_cannot_be_opened_does_not_end_the_search_for_an_owner(
+    address: str, loop_errors: list[dict[str, Any]]
+) -> None:
+    # The client races for the lock when the owner leaves; opening the lock file fails (a directory there: EISDIR,
+    # as EMFILE would). It must look again, not end its search (its items then waited for nobody).
+    owner = SharedBatcher(Model, address=address, name="m")
+    client = SharedBatcher(Model, address=address, name="m", owner_wait=10)
+    await owner.__aenter__()
+    await client.__aenter__()
+    seat = client._seat
+    assert seat is not None and seat.supervisor is not None
+    supervisor = seat.supervisor
+    try:
+        await until(lambda: seat.client.link is not None)  # (connected: the owner's leaving reaches it)
+        lock = address + ".lock"
+        os.rename(lock, lock + ".old")
+        os.mkdir(lock)
+        await owner.stop()
+        pending = asyncio.ensure_future(client.process(1))
+        await until(lambda: supervisor.done() or isinstance(seat.client.takeover_error, IsADirectoryError))
+        assert not supervisor.done()
+        os.rmdir(lock)
+        async with asyncio.timeout(10):
+            assert await pending == 2
+        assert client.role == "owner"
+    finally:
+        await client.stop(force=True)
+        await owner.stop()
+    assert not loop_errors
