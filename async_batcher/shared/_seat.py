@@ -126,7 +126,7 @@ class Seat:
                     await self._own()
                 except Exception as exc:
                     logger.error("%s: taking over %s failed: %r", self.name, self.address, exc)
-                    client.last_error = exc
+                    client.takeover_error = exc  # (what the items held say, not the socket missing meanwhile)
                     self.no_own_until = self.loop.time() + _FAILED_FACTORY_PAUSE
                     continue
                 return

@@ -7,6 +7,9 @@ import asyncio
 import os
 from typing import Any
 
+import pytest
+
+from async_batcher import OwnerUnavailableError
 from async_batcher.shared import SharedBatcher
 from tests.loops import until
 from tests.shared.models import Model
@@ -41,3 +44,28 @@ async def test_a_lock_file_that_cannot_be_opened_does_not_end_the_search_for_an_
         await client.stop(force=True)
         await owner.stop()
     assert not loop_errors
+
+
+async def test_an_item_held_while_the_factory_fails_to_take_over_says_why(address: str) -> None:
+    made: list[Model] = []
+
+    async def make() -> Model:
+        if made:
+            raise ValueError("no model file at /models/m.keras")
+        made.append(Model(max_queue_time=0))
+        return made[-1]
+
+    owner = SharedBatcher(make, address=address, name="m")
+    client = SharedBatcher(make, address=address, name="m", owner_wait=1.5)
+    await owner.__aenter__()
+    await client.__aenter__()
+    try:
+        seat = client._seat
+        assert seat is not None
+        await until(lambda: seat.client.link is not None)
+        await owner.stop()
+        with pytest.raises(OwnerUnavailableError, match=r"no model file at /models/m\.keras") as raised:
+            await client.process(1)
+        assert isinstance(raised.value.__cause__, ValueError)
+    finally:
+        await client.stop()
