@@ -103,7 +103,7 @@ class OwnerLink(Connection):
             self.violated(exc if isinstance(exc, _wire.Violation) else _wire.Violation(f"its gone board: {exc}"))
             return
         self.write_raw(_wire.answer(self.key, theirs, b"owner"))
-        self.ready = True
+        self.established()
         if self.timer is not None:
             self.timer.cancel()
         if self.owner.leaving:

@@ -4,12 +4,19 @@ boards left in /dev/shm by a client killed in its handshake, a peer that does no
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import glob
 import os
+import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from async_batcher.shared import SharedBatcher, _paths
+from async_batcher import OwnerUnavailableError
+from async_batcher.shared import SharedBatcher, _paths, _wire
+from tests.loops import until
 from tests.shared.models import Model
 
 
@@ -42,3 +49,97 @@ def test_a_lock_file_that_is_not_this_users_alone_is_refused(address: str, tmp_p
         _paths.Election(address).try_acquire()
     with open(lock) as f:
         assert f.read() == "123"  # untouched
+
+
+# ---------------------------------------------------------------------- a peer that does not know the key
+
+
+async def test_before_the_key_is_proved_a_frame_longer_than_a_handshake_closes_the_connection(address: str) -> None:
+    # A peer that has proved nothing must not make the owner set 64 MiB aside for a frame (nor hold a connection
+    # open while it sends it): a handshake is a few hundred bytes.
+    async with SharedBatcher(Model, address=address, name="m") as owner:
+        reader, writer = await asyncio.open_unix_connection(address)
+        await reader.readexactly(4 + _wire.HELLO_SIZE + 32)  # the owner's hello and challenge
+        writer.write(struct.pack("<I", 60 * 1024 * 1024))
+        async with asyncio.timeout(2):  # (not the handshake's 10 s)
+            assert await reader.read() == b""
+        writer.close()
+        assert await owner.process(1) == 2
+
+
+async def test_a_client_closes_at_once_an_impostor_that_announces_a_huge_frame(address: str) -> None:
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(struct.pack("<I", 60 * 1024 * 1024) + b"x" * 1000)
+        with contextlib.suppress(ConnectionError):
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_unix_server(impostor, address)
+    try:
+        _paths.write_key(address)
+        async with SharedBatcher(Model, address=address, role="client", name="m", owner_wait=5) as client:
+            seat = client._seat
+            assert seat is not None
+            await until(lambda: isinstance(seat.client.last_error, _wire.Violation), within=3)
+            assert "over the limit" in str(seat.client.last_error)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+class _Evil:
+    """Unpickled, it makes a directory: proof that a pickle was loaded."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return (os.mkdir, (self.path,))
+
+
+async def test_pickles_from_a_peer_that_does_not_know_the_key_are_never_loaded(address: str, tmp_path: Path) -> None:
+    mark = tmp_path / "loaded"
+    frame = b"".join(bytes(c) for c in _wire.encode([1], [_Evil(str(mark))], 2**30))
+    async with SharedBatcher(Model, address=address, name="m") as owner:
+        reader, writer = await asyncio.open_unix_connection(address)  # a pickle for a handshake
+        writer.write(frame)
+        async with asyncio.timeout(5):
+            await reader.read()
+        writer.close()
+        reader, writer = await asyncio.open_unix_connection(address)  # a wrong answer, and pickles after it
+        await reader.readexactly(4 + _wire.HELLO_SIZE + 32)
+        board = os.fsencode(tmp_path / "board")
+        writer.write(_wire.raw(b"x" * 32 + _wire.hello(os.getpid(), 2**20) + board + b"c" * 32) + frame + frame)
+        async with asyncio.timeout(5):
+            await reader.read()
+        writer.close()
+        assert await owner.process(1) == 2
+    assert not mark.exists()
+
+
+async def test_a_client_never_loads_a_pickle_from_a_socket_that_does_not_know_the_key(
+    address: str, tmp_path: Path
+) -> None:
+    mark = tmp_path / "loaded"
+    frame = b"".join(bytes(c) for c in _wire.encode([1], [_Evil(str(mark))], 2**30))
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_wire.raw(_wire.hello(os.getpid(), 2**20) + b"c" * 32))  # a hello anyone can write
+        await reader.read(100)
+        writer.write(frame + _wire.raw(b"y" * 32) + frame)  # pickles, a wrong answer, pickles
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_unix_server(impostor, address)
+    try:
+        _paths.write_key(address)
+        async with SharedBatcher(Model, address=address, role="client", name="m", owner_wait=0.5) as client:
+            with pytest.raises(OwnerUnavailableError, match="does not know the key"):
+                await client.process(1)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert not mark.exists()
+    assert not glob.glob(f"/dev/shm/async-batcher-{os.getpid()}-*")  # (its gone boards removed)
