@@ -99,6 +99,7 @@ class OwnerLink(Connection):
         try:
             self._peer(hello)
             self.board = Board.attach(os.fsdecode(path))
+            self.board.unlink()  # (mapped by both now; the client does too, unless it dies before it hears back)
         except (_wire.Violation, OSError) as exc:
             self.violated(exc if isinstance(exc, _wire.Violation) else _wire.Violation(f"its gone board: {exc}"))
             return

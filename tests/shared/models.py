@@ -112,7 +112,11 @@ class Odd(AsyncBatcher[Any, Any]):
 
 
 def model(**kwargs: Any) -> Model:
-    """The factory the child processes use: a Model logging to $SHARED_TEST_LOG/calls-<pid>.jsonl."""
+    """The factory the child processes use: a Model logging to $SHARED_TEST_LOG/calls-<pid>.jsonl (after
+    $SHARED_TEST_LOAD seconds of loading, if set: the factory runs in a thread)."""
+    import time
+
+    time.sleep(float(os.environ.get("SHARED_TEST_LOAD", "0")))
     log_dir = os.environ.get("SHARED_TEST_LOG")
     log = None if log_dir is None else os.path.join(log_dir, f"calls-{os.getpid()}.jsonl")
     delay = float(os.environ.get("SHARED_TEST_DELAY", "0"))
