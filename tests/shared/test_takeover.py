@@ -69,3 +69,21 @@ async def test_an_item_held_while_the_factory_fails_to_take_over_says_why(addres
         assert isinstance(raised.value.__cause__, ValueError)
     finally:
         await client.stop()
+
+
+async def test_a_client_connecting_as_the_owner_leaves_is_not_left_hanging_in_its_handshake(address: str) -> None:
+    # The client connects as the owner stops: its connection is in the socket's queue, not yet accepted, as the
+    # owner closes the socket. It must be closed (the client then takes over at once), not left open with nobody
+    # behind it until the handshake's timeout (10 s: longer than an item may wait for an owner).
+    owner = SharedBatcher(Model, address=address, name="m")
+    client = SharedBatcher(Model, address=address, name="m", owner_wait=5)
+    await owner.__aenter__()
+    await client.__aenter__()  # (connecting)
+    try:
+        await owner.stop()
+        async with asyncio.timeout(3):
+            assert await client.process(1) == 2
+        assert client.role == "owner"
+    finally:
+        await client.stop()
+        await owner.stop()
