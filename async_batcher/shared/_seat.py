@@ -180,19 +180,25 @@ class Seat:
     async def leave(self, force: bool, timeout: float | None) -> None:
         """Stop: hand over as owner (drain, then give the lock up), or wait for this client's calls."""
         self.stopping = True
+        deadline = None if timeout is None else self.loop.time() + timeout
         try:
-            if self.local is not None:
-                await self._leave_as_owner(self.local, force, timeout)
-            else:
+            if self.local is None:
                 await self._leave_as_client(force, timeout)
+                await self._end_supervisor()  # (a take-over under way is abandoned; one done made this the owner)
+            if self.local is not None:
+                left = None if deadline is None else max(0.0, deadline - self.loop.time())
+                await self._leave_as_owner(self.local, force, left)
         finally:
-            if self.supervisor is not None:
-                self.supervisor.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self.supervisor
+            await self._end_supervisor()
             link = self.client.link
             if link is not None:
                 link.close()
+
+    async def _end_supervisor(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.supervisor
 
     async def _leave_as_owner(self, batcher: AsyncBatcher[Any, Any], force: bool, timeout: float | None) -> None:
         owner = self.owner

@@ -13,6 +13,7 @@ from async_batcher import OwnerUnavailableError
 from async_batcher.shared import SharedBatcher
 from tests.loops import until
 from tests.shared.models import Model
+from tests.shared.test_socket import exists
 
 
 async def test_a_lock_file_that_cannot_be_opened_does_not_end_the_search_for_an_owner(
@@ -85,5 +86,45 @@ async def test_a_client_connecting_as_the_owner_leaves_is_not_left_hanging_in_it
             assert await client.process(1) == 2
         assert client.role == "owner"
     finally:
+        await client.stop()
+        await owner.stop()
+
+
+async def test_a_client_that_stops_while_its_factory_takes_over_leaves_no_owner_behind(address: str) -> None:
+    # The client won the lock and its factory loads when its stop() comes: once the stop returns, nothing of an
+    # owner may be left (a batcher running, the lock held, the socket bound, clients served by a stopped batcher).
+    gate = asyncio.Event()
+    made: list[Model] = []
+
+    async def make() -> Model:
+        if made:
+            await gate.wait()
+        made.append(Model(max_queue_time=0))
+        return made[-1]
+
+    owner = SharedBatcher(make, address=address, name="m")
+    client = SharedBatcher(make, address=address, name="m")
+    await owner.__aenter__()
+    await client.__aenter__()
+    seat = client._seat
+    assert seat is not None
+    try:
+        await until(lambda: seat.client.link is not None)
+        await owner.stop()
+        held = asyncio.ensure_future(client.process(5))  # (held: its stop waits for it)
+        await until(lambda: seat.election.held)  # its factory waits
+        stopping = asyncio.ensure_future(client.stop())
+        await asyncio.sleep(0)
+        gate.set()
+        async with asyncio.timeout(10):
+            await stopping
+            assert await held == 10
+        assert len(made) == 2
+        assert not await made[1].is_running()
+        assert not seat.election.held and not exists(address)
+        async with SharedBatcher(make, address=address, name="m", role="owner") as again:  # the address is free
+            assert await again.process(1) == 2
+    finally:
+        gate.set()
         await client.stop()
         await owner.stop()
