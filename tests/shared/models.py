@@ -122,3 +122,9 @@ def model(**kwargs: Any) -> Model:
     delay = float(os.environ.get("SHARED_TEST_DELAY", "0"))
     size = int(os.environ.get("SHARED_TEST_BATCH", "8"))
     return Model(log=log, delay=delay, max_batch_size=size, max_queue_time=0.001, concurrency=1, **kwargs)
+
+
+async def never() -> Model:
+    """A factory that never returns (a model that hangs as it loads): ``python -m async_batcher.serve`` tests."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
