@@ -58,6 +58,13 @@ class Handoff:
                 return fut
         return asyncio.ensure_future(self.admission.submit(item, timeout=timeout, priority=priority))
 
+    def in_own_batch(self) -> bool:
+        """Whether the running task is one of this batcher's batches (its ``process_batch``): a stop awaited there
+        would wait for itself (as :meth:`AsyncBatcher.stop <async_batcher.AsyncBatcher.stop>` checks)."""
+        engine = self.life.run.engine
+        task = asyncio.current_task()
+        return engine is not None and any(batch.handle is task for batch in engine.batches)
+
     def watch(
         self, sent: Callable[[list[Context]], None], ended: Callable[[list[Context]], None] | None = None
     ) -> Callable[[], None]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
 from async_batcher import _checks
 from async_batcher._threads import refuse_on_loop_thread, submit_to, wait_for
-from async_batcher.exceptions import BatcherStoppedError
+from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
 from async_batcher.shared._client import ASK_STATS, END, ITEM, MANY, STREAM
 from async_batcher.shared._seat import Seat
 from async_batcher.shared._sharing import DEFAULT_MAX_MESSAGE_SIZE, Role, Sharing, address_of, qualified_name
@@ -191,6 +191,12 @@ class SharedBatcher(Generic[T, R]):
         :class:`~async_batcher.BatcherStoppedError`. Idempotent and safe to call concurrently."""
         force = _checks.flag("force", force)
         timeout = _checks.timeout(timeout)
+        seat = self._seat
+        if seat is not None and seat.local is not None and seat.local._in_own_batch():
+            raise ReentrantCallError(
+                f"{self.name}: stop() awaited inside its own process_batch would wait for that batch forever; "
+                "stop it from outside the batch"
+            )
         if self._state in (_NEW, _STOPPED):
             return
         if self._stopping is None:
