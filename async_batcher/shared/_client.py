@@ -23,7 +23,7 @@ import sys
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from async_batcher._core.deadlines import Deadlines
 from async_batcher.exceptions import (
@@ -311,7 +311,10 @@ class Client:
                 value = values[i]  # type: ignore[index]
                 i += 1
                 if call is not None:
-                    self._resolve(call, value)
+                    if value.__class__ is _wire.Broken:
+                        self._fail(call, self._unpicklable(value.error))
+                    else:
+                        self._resolve(call, value)
                 continue
             op, id = record[0], record[1] if len(record) > 1 else 0
             call = calls.get(id)
@@ -320,8 +323,10 @@ class Client:
                 i += failed is None
                 if call is None:
                     continue
-                if failed is not None:
-                    self._fail(call, self._unpicklable(failed))
+                if failed is not None or value.__class__ is _wire.Broken:
+                    error = failed if failed is not None else cast(_wire.Broken, value).error
+                    self._withdraw(call)  # (a stream's: the owner's side of it ends too, never waits for its reader)
+                    self._fail(call, self._unpicklable(error))
                 elif op == _wire.ERROR:
                     if record[2] and record[2] not in getattr(value, "__notes__", ()):
                         value.add_note(record[2])  # (once: a frame may give the same exception to several calls)
