@@ -37,8 +37,13 @@ class Parts(AsyncBatcher[Any, Any]):
     async def process_batch(self, batch: list[Any]) -> AsyncIterator[list[Any]]:
         from async_batcher import END
 
-        for step in range(3):
-            yield [Stranger() if x == "stranger" and step == 1 else (END if step == 2 else f"{x}{step}") for x in batch]
+        for step in range(STEPS + 1):  # (more parts than the owner sends ahead of its reader)
+            yield [
+                Stranger() if x == "stranger" and step == 1 else (END if step == STEPS else f"{x}{step}") for x in batch
+            ]
+
+
+STEPS = 40
 
 
 async def test_an_item_that_does_not_unpickle_in_the_owner_fails_alone(address: str) -> None:
@@ -77,7 +82,7 @@ async def test_a_stream_part_that_does_not_unpickle_ends_that_stream_alone(addre
 
         async with asyncio.timeout(10):
             broken, fine = await asyncio.gather(parts("stranger"), parts("a"))
-            assert fine == ["a0", "a1"]
+            assert fine == [f"a{step}" for step in range(STEPS)]
             assert broken[0] == "stranger0" and isinstance(broken[1], NotPicklableError) and len(broken) == 2
             await until(lambda: owner.stats.in_flight == 0)  # the owner's side of it ended too
-            assert await parts("b") == ["b0", "b1"]
+            assert await parts("b") == [f"b{step}" for step in range(STEPS)]
