@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 from async_batcher import _checks
 from async_batcher._threads import refuse_on_loop_thread, submit_to, wait_for
 from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
-from async_batcher.shared._client import ASK_STATS, END, ITEM, MANY, STREAM
+from async_batcher.shared._call import ASK_STATS, END, ITEM, MANY, STREAM
 from async_batcher.shared._seat import Seat
 from async_batcher.shared._sharing import DEFAULT_MAX_MESSAGE_SIZE, Role, Sharing, address_of, qualified_name
 from async_batcher.stats import BatcherStats, _Recorder

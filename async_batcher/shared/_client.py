@@ -1,7 +1,7 @@
 """The client's side: the calls of this process, sent to the owner, held for the next one, or handed to a batcher of
 this process that took over (private; above :mod:`~async_batcher.shared._link`).
 
-Each call (:class:`Call`) resolves exactly once. Its route:
+Each call (:class:`~async_batcher.shared._call.Call`) resolves exactly once. Its route:
 
 - **held** while there is no owner to send it to (none yet, the owner leaving, or gone): sent when one comes, in
   order; failed with :class:`~async_batcher.OwnerUnavailableError` if none comes within ``owner_wait``;
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import sys
-from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -33,6 +31,7 @@ from async_batcher.exceptions import (
     OwnerUnavailableError,
 )
 from async_batcher.shared import _board, _wire
+from async_batcher.shared._call import END, HELD, ITEM, LOCAL, MANY, SENT, STREAM, Call
 from async_batcher.shared._link import describe
 
 if TYPE_CHECKING:
@@ -43,60 +42,6 @@ __all__: list[str] = []
 
 #: How long after its deadline a call times out here, when the owner has not said so first.
 GRACE: Final = 0.02
-ITEM, MANY, STREAM, ASK_STATS = range(4)
-HELD, SENT, LOCAL = range(3)
-#: A stream's end, as its consumer's queue holds it.
-END: Final = object()
-
-
-class Call:
-    """One call of this process: an item, a process_many call, a stream, or a request for statistics."""
-
-    __slots__ = (
-        "deadline",
-        "expiry",
-        "extra",
-        "fut",
-        "gone",
-        "id",
-        "item",
-        "kind",
-        "local",
-        "parts",
-        "priority",
-        "since",
-        "state",
-        "trace",
-        "waiter",
-    )
-
-    def __init__(
-        self, id: int, kind: int, item: Any, deadline: float | None, priority: float, extra: Any, fut: Any
-    ) -> None:
-        self.id = id
-        self.kind = kind
-        self.item = item
-        self.deadline = deadline
-        self.priority = priority
-        self.extra = extra  # process_many's return_exceptions
-        self.trace = _trace()
-        self.fut: asyncio.Future[Any] = fut
-        self.expiry: list[Any] | None = None
-        self.state = HELD
-        self.since = 0.0  # held since
-        self.gone = False
-        self.local: asyncio.Future[Any] | None = None
-        self.parts: deque[Any] = deque()  # a stream's parts received and not yet taken
-        self.waiter: asyncio.Future[None] | None = None
-
-
-def _trace() -> tuple[int, int, int] | None:
-    """The caller's span, when OpenTelemetry is in use in this process (imported: never imported here)."""
-    module = sys.modules.get("opentelemetry.trace")
-    if module is None:
-        return None
-    span = module.get_current_span().get_span_context()
-    return (span.trace_id, span.span_id, int(span.trace_flags)) if span.is_valid else None
 
 
 class Client:
