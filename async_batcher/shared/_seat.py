@@ -40,6 +40,10 @@ _MAX_BACKOFF: Final = 0.5
 _FAILED_FACTORY_PAUSE: Final = 1.0
 
 
+class _Denied(Exception):
+    """The handshake refused a key (this process's, or the owner's): its ``__cause__`` says which."""
+
+
 class Seat:
     """Owner or client at one address, for one run of a :class:`~async_batcher.shared.SharedBatcher`."""
 
@@ -131,14 +135,15 @@ class Seat:
                     continue
                 return
             try:
-                await self._connect()
-            except PermissionError as exc:  # the key was refused (or the owner's was)
-                client.last_error = exc
+                key = self.sharing.authkey or _paths.read_key(self.address)
+                await self._connect(key)
+            except _Denied as exc:  # the key was refused (or the owner's was)
+                client.last_error = exc.__cause__
                 self.denied += 1
                 if self.denied >= 2:  # (not a key the owner was rewriting: it will not do)
-                    client.fail_held(OwnerUnavailableError(f"{self.name}: {exc} (address {self.address})"))
-            except Exception as exc:  # no socket yet, refused, no key file yet; not an owner's socket
-                client.last_error = exc
+                    client.fail_held(OwnerUnavailableError(f"{self.name}: {exc.__cause__} (address {self.address})"))
+            except Exception as exc:  # no socket yet, refused; no key file yet, or one of an earlier run that is not
+                client.last_error = exc  # this user's alone, or half written; not an owner's socket
                 logger.debug("%s: no owner at %s yet: %r", self.name, self.address, exc)
             else:
                 backoff = _FIRST_BACKOFF
@@ -161,16 +166,17 @@ class Seat:
     def _may_own(self) -> bool:
         return self.sharing.role == "auto" and not self.stopping and self.loop.time() >= self.no_own_until
 
-    async def _connect(self) -> None:
-        key = self.sharing.authkey or _paths.read_key(self.address)
+    async def _connect(self, key: bytes) -> None:
         limit = self.sharing.max_message_size
         _, link = await self.loop.create_unix_connection(lambda: ClientLink(key, limit, self.client), self.address)
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
                 await link.done
-        except BaseException:
+        except BaseException as exc:
             link.abort()
             link.close_board()  # (now: the loop may end before the connection's loss is told)
+            if isinstance(exc, PermissionError):  # (the handshake's: a key refused)
+                raise _Denied() from exc
             raise
         logger.debug("%s: connected to the owner of %s (pid %d)", self.name, self.address, link.peer_pid)
         self.client.attach(link)

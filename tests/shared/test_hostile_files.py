@@ -18,6 +18,7 @@ from async_batcher import OwnerUnavailableError
 from async_batcher.shared import SharedBatcher, _paths, _wire
 from tests.loops import until
 from tests.shared.models import Model
+from tests.shared.test_socket import write
 
 
 async def test_a_symbolic_link_at_the_lock_path_is_refused_not_followed(address: str, tmp_path: Path) -> None:
@@ -143,3 +144,38 @@ async def test_a_client_never_loads_a_pickle_from_a_socket_that_does_not_know_th
         await server.wait_closed()
     assert not mark.exists()
     assert not glob.glob(f"/dev/shm/async-batcher-{os.getpid()}-*")  # (its gone boards removed)
+
+
+# ---------------------------------------------------------------------- the key file
+
+
+async def test_a_stale_key_file_that_is_not_this_users_alone_makes_a_client_wait_for_the_owner(address: str) -> None:
+    # A key file left by an earlier run, with modes that let others read it: refused (its key may be known), but
+    # not a refusal by an owner. The client waits for one, which writes a key of its own.
+    write(address + ".key", "00" * 32)
+    os.chmod(address + ".key", 0o644)
+    async with SharedBatcher(Model, address=address, role="client", name="m", owner_wait=10) as client:
+        early = asyncio.ensure_future(client.process(1))
+        seat = client._seat
+        assert seat is not None
+        await until(lambda: isinstance(seat.client.last_error, PermissionError))  # (it read the file and refused it)
+        with contextlib.suppress(AssertionError):
+            await until(early.done, within=0.5)  # (it must not fail: it looks again, and again)
+        assert not early.done()
+        async with SharedBatcher(Model, address=address, role="owner", name="m"):
+            async with asyncio.timeout(10):
+                assert await early == 2
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [("abc", "does not hold a key"), ("", "refused this process's key"), ("11" * 32, "refused this process's key")],
+)
+async def test_a_key_file_truncated_or_wrong_fails_the_items_naming_it(address: str, key: str, says: str) -> None:
+    async with SharedBatcher(Model, address=address, name="m") as owner:
+        write(address + ".key", key)  # (rewritten in place: its mode stays 0600)
+        async with SharedBatcher(Model, address=address, role="client", name="m", owner_wait=1) as client:
+            with pytest.raises(OwnerUnavailableError, match=says):
+                async with asyncio.timeout(10):
+                    await client.process(1)
+        assert await owner.process(1) == 2  # (the owner serves on)
