@@ -8,6 +8,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from async_batcher import AsyncBatcher, NotPicklableError
 from tests.loops import until
 from tests.shared.models import Model
@@ -86,3 +88,115 @@ async def test_a_stream_part_that_does_not_unpickle_ends_that_stream_alone(addre
             assert broken[0] == "stranger0" and isinstance(broken[1], NotPicklableError) and len(broken) == 2
             await until(lambda: owner.stats.in_flight == 0)  # the owner's side of it ended too
             assert await parts("b") == [f"b{step}" for step in range(STEPS)]
+
+
+async def test_numpy_arrays_of_every_layout_cross_both_ways(address: str) -> None:
+    np = pytest.importorskip("numpy")
+
+    class Echo(AsyncBatcher[Any, Any]):
+        async def process_batch(self, batch: list[Any]) -> list[Any]:
+            return [(x.shape, x.dtype.str, x) for x in batch]
+
+    async with pair(address, Echo) as (_, client):
+        square = np.arange(4_000_000, dtype=np.float64).reshape(2000, 2000)  # 32 MB, out of band
+        frozen = np.arange(300_000, dtype=np.int32)
+        frozen.setflags(write=False)
+        items = [
+            square,
+            square[:, ::2],  # not contiguous: in band
+            square.T,  # Fortran order
+            frozen,  # read-only
+            np.zeros((0, 5)),
+            np.zeros(100_000, dtype=[("a", "<i4"), ("b", "<f8")]),  # structured
+            np.arange(10),  # small: in band
+        ]
+        for x, (shape, dtype, back) in zip(
+            items, await asyncio.gather(*(client.process(x) for x in items)), strict=True
+        ):
+            assert (shape, dtype) == (x.shape, x.dtype.str) and back.shape == x.shape and back.dtype == x.dtype
+            assert np.array_equal(back, x)
+
+
+async def test_ten_thousand_callers_cancelled_at_once_are_all_withdrawn(address: str) -> None:
+    gate = asyncio.Event()
+
+    async def make() -> Model:
+        return Model(gate=gate, max_batch_size=1, max_queue_time=0, concurrency=1)
+
+    async with pair(address, make) as (owner, client):
+        first = asyncio.ensure_future(client.process(-1))
+        await until(lambda: model_of(owner).batches)
+        plain = [asyncio.ensure_future(client.process(i)) for i in range(10_000)]  # (the owner's short path)
+        timed = [asyncio.ensure_future(client.process(i, timeout=60)) for i in range(10_000, 12_000)]  # (its long one)
+        await until(lambda: owner.stats.submitted == 12_001, within=60)
+        for task in plain + timed:
+            task.cancel()
+        await until(lambda: owner.stats.cancelled == 12_000, within=60)
+        gate.set()
+        assert await first == -2
+        assert model_of(owner).items == [-1]  # not one of them reached the model
+        assert all(task.cancelled() for task in plain + timed)
+        assert await client.process(5) == 10
+
+
+async def test_room_waits_and_refusals_of_the_owners_batcher_hold_for_a_client(address: str) -> None:
+    gate = asyncio.Event()
+
+    async def make() -> Model:
+        return Model(
+            gate=gate, max_batch_size=1, max_queue_time=0, concurrency=1, max_queue_size=2, wait_when_full=True
+        )
+
+    async with pair(address, make) as (owner, client):
+        first = asyncio.ensure_future(client.process(1))
+        await until(lambda: model_of(owner).batches)
+        waiting = [asyncio.ensure_future(client.process(i)) for i in range(2, 6)]  # 2 queued, 2 waiting for room
+        await until(lambda: owner.stats.awaiting_room == 2)
+        waiting[3].cancel()  # (leaves its place in line)
+        with pytest.raises(TimeoutError):
+            await client.process(99, timeout=0.1)  # (times out waiting for room)
+        gate.set()
+        assert await first == 2
+        assert list(await asyncio.gather(*waiting[:3])) == [4, 6, 8]
+        assert sorted(model_of(owner).items) == [1, 2, 3, 4]
+
+    async def late() -> Model:
+        return Model(max_queue_time=0, refuse_late=True)
+
+    async with pair(address, late) as (_, client):
+        with pytest.raises(ValueError, match="refuse_late=True, but this call has no deadline"):
+            await client.process(1)
+        assert await client.process(1, timeout=5) == 2
+
+
+async def test_retries_and_isolation_of_the_owners_batcher_hold_for_a_client(address: str) -> None:
+    from async_batcher.failures import Isolate, Retry, RetryPolicy
+
+    poisoned: list[Any] = []
+
+    class Flaky(AsyncBatcher[Any, Any]):
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            self.seen: list[Any] = []
+
+        async def process_batch(self, batch: list[Any]) -> list[Any]:
+            self.seen.extend(batch)
+            if "poison" in batch:
+                raise ValueError("poisoned batch")
+            return [Retry() if x == "again" and self.seen.count(x) < 2 else x for x in batch]
+
+    async def make() -> Flaky:
+        return Flaky(
+            max_batch_size=8,
+            max_queue_time=0.02,
+            retry=RetryPolicy(attempts=3, backoff=0.01),
+            on_batch_error=Isolate(on_poison=lambda item, error: poisoned.append(item)),
+        )
+
+    async with pair(address, make) as (owner, client):
+        items = [1, "again", "poison", 2, 3]
+        outcomes = await asyncio.gather(*(client.process(x) for x in items), return_exceptions=True)
+        assert [outcomes[0], outcomes[1], *outcomes[3:]] == [1, "again", 2, 3]
+        assert isinstance(outcomes[2], ValueError) and str(outcomes[2]) == "poisoned batch"
+        assert poisoned == ["poison"]
+        assert model_of(owner).seen.count("again") == 2
