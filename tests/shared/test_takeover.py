@@ -1,5 +1,6 @@
-"""Taking over from an owner that left, when it goes wrong: the lock file cannot be opened, the factory fails; and a
-client connecting as the owner leaves."""
+"""Taking over from an owner that left, when it goes wrong (the lock file cannot be opened, the factory fails, a
+client connects as the owner leaves, the client stops while it takes over) and when it goes right: process_many
+calls, streams and timeouts across the hand-over."""
 
 from __future__ import annotations
 
@@ -128,3 +129,47 @@ async def test_a_client_that_stops_while_its_factory_takes_over_leaves_no_owner_
         gate.set()
         await client.stop()
         await owner.stop()
+
+
+async def test_process_many_and_streams_cross_a_hand_over(address: str) -> None:
+    # Calls sent to the owner before it leaves are answered by it (it drains); those made while it leaves are held,
+    # then answered by the client that takes over.
+    gate = asyncio.Event()
+    made: list[Model] = []
+
+    async def make() -> Model:
+        made.append(Model(gate=None if made else gate, max_batch_size=4, max_queue_time=0))
+        return made[-1]
+
+    owner = SharedBatcher(make, address=address, name="m")
+    client = SharedBatcher(make, address=address, name="m")
+    await owner.__aenter__()
+    await client.__aenter__()
+    seat = client._seat
+    assert seat is not None
+    try:
+        await until(lambda: seat.client.link is not None)
+        sent = asyncio.ensure_future(client.process_many([1, 2, 3]))
+        sent_stream = asyncio.ensure_future(_parts(client, 4))
+        await until(lambda: owner.stats.submitted == 4)
+        leaving = asyncio.ensure_future(owner.stop())
+        await until(lambda: seat.client.leaving)
+        held = asyncio.ensure_future(client.process_many([5, 6]))
+        held_stream = asyncio.ensure_future(_parts(client, 7))
+        held_late = asyncio.ensure_future(client.process(8, timeout=0.05))  # (its deadline passes while held)
+        with pytest.raises(TimeoutError):
+            await held_late
+        gate.set()
+        async with asyncio.timeout(10):
+            await leaving
+            assert await sent == [2, 4, 6] and await sent_stream == [8]
+            assert await held == [10, 12] and await held_stream == [14]
+        assert sorted(made[0].items) == [1, 2, 3, 4] and sorted(made[1].items) == [5, 6, 7]  # (8 never sent)
+    finally:
+        gate.set()
+        await client.stop()
+        await owner.stop()
+
+
+async def _parts(shared: SharedBatcher[Any, Any], item: Any) -> list[Any]:
+    return [part async for part in shared.stream(item)]
