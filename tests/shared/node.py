@@ -49,8 +49,12 @@ def die_at(where: str) -> None:
         raise ValueError(f"--die-at {where!r}?")
 
 
-async def main(address: str, directory: Path, items: range, pace: float, role: Any, timeout: float | None) -> None:
-    shared: SharedBatcher[Any, Any] = SharedBatcher(model, address=address, role=role, name="model", owner_wait=20)
+async def main(
+    address: str, directory: Path, items: range, pace: float, role: Any, timeout: float | None, owner_wait: float
+) -> None:
+    shared: SharedBatcher[Any, Any] = SharedBatcher(
+        model, address=address, role=role, name="model", owner_wait=owner_wait
+    )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     pid = os.getpid()
@@ -87,13 +91,15 @@ if __name__ == "__main__":
     parser.add_argument("--pace", type=float, default=0.0)
     parser.add_argument("--role", default="auto")
     parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--owner-wait", type=float, default=20.0)
     parser.add_argument("--die-at", default=None)
     parser.add_argument("--uvloop", action="store_true")
     args = parser.parse_args()
     if args.die_at:
         die_at(args.die_at)
     start, _, stop = args.items.partition(":")
-    run = main(args.address, args.directory, range(int(start), int(stop)), args.pace, args.role, args.timeout)
+    items = range(int(start), int(stop))
+    run = main(args.address, args.directory, items, args.pace, args.role, args.timeout, args.owner_wait)
     if args.uvloop:
         import uvloop
 
