@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import glob
 import os
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 from async_batcher import OwnerUnavailableError
 from async_batcher.shared import SharedBatcher, _paths, _wire
+from async_batcher.shared._link import DENY
 from tests.loops import until
 from tests.shared.models import Model
 from tests.shared.test_socket import write
@@ -179,3 +181,37 @@ async def test_a_key_file_truncated_or_wrong_fails_the_items_naming_it(address: 
                 async with asyncio.timeout(10):
                     await client.process(1)
         assert await owner.process(1) == 2  # (the owner serves on)
+
+
+async def test_peers_that_idle_send_half_a_frame_or_garbage_do_not_hold_the_owner_up(address: str) -> None:
+    async with SharedBatcher(Model, address=address, name="m") as owner:
+        peers = [await asyncio.open_unix_connection(address) for _ in range(4)]
+        for reader, _ in peers:
+            await reader.readexactly(4 + _wire.HELLO_SIZE + 32)
+        peers[1][1].write(struct.pack("<I", 500) + b"x" * 100)  # half a frame, then nothing
+        peers[2][1].write(_wire.raw(os.urandom(300)))  # garbage
+        peers[3][1].write(os.urandom(3))  # not even a length
+        async with SharedBatcher(Model, address=address, name="m", role="client") as client:
+            async with asyncio.timeout(5):
+                assert await client.process(1) == 2  # (served meanwhile)
+        async with asyncio.timeout(5):
+            assert await peers[2][0].read() == _wire.raw(DENY)  # refused, and closed
+        assert owner.stats.submitted == 1
+        for _, writer in peers:
+            writer.close()
+
+
+async def test_links_planted_at_the_socket_and_key_paths_are_never_followed(address: str, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    os.symlink(victim, address)
+    with pytest.raises(FileExistsError, match="not a socket"):  # (never unlinked through, nor bound over)
+        async with SharedBatcher(Model, address=address, name="m"):
+            pass
+    os.unlink(address)
+    os.unlink(address + ".key")  # (the key of the owner refused)
+    os.symlink(victim, address + ".key")
+    async with SharedBatcher(Model, address=address, name="m") as owner:  # its key replaces the link itself
+        assert stat.S_ISREG(os.lstat(address + ".key").st_mode)
+        assert await owner.process(1) == 2
+    assert victim.read_text() == "precious"
