@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from async_batcher import AsyncBatcher, NotPicklableError
+from async_batcher import AsyncBatcher, NotPicklableError, OutcomeUnknownError
+from async_batcher.shared import SharedBatcher
 from tests.loops import until
-from tests.shared.models import Model
+from tests.shared.models import Model, Odd
 from tests.shared.test_contract import model_of, pair
 
 
@@ -200,3 +201,22 @@ async def test_retries_and_isolation_of_the_owners_batcher_hold_for_a_client(add
         assert isinstance(outcomes[2], ValueError) and str(outcomes[2]) == "poisoned batch"
         assert poisoned == ["poison"]
         assert model_of(owner).seen.count("again") == 2
+
+
+async def test_a_client_gone_while_the_owner_writes_it_large_answers_holds_nothing_up(
+    address: str, loop_errors: list[dict[str, Any]]
+) -> None:
+    async with pair(address, Odd) as (owner, client):
+        assert owner._seat is not None and owner._seat.owner is not None and client._seat is not None
+        (served,) = owner._seat.owner.links
+        calls = [asyncio.ensure_future(client.process("big")) for _ in range(20)]  # 40 MB of answers
+        await until(lambda: served.backlog_size > 0 or served.closed)
+        link = client._seat.client.link
+        assert link is not None and link.transport is not None
+        link.transport.abort()  # its end closes mid-answer, as when its process is killed
+        await until(lambda: all(c.done() for c in calls) and served.closed, within=20)
+        assert all(isinstance(c.exception(), OutcomeUnknownError) for c in calls)  # (they had gone)
+        async with SharedBatcher(Odd, address=address, name="shared") as other:
+            assert await other.process("x") == "x"
+        assert await client.process("y") == "y"  # (it connected again)
+    assert not loop_errors
