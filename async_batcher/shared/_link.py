@@ -142,12 +142,13 @@ class Connection(asyncio.BufferedProtocol):
         self.pump()
 
     def pump(self) -> None:
-        """Hand the transport the backlog's slices while its buffer is under a slice's size."""
+        """Hand the transport the backlog's slices until its buffer is over its high-water mark (a slice's size):
+        over it, not at it, since only then does it pause (and, drained, resume: the next pump)."""
         transport = self.transport
         backlog = self.backlog
         if transport is None or self.closed:
             return
-        while backlog and transport.get_write_buffer_size() < _SLICE:
+        while backlog and transport.get_write_buffer_size() <= _SLICE:
             piece = backlog.popleft()
             self.backlog_size -= piece.nbytes
             transport.write(piece)

@@ -220,3 +220,28 @@ async def test_a_client_gone_while_the_owner_writes_it_large_answers_holds_nothi
             assert await other.process("x") == "x"
         assert await client.process("y") == "y"  # (it connected again)
     assert not loop_errors
+
+
+def test_large_frames_are_written_whole_on_uvloop(address: str) -> None:
+    # Frames over a megabyte are handed to the transport a slice at a time as its buffer drains. On uvloop (whose
+    # writes wait for the loop's turn) a slice left the buffer at its high-water mark exactly: not over it, so the
+    # transport never paused, nor resumed the rest: the frame's end was never written.
+    np = pytest.importorskip("numpy")
+    import uvloop
+
+    class Echo(AsyncBatcher[Any, Any]):
+        async def process_batch(self, batch: list[Any]) -> list[Any]:
+            return batch
+
+    async def run() -> None:
+        async with pair(address, Echo) as (_, client):
+            items = [
+                np.arange(4_000_000, dtype=np.float64),
+                np.arange(300_000, dtype=np.int32),
+                np.zeros(100_000, dtype=[("a", "<i4"), ("b", "<f8")]),
+            ]
+            async with asyncio.timeout(20):
+                answers = await asyncio.gather(*(client.process(x) for x in items))
+            assert all(np.array_equal(x, y) for x, y in zip(items, answers, strict=True))
+
+    uvloop.run(run())
