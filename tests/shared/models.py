@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Hashable
+from functools import partial
 from typing import Any
 
 from async_batcher import AsyncBatcher, Retry
@@ -121,7 +122,20 @@ def model(**kwargs: Any) -> Model:
     log = None if log_dir is None else os.path.join(log_dir, f"calls-{os.getpid()}.jsonl")
     delay = float(os.environ.get("SHARED_TEST_DELAY", "0"))
     size = int(os.environ.get("SHARED_TEST_BATCH", "8"))
-    return Model(log=log, delay=delay, max_batch_size=size, max_queue_time=0.001, concurrency=1, **kwargs)
+    pad = int(os.environ.get("SHARED_TEST_PAD", "0"))
+    made = Model if not pad else partial(Padded, pad=pad)
+    return made(log=log, delay=delay, max_batch_size=size, max_queue_time=0.001, concurrency=1, **kwargs)
+
+
+class Padded(Model):
+    """A Model whose answers are ``(answer, pad bytes)``: large answers (``$SHARED_TEST_PAD`` for the nodes)."""
+
+    def __init__(self, *, pad: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.pad = pad
+
+    async def process_batch(self, batch: list[Any]) -> list[Any]:
+        return [(answer, bytes(self.pad)) for answer in await super().process_batch(batch)]
 
 
 async def never() -> Model:

@@ -66,7 +66,7 @@ async def main(
         except Exception as exc:
             record = {"item": item, "error": type(exc).__name__, "message": str(exc)}
         else:
-            record = {"item": item, "ok": value}
+            record = {"item": item, "ok": value[0] if isinstance(value, tuple) else value}  # (a Padded answer's)
         out.write(json.dumps(record) + "\n")
 
     async with shared:

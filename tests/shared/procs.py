@@ -63,13 +63,15 @@ def wait_for(condition: Callable[[], object], within: float, what: str) -> None:
 
 @contextlib.contextmanager
 def cluster(
-    address: str, directory: Path, *, delay: float, batch: int, load: float = 0.0
+    address: str, directory: Path, *, delay: float, batch: int, load: float = 0.0, pad: int = 0
 ) -> Iterator[Callable[..., Node]]:
     """Start nodes with ``start(*args)``; every one is ended (killed if it must be) on the way out. Their model
-    takes ``delay`` seconds a batch of at most ``batch`` items, and its factory ``load`` seconds."""
+    takes ``delay`` seconds a batch of at most ``batch`` items, its factory ``load`` seconds, and its answers carry
+    ``pad`` bytes each."""
     env = {**os.environ, "SHARED_TEST_LOG": str(directory), "SHARED_TEST_DELAY": str(delay)}
     env["SHARED_TEST_BATCH"] = str(batch)
     env["SHARED_TEST_LOAD"] = str(load)
+    env["SHARED_TEST_PAD"] = str(pad)
     env["PYTHONPATH"] = str(ROOT)
     nodes: list[Node] = []
 

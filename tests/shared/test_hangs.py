@@ -61,3 +61,28 @@ def test_a_client_that_hangs_does_not_hold_the_owner_up(address: str, tmp_path: 
         assert kinds == {"ok": 16}
         for node in (hung, other, owner):
             node.terminate()
+
+
+def test_a_client_that_hangs_with_megabytes_unread_is_disconnected_and_loses_nothing(
+    address: str, tmp_path: Path
+) -> None:
+    with cluster(address, tmp_path, delay=0.05, batch=4, pad=1024 * 1024) as start:
+        owner = start()
+        assert owner.ready() == "owner"
+        hung = start("--items", "0:40")  # 40 MB of answers
+        assert hung.ready() == "client"
+        wait_for(lambda: batches(tmp_path, owner.pid), 20, "the owner's first batch")
+        os.kill(hung.pid, signal.SIGSTOP)
+        try:
+            other = start("--items", "100:120", "--pace", "0.1")  # (2 s: past the owner's bound on an unread client)
+            other.ready()
+            wait_for(partial(done, other, 20), 30, "the other client's outcomes")
+        finally:
+            os.kill(hung.pid, signal.SIGCONT)
+        wait_for(partial(done, hung, 40), 30, "the hung client's outcomes, once it runs again")
+        outcomes = hung.outcomes() + other.outcomes()
+        kinds = check_exactly_once(outcomes, set(range(40)) | set(range(100, 120)), calls(tmp_path))
+        assert kinds["OutcomeUnknownError"] >= 1  # (it was disconnected: what it had not read was lost with it)
+        assert all("ok" in o for o in other.outcomes())
+        for node in (hung, other, owner):
+            node.terminate()
