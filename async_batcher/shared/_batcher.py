@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from async_batcher.batcher import AsyncBatcher
 
 __all__ = ["SharedBatcher"]
+
+logger = logging.getLogger("async_batcher.shared")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -95,6 +98,7 @@ class SharedBatcher(Generic[T, R]):
         self._startup: asyncio.Task[None] | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._snapshot: BatcherStats | None = None
+        self._start_error: Exception | None = None  # why the last start failed (the factory's error)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on (for blocking callers)
 
     @property
@@ -134,15 +138,20 @@ class SharedBatcher(Generic[T, R]):
             raise BatcherStoppedError(f"{self.name} is stopping; it can be started again once stop() returns")
         self._state = _STARTING
         self._loop = loop
+        self._start_error = None
         self._startup = loop.create_task(self._take())
+        self._startup.add_done_callback(_retrieve)
 
     async def _take(self) -> None:
         seat = self._seat = Seat(self.factory, self.sharing, self.name, self.address)
         try:
             await seat.take()
-        except BaseException:
+        except BaseException as exc:
             self._state = _STOPPED
             self._seat = None
+            if isinstance(exc, Exception):
+                self._start_error = exc
+                logger.error("%s: the start failed: %r", self.name, exc)
             raise
         self._state = _RUNNING
 
@@ -158,7 +167,9 @@ class SharedBatcher(Generic[T, R]):
                 raise cast(BaseException, startup.exception())
         seat = self._seat
         if self._state != _RUNNING or seat is None:
-            raise BatcherStoppedError(f"{self.name} is {self._state}; start() it again to submit items")
+            failed = self._start_error
+            why = "" if failed is None or self._state != _STOPPED else f" (its start failed: {failed!r})"
+            raise BatcherStoppedError(f"{self.name} is {self._state}{why}; start() it again to submit items")
         return seat
 
     async def _started_within(self, timeout: float | None) -> tuple[Seat, float | None]:
@@ -371,3 +382,8 @@ class SharedBatcher(Generic[T, R]):
 
     def __repr__(self) -> str:
         return f"<SharedBatcher {self.name!r} {self._state} role={self.role!r} address={self._address!r}>"
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # (a start's error is its callers' to raise, and logged: never reported as lost)

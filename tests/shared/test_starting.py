@@ -5,12 +5,14 @@ factory loads."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,3 +111,24 @@ def test_serve_stopped_while_its_factory_loads_exits(address: str) -> None:
 def _locked_by(address: str, pid: int) -> bool:
     path = Path(address + ".lock")
     return path.exists() and path.read_text() == str(pid)
+
+
+async def test_a_start_that_failed_unawaited_is_not_reported_as_a_lost_error(
+    address: str, loop_errors: list[dict[str, Any]]
+) -> None:
+    def broken() -> Model:
+        raise OSError("no model")
+
+    async def start_and_stop() -> None:
+        shared = SharedBatcher(broken, address=address, name="m")
+        shared.start()  # (nobody awaits the start: the error is the next caller's, or nobody's)
+        startup = shared._startup
+        assert startup is not None
+        await until(startup.done)
+        with pytest.raises(BatcherStoppedError, match=r"its start failed: OSError\('no model'\)"):
+            await shared.process(1)  # (says why)
+        await shared.stop()
+
+    await start_and_stop()
+    gc.collect()  # (a task's error never retrieved is reported as the task goes)
+    assert not loop_errors
