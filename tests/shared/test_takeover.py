@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from async_batcher import OwnerUnavailableError
+from async_batcher import OutcomeUnknownError, OwnerUnavailableError
 from async_batcher.shared import SharedBatcher
 from tests.loops import until
 from tests.shared.models import Model
@@ -173,3 +173,41 @@ async def test_process_many_and_streams_cross_a_hand_over(address: str) -> None:
 
 async def _parts(shared: SharedBatcher[Any, Any], item: Any) -> list[Any]:
     return [part async for part in shared.stream(item)]
+
+
+async def test_a_process_many_call_still_queued_when_the_connection_drops_is_sent_again(address: str) -> None:
+    # The connection drops (as when the owner dies): the item in a batch is "outcome unknown"; the process_many call
+    # still queued is withdrawn by the owner, sent again by the client, and answered once.
+    gate = asyncio.Event()
+
+    async def make() -> Model:
+        return Model(gate=gate, max_batch_size=4, max_queue_time=0, concurrency=1)
+
+    owner = SharedBatcher(make, address=address, name="m")
+    client = SharedBatcher(make, address=address, name="m")
+    await owner.__aenter__()
+    await client.__aenter__()
+    seat = client._seat
+    assert seat is not None and owner.batcher is not None
+    model = owner.batcher
+    assert isinstance(model, Model)
+    try:
+        await until(lambda: seat.client.link is not None)
+        first = asyncio.ensure_future(client.process(0))  # (in the batch the gate holds)
+        await until(lambda: model.batches)
+        queued = asyncio.ensure_future(client.process_many([1, 2, 3]))
+        await until(lambda: owner.stats.submitted == 4)
+        link = seat.client.link
+        assert link is not None
+        link.abort()
+        await until(lambda: seat.client.link is not None and seat.client.link is not link)  # (connected again)
+        with pytest.raises(OutcomeUnknownError):
+            await first  # (it had gone)
+        gate.set()
+        async with asyncio.timeout(10):
+            assert await queued == [2, 4, 6]
+        assert sorted(model.items) == [0, 1, 2, 3]  # each once
+    finally:
+        gate.set()
+        await client.stop()
+        await owner.stop()
