@@ -52,6 +52,11 @@ class Node:
         assert (self.directory / f"stopped-{self.pid}").exists()
 
 
+def done(node: Node, n: int) -> bool:
+    """Whether ``node`` has written the outcomes of ``n`` items."""
+    return len(node.outcomes()) == n
+
+
 def wait_for(condition: Callable[[], object], within: float, what: str) -> None:
     """Poll a real condition (a file, a process), bounded."""
     deadline = time.monotonic() + within

@@ -8,11 +8,7 @@ import signal
 from functools import partial
 from pathlib import Path
 
-from tests.shared.procs import Node, batches, calls, check_exactly_once, cluster, wait_for
-
-
-def done(node: Node, n: int) -> bool:
-    return len(node.outcomes()) == n
+from tests.shared.procs import batches, calls, check_exactly_once, cluster, done, wait_for
 
 
 def test_an_owner_that_hangs_does_not_hold_its_clients_forever(address: str, tmp_path: Path) -> None:

@@ -11,11 +11,7 @@ import signal
 from functools import partial
 from pathlib import Path
 
-from tests.shared.procs import Node, calls, check_exactly_once, cluster, wait_for
-
-
-def done(node: Node, n: int) -> bool:
-    return len(node.outcomes()) == n
+from tests.shared.procs import calls, check_exactly_once, cluster, done, wait_for
 
 
 def boards_of(pid: int) -> list[str]:
