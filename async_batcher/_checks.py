@@ -86,7 +86,7 @@ def timeout(value: object) -> float | None:
 
 def priority(value: object) -> float:
     """A ``priority=``: any real number but NaN (lower goes first)."""
-    if not is_real(value) or math.isnan(value):
+    if not is_real(value) or value != value:  # (NaN; not math.isnan, which refuses an int too large for a float)
         raise ValueError(f"priority must be a real number (lower goes first), got {value!r}")
     return value
 

@@ -30,8 +30,9 @@ batch as it ends, whose buckets add up across processes:
 - ``async_batcher_batch_process_seconds``: how long ``process_batch`` took;
 - ``async_batcher_batch_size``: items per batch.
 
-Several worker processes behind one ``/metrics`` (uvicorn ``--workers``, gunicorn): see
-:mod:`async_batcher.metrics_multiprocess`.
+A :class:`~async_batcher.shared.SharedBatcher` is exported by the process that owns it, under its batcher's name;
+a client exports nothing for it. Several worker processes behind one ``/metrics`` (uvicorn ``--workers``,
+gunicorn): see :mod:`async_batcher.metrics_multiprocess`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("async_batcher.metrics needs prometheus-client: pip install 'async-batcher[metrics]'") from exc
 
 from async_batcher.batcher import AsyncBatcher
+from async_batcher.shared import SharedBatcher
+from async_batcher.shared._follow import Follower, Source, exported, source_of
 from async_batcher.stats import BatcherStats, BatchObserver, LatencySummary
 
 __all__ = [
@@ -102,41 +105,50 @@ class BatcherCollector(Collector):
 
     Register one per registry (``registry.register(BatcherCollector(b1, b2))``), or let
     :func:`register_batcher` do it. The names of the batchers it holds must differ.
+
+    A :class:`~async_batcher.shared.SharedBatcher` is exported by the process that owns it (its batcher's statistics,
+    under its batcher's name), and by no other: a client exports nothing for it, rather than an empty copy.
     """
 
     def __init__(self, *batchers: object, namespace: str = "async_batcher") -> None:
         self.namespace = namespace
         self._lock = threading.Lock()
-        self._batchers: list[weakref.ref[AsyncBatcher[Any, Any]]] = []
+        self._batchers: list[weakref.ref[Source]] = []
         for batcher in batchers:
             self.add(batcher)
 
     def add(self, batcher: object) -> None:
-        """Export ``batcher`` (or a ``@batch`` function's) too; idempotent."""
-        batcher = _batcher_of(batcher)
+        """Export ``batcher`` (or a ``@batch`` function's, or a shared batcher's where it is owned) too; idempotent."""
+        source = source_of(batcher, "BatcherCollector.add()")
         with self._lock:
             live = self._live()
-            if any(b is batcher for b in live):
+            if any(b is source for b in live):
                 return
-            if any(b.name == batcher.name for b in live):
+            if any(b.name == source.name for b in live):
                 raise ValueError(
-                    f"another batcher named {batcher.name!r} is already exported: give each batcher its own name="
+                    f"another batcher named {source.name!r} is already exported: give each batcher its own name="
                 )
-            self._batchers = [weakref.ref(b) for b in live] + [weakref.ref(batcher)]
+            self._batchers = [weakref.ref(b) for b in live] + [weakref.ref(source)]
 
     def remove(self, batcher: object) -> None:
         """Stop exporting ``batcher``; a no-op if it is not exported."""
-        batcher = _batcher_of(batcher)
+        source = source_of(batcher, "BatcherCollector.remove()")
         with self._lock:
-            self._batchers = [weakref.ref(b) for b in self._live() if b is not batcher]
+            self._batchers = [weakref.ref(b) for b in self._live() if b is not source]
 
     @property
     def batchers(self) -> list[AsyncBatcher[Any, Any]]:
-        """The batchers exported now."""
+        """The batchers exported now (of a shared batcher, its batcher while this process owns it)."""
         with self._lock:
-            return self._live()
+            live = self._live()
+        batchers: list[AsyncBatcher[Any, Any]] = []
+        for source in live:
+            batcher = exported(source)
+            if batcher is not None and all(batcher is not b for b in batchers):  # (also added as itself)
+                batchers.append(batcher)
+        return batchers
 
-    def _live(self) -> list[AsyncBatcher[Any, Any]]:
+    def _live(self) -> list[Source]:
         return [b for b in (ref() for ref in self._batchers) if b is not None]
 
     def describe(self) -> Iterable[Metric]:
@@ -276,13 +288,26 @@ class BatcherHistograms:
         )
         self._lock = threading.Lock()
         self._observed: weakref.WeakKeyDictionary[AsyncBatcher[Any, Any], BatchObserver] = weakref.WeakKeyDictionary()
+        self._following: weakref.WeakKeyDictionary[SharedBatcher[Any, Any], Follower] = weakref.WeakKeyDictionary()
 
     def observe(self, batcher: object) -> None:
         """Observe every batch of ``batcher`` (or a ``@batch`` function's) from now on; idempotent.
 
-        The label is the batcher's name now; another live batcher of that name is refused.
+        The label is the batcher's name now; another live batcher of that name is refused. A
+        :class:`~async_batcher.shared.SharedBatcher`'s batches are observed in the process that owns it, from the
+        moment it does (before its first batch) until it stops owning it; a client observes none.
         """
-        batcher = _batcher_of(batcher)
+        source = source_of(batcher, "BatcherHistograms.observe()")
+        if isinstance(source, SharedBatcher):
+            with self._lock:
+                if source in self._following:
+                    return
+                # A process that stops owning it keeps the series of the batches it ran: they happened.
+                follower = Follower(self.observe, lambda old: self.unobserve(old, drop_series=False))
+                self._following[source] = follower
+            follower.follow(source)
+            return
+        batcher = source
         with self._lock:
             if batcher in self._observed:
                 return
@@ -307,7 +332,14 @@ class BatcherHistograms:
 
         ``drop_series``: also remove its series from the scrape (multiprocess mode cannot: its files keep them).
         """
-        batcher = _batcher_of(batcher)
+        source = source_of(batcher, "BatcherHistograms.unobserve()")
+        if isinstance(source, SharedBatcher):
+            with self._lock:
+                follower = self._following.pop(source, None)
+            if follower is not None and (last := follower.stop()) is not None:
+                self.unobserve(last, drop_series=drop_series)
+            return
+        batcher = source
         with self._lock:
             observer = self._observed.pop(batcher, None)
             if observer is None:
@@ -333,6 +365,9 @@ def register_batcher(
     batcher: object, registry: CollectorRegistry | None = None, *, histograms: BatcherHistograms | bool = True
 ) -> BatcherCollector:
     """Export ``batcher`` (an :class:`~async_batcher.AsyncBatcher` or a ``@batch`` function) to ``registry``.
+
+    A :class:`~async_batcher.shared.SharedBatcher` (or a ``@batch(shared=...)`` function) can be registered in every
+    process: its batcher is exported by the process that owns it, from owner to owner, and by no other.
 
     All the batchers of one registry share one :class:`BatcherCollector` (registered at the first call), which
     is returned. ``registry`` is prometheus_client's default ``REGISTRY`` if ``None``.

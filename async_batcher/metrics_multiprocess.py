@@ -30,6 +30,9 @@ What goes where:
 - **The scrape**: :func:`make_metrics_app` answers with a ``MultiProcessCollector`` over the directory:
   counters and histogram buckets summed over every process that ever wrote (a worker that died still
   counts: its batches happened), live gauges over the workers alive only.
+- **A shared batcher** (:class:`~async_batcher.shared.SharedBatcher`, one batcher for every worker): pass it to
+  the exporter in every worker; the worker that owns it writes it, the others nothing, so the scrape shows one
+  batcher with every worker's items, whichever worker answers it; after a hand-over the next owner's counts add on.
 - **Dead workers**: a worker that stops cleanly removes its live gauges (``mark_process_dead``) when the
   exporter exits; one that was killed cannot, so every scrape first removes the live gauges of processes that
   no longer exist (:func:`mark_dead_workers`; a recycled process id can hide a dead worker until that
@@ -46,6 +49,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -70,9 +74,10 @@ from async_batcher.metrics import (
     PROBES_HELP,
     REJECTED_HELP,
     BatcherHistograms,
-    _batcher_of,
     key_label,
 )
+from async_batcher.shared import SharedBatcher
+from async_batcher.shared._follow import Follower, Source, source_of
 
 __all__ = [
     "ENV",
@@ -215,6 +220,20 @@ def _metrics_for(namespace: str) -> _Metrics:
     return _metrics[namespace]
 
 
+class _Slot:
+    """One batcher an exporter writes, and what of it it has written: the counts copied, the keys whose ceiling is
+    exported. A shared batcher's slot holds its batcher while this process owns it (its follower's), else none."""
+
+    __slots__ = ("batcher", "ceilings", "copied", "follower", "source")
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.batcher = source if isinstance(source, AsyncBatcher) else None
+        self.follower: Follower | None = None
+        self.copied: dict[str, int] = {}  # the counts already copied: the counters grow by the difference
+        self.ceilings: set[str] = set()
+
+
 class MultiprocessExporter:
     """Write the metrics of ``batchers`` to the multiprocess directory while it is entered (``async with``).
 
@@ -223,6 +242,11 @@ class MultiprocessExporter:
     copies of the counters and gauges (histograms are written as each batch ends). ``histograms``: your own
     :class:`~async_batcher.metrics.BatcherHistograms` (made with ``registry=None``, your buckets) instead of the
     default one. Needs ``PROMETHEUS_MULTIPROC_DIR`` set before ``prometheus_client`` was imported.
+
+    A :class:`~async_batcher.shared.SharedBatcher` (or a ``@batch(shared=...)`` function) is written by the worker
+    that owns it, from the moment it does (before its first batch) until it stops (its final counts, then its live
+    gauges back to zero); its clients write nothing for it. Pass it in every worker: the scrape, whichever worker
+    answers it, shows the one batcher once, with every worker's items, and across a hand-over its counts go on.
     """
 
     def __init__(
@@ -234,17 +258,19 @@ class MultiprocessExporter:
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
-        self.batchers: list[AsyncBatcher[Any, Any]] = [_batcher_of(b) for b in batchers]
-        names = [b.name for b in self.batchers]
+        self._slots = [_Slot(source_of(b, "MultiprocessExporter()")) for b in batchers]
+        names = [slot.source.name for slot in self._slots]
         if len(set(names)) != len(names):
             raise ValueError(f"the batchers' names must differ, got {names}: give each batcher its own name=")
         self.interval = interval
         self._metrics = _metrics_for(namespace)
         self._histograms = histograms or self._metrics.histograms
-        # Per batcher, the counts already copied: the counters grow by the difference.
-        self._copied: list[dict[str, int]] = [{} for _ in self.batchers]
-        self._ceilings: list[set[str]] = [set() for _ in self.batchers]  # the keys of each whose ceiling is exported
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def batchers(self) -> list[AsyncBatcher[Any, Any]]:
+        """The batchers this worker writes now (a shared batcher's while this worker owns it)."""
+        return [slot.batcher for slot in self._slots if slot.batcher is not None]
 
     async def __aenter__(self) -> MultiprocessExporter:
         self.start()
@@ -267,8 +293,12 @@ class MultiprocessExporter:
         if not getattr(values.ValueClass, "_multiprocess", False):
             raise RuntimeError(f"prometheus_client was imported before {ENV} was set: its metrics stay in memory")
         mark_dead_workers(directory)
-        for batcher in self.batchers:
-            self._histograms.observe(batcher)
+        for slot in self._slots:
+            if isinstance(slot.source, SharedBatcher):
+                slot.follower = Follower(partial(self._adopt, slot), partial(self._drop, slot))
+                slot.follower.follow(slot.source)
+            elif slot.batcher is not None:
+                self._histograms.observe(slot.batcher)
         self.sync()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="async-batcher-metrics-sync")
 
@@ -279,12 +309,33 @@ class MultiprocessExporter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for slot in self._slots:
+            if slot.follower is not None:
+                slot.follower.stop()
+                slot.follower = None
         self.sync()
         for batcher in self.batchers:
             self._histograms.unobserve(batcher, drop_series=False)  # the files keep their counts anyway
         directory = multiprocess_dir()
         if directory is not None:
             _mark_process_dead(os.getpid(), directory)  # this worker's live gauges; its counts stay
+
+    def _adopt(self, slot: _Slot, batcher: AsyncBatcher[Any, Any]) -> None:
+        """This worker owns the shared batcher now: write its batcher, whose counts start from zero."""
+        slot.batcher, slot.copied, slot.ceilings = batcher, {}, set()
+        self._histograms.observe(batcher)
+        self._copy(slot, batcher)
+
+    def _drop(self, slot: _Slot, batcher: AsyncBatcher[Any, Any]) -> None:
+        """This worker no longer owns the shared batcher: its final counts, then its live gauges back to nothing."""
+        self._copy(slot, batcher)
+        self._histograms.unobserve(batcher, drop_series=False)
+        m, name = self._metrics, batcher.name
+        for label in slot.ceilings:
+            m.ceiling.labels(name, label).set(math.inf)
+        m.queued.labels(name).set(0)
+        m.in_flight.labels(name).set(0)
+        slot.batcher, slot.copied, slot.ceilings = None, {}, set()
 
     async def _run(self) -> None:
         while True:
@@ -296,35 +347,39 @@ class MultiprocessExporter:
 
     def sync(self) -> None:
         """Copy the batchers' counters and gauges to the files now (also done every ``interval`` seconds)."""
-        m = self._metrics
-        for index, (batcher, copied) in enumerate(zip(self.batchers, self._copied, strict=True)):
-            stats = batcher.stats
-            name = stats.name
-            for counter, count, key in ((m.held, stats.held, "held"), (m.probes, stats.probes, "probes")):
-                counter.labels(name).inc(count - copied.get(key, 0))
-                copied[key] = count
-            for reason, count in stats.reasons.items():
-                key = f"reason:{reason}"
-                m.batches.labels(name, reason).inc(count - copied.get(key, 0))
-                copied[key] = count
-            for reason, count in stats.rejected_reasons.items():
-                key = f"rejected:{reason}"
-                m.rejected.labels(name, reason).inc(count - copied.get(key, 0))
-                copied[key] = count
-            for outcome in OUTCOMES:
-                now = getattr(stats, outcome)
-                m.items.labels(name, outcome).inc(now - copied.get(outcome, 0))
-                copied[outcome] = now
-            for action, field in ACTIONS:
-                key = f"action:{action}"
-                now = getattr(stats, field)
-                m.actions.labels(name, action).inc(now - copied.get(key, 0))
-                copied[key] = now
-            ceilings = {key_label(key): value for key, value in stats.ceilings.items()}
-            for label in self._ceilings[index] - ceilings.keys():  # lifted since (the files keep a series: no limit)
-                m.ceiling.labels(name, label).set(math.inf)
-            for label, value in ceilings.items():
-                m.ceiling.labels(name, label).set(value)
-            self._ceilings[index] = set(ceilings)
-            m.queued.labels(name).set(stats.queued)
-            m.in_flight.labels(name).set(stats.in_flight)
+        for slot in self._slots:
+            if slot.batcher is not None:
+                self._copy(slot, slot.batcher)
+
+    def _copy(self, slot: _Slot, batcher: AsyncBatcher[Any, Any]) -> None:
+        m, copied = self._metrics, slot.copied
+        stats = batcher.stats
+        name = stats.name
+        for counter, count, key in ((m.held, stats.held, "held"), (m.probes, stats.probes, "probes")):
+            counter.labels(name).inc(count - copied.get(key, 0))
+            copied[key] = count
+        for reason, count in stats.reasons.items():
+            key = f"reason:{reason}"
+            m.batches.labels(name, reason).inc(count - copied.get(key, 0))
+            copied[key] = count
+        for reason, count in stats.rejected_reasons.items():
+            key = f"rejected:{reason}"
+            m.rejected.labels(name, reason).inc(count - copied.get(key, 0))
+            copied[key] = count
+        for outcome in OUTCOMES:
+            now = getattr(stats, outcome)
+            m.items.labels(name, outcome).inc(now - copied.get(outcome, 0))
+            copied[outcome] = now
+        for action, field in ACTIONS:
+            key = f"action:{action}"
+            now = getattr(stats, field)
+            m.actions.labels(name, action).inc(now - copied.get(key, 0))
+            copied[key] = now
+        ceilings = {key_label(key): value for key, value in stats.ceilings.items()}
+        for label in slot.ceilings - ceilings.keys():  # lifted since (the files keep a series: no limit)
+            m.ceiling.labels(name, label).set(math.inf)
+        for label, value in ceilings.items():
+            m.ceiling.labels(name, label).set(value)
+        slot.ceilings = set(ceilings)
+        m.queued.labels(name).set(stats.queued)
+        m.in_flight.labels(name).set(stats.in_flight)

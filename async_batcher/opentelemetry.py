@@ -36,6 +36,11 @@ with ``exception.type``) or ``async_batcher.cancelled``. Events rather than a ch
 already exists and bounds the wait, so two instants on it say how long the request waited for its batch, without
 doubling the spans exported per request; the work is the batch's span, one link away.
 
+A :class:`~async_batcher.shared.SharedBatcher` is instrumented in every process that shares it: the owner traces its
+batches (its batcher, followed from owner to owner), the caller's span context crosses with its item (the batch's
+span links to it), and a caller in a client gets its events but ``async_batcher.sent`` (its item goes out in another
+process, which tells no one as it goes).
+
 Spans are made only while a tracer provider is set (``tracer_provider=``, or the global one, looked up at each
 batch); with the API's no-op provider, a batch costs one check, and a call one more function call and a test. Needs
 the ``[opentelemetry]`` extra (``opentelemetry-api``; the SDK, which records and exports, is the application's
@@ -74,6 +79,8 @@ from async_batcher._tracing import (
 from async_batcher._version import __version__
 from async_batcher.batcher import AsyncBatcher
 from async_batcher.decorator import BatchedFunction, BatchedMethod
+from async_batcher.shared import SharedBatcher
+from async_batcher.shared._follow import Follower
 
 if TYPE_CHECKING:
     from async_batcher._core.batch import Batch
@@ -89,6 +96,7 @@ __all__ = [
 ]
 
 R = TypeVar("R")
+Instrumentable = AsyncBatcher[Any, Any] | SharedBatcher[Any, Any] | BatchedFunction[Any, Any]
 
 # What instrument() puts on a batcher, by attribute: the wrappers shadow the class's methods on the instance.
 _WRAPPED = ("process_batch", "process", "process_many", "stream")
@@ -97,12 +105,16 @@ _ABSENT: Final[Any] = object()
 _NO_PROVIDER = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 
 
-def instrument(batcher: AsyncBatcher[Any, Any] | BatchedFunction[Any, Any], tracer_provider: Any = None) -> None:
+def instrument(batcher: Instrumentable, tracer_provider: Any = None) -> None:
     """Trace ``batcher``'s batches and its callers' waits (a ``@batch`` function: its batcher's).
 
     Args:
         batcher: An :class:`~async_batcher.AsyncBatcher`, or a ``@batch`` function (for a ``@batch`` method, one
-            instance's: ``instrument(model.predict)``).
+            instance's: ``instrument(model.predict)``), or a :class:`~async_batcher.shared.SharedBatcher` (or a
+            ``@batch(shared=...)`` function), in every process that shares it: the process that owns it traces its
+            batches (its batcher is instrumented while it owns it, from owner to owner), and each process's callers
+            get their events, but ``async_batcher.sent``: in a client, an item goes out in another process, which
+            tells no one (the batch's span links to the caller's span all the same).
         tracer_provider: The ``TracerProvider`` to make spans with; the global one if ``None`` (looked up at each
             batch, so that a provider set after this call is used).
 
@@ -110,6 +122,9 @@ def instrument(batcher: AsyncBatcher[Any, Any] | BatchedFunction[Any, Any], trac
     """
     b = _batcher_of(batcher)
     uninstrument(b)
+    if isinstance(b, SharedBatcher):
+        _instrument_shared(b, tracer_provider)
+        return
     state = _Instrumentation(b, tracer_provider)
     own = vars(b)
     own[_STATE] = state
@@ -127,7 +142,7 @@ def instrument(batcher: AsyncBatcher[Any, Any] | BatchedFunction[Any, Any], trac
     own["stream"] = _stream_wrapper(state, b.stream)
 
 
-def uninstrument(batcher: AsyncBatcher[Any, Any] | BatchedFunction[Any, Any]) -> None:
+def uninstrument(batcher: Instrumentable) -> None:
     """Undo :func:`instrument` (a no-op on a batcher that is not instrumented). Batches already running finish as
     they started."""
     b = _batcher_of(batcher)
@@ -140,39 +155,36 @@ def uninstrument(batcher: AsyncBatcher[Any, Any] | BatchedFunction[Any, Any]) ->
             own.pop(name, None)
         else:
             own[name] = previous
+    if state.follower is not None and (owned := state.follower.stop()) is not None:
+        uninstrument(owned)
 
 
-def is_instrumented(batcher: AsyncBatcher[Any, Any] | BatchedFunction[Any, Any]) -> bool:
+def is_instrumented(batcher: Instrumentable) -> bool:
     """Whether :func:`instrument` was called on ``batcher`` (and not undone)."""
     return _STATE in vars(_batcher_of(batcher))
 
 
-def _batcher_of(batcher: object) -> AsyncBatcher[Any, Any]:
-    if isinstance(batcher, AsyncBatcher):
+def _batcher_of(batcher: object) -> AsyncBatcher[Any, Any] | SharedBatcher[Any, Any]:
+    if isinstance(batcher, AsyncBatcher | SharedBatcher):
         return batcher
     if isinstance(batcher, BatchedFunction):
-        inner: object = batcher.batcher
-        if isinstance(inner, AsyncBatcher):
-            return inner
-        raise TypeError(
-            f"{batcher!r} is shared among processes: instrument its batcher where it is made, in its owner "
-            "(instrument(f.batcher.batcher) there, or in the factory of a SharedBatcher)"
-        )
+        return batcher.batcher
     if isinstance(batcher, BatchedMethod):
         raise TypeError(
             f"{batcher!r} has a batcher per instance: instrument one instance's, "
             f"instrument(instance.{batcher.__name__})"
         )
-    raise TypeError(f"instrument() takes an AsyncBatcher or a @batch function, got {batcher!r}")
+    raise TypeError(f"instrument() takes an AsyncBatcher, a SharedBatcher or a @batch function, got {batcher!r}")
 
 
 class _Instrumentation:
     """What :func:`instrument` keeps on a batcher: its tracer, and the attributes it shadowed."""
 
-    __slots__ = ("batcher", "on", "previous", "provider", "tracer")
+    __slots__ = ("batcher", "follower", "on", "previous", "provider", "tracer")
 
-    def __init__(self, batcher: AsyncBatcher[Any, Any], provider: Any) -> None:
+    def __init__(self, batcher: AsyncBatcher[Any, Any] | SharedBatcher[Any, Any], provider: Any) -> None:
         self.batcher = batcher
+        self.follower: Follower | None = None  # a shared batcher's: instruments its batcher where it is owned
         self.provider = provider
         # Without a provider, the API's proxy tracer: it makes real spans once the application sets one.
         self.tracer = trace.get_tracer("async_batcher", __version__, tracer_provider=provider)
@@ -302,6 +314,39 @@ async def _traced_stream_batch(
 
 
 # ---------------------------------------------------------------------- the callers' side
+
+
+def _instrument_shared(shared: SharedBatcher[Any, Any], provider: Any) -> None:
+    """The callers' events in this process, and its batcher's spans while this process owns it."""
+    state = _Instrumentation(shared, provider)
+    own = vars(shared)
+    own[_STATE] = state
+    for name in _WRAPPED[1:]:
+        state.previous[name] = own.get(name, _ABSENT)
+    own["process"] = _client_wrapper(state, shared, shared.process, _traced_call)
+    own["process_many"] = _client_wrapper(state, shared, shared.process_many, _traced_call)
+    own["stream"] = _client_wrapper(state, shared, shared.stream, _traced_stream)
+    state.follower = Follower(functools.partial(instrument, tracer_provider=provider), uninstrument)
+    state.follower.follow(shared)
+
+
+def _client_wrapper(
+    state: _Instrumentation, shared: SharedBatcher[Any, Any], original: Callable[..., Any], traced: Callable[..., Any]
+) -> Any:
+    """A shared batcher's ``process``, ``process_many`` or ``stream``: events on the caller's span where this process
+    is a client (where it owns the batcher, its batcher's own wrappers add them). Each call looks for a provider, as
+    no batch runs here to look."""
+
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if shared.batcher is not None or state.active_tracer() is None:
+            return original(*args, **kwargs)
+        span = trace.get_current_span()
+        if not span.is_recording():
+            return original(*args, **kwargs)
+        return traced(shared.name, span, original(*args, **kwargs))
+
+    return call
 
 
 def _caller_wrapper(state: _Instrumentation, original: Callable[..., Coroutine[Any, Any, R]]) -> Callable[..., Any]:

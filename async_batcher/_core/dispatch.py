@@ -241,8 +241,8 @@ class Dispatch:
     def _turn(self, left: int) -> None:
         """Pump after ``left`` more turns of the loop: each a zero-delay timer, which the loop runs once it has polled
         its sockets and run what was ready. The pending turn is ``pump_handle``: arrivals do not pump early, and a
-        batch that ends meanwhile starts the count again."""
-        if left > 0:
+        batch that ends meanwhile starts the count again; a flush ends them."""
+        if left > 0 and not self.flushing:
             self.pump_handle = self.loop.call_at(self.loop.time(), self._turn, left - 1)
         else:
             self._scheduled_pump()
@@ -299,9 +299,9 @@ class Dispatch:
         for lane, n in quota.items():
             if n > flushing.get(lane, 0):
                 flushing[lane] = n
-        if self.pump_handle is not None:
-            self.pump_handle.cancel()
-            self.pump_handle = None
+        # A pump already to come is left to come, and turns to come end at the next (:meth:`_turn`): cancelled and
+        # asked for again, the pump went to the back of the loop's line, and two flushes doing so in turn kept it
+        # from ever running.
         self.repump()
 
     def _scheduled_pump(self) -> None:

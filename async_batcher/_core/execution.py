@@ -172,18 +172,15 @@ class Runner(Ending):
         executor = self.hooks.executor
         if self.recovery is not None:
             batch.kept = batch.items.copy()  # (process_batch may change its list: a failure needs the items)
-        future: Any
         try:
-            if executor is None:
-                future = loop.run_in_executor(None, batch.context.run, self.in_thread, batch)
-                future.add_done_callback(partial(self.executor_done, batch))
-            else:
-                future = executor.submit(batch.context.run, self.in_thread, batch)
-                future.add_done_callback(partial(_call_soon_on, loop, partial(self.executor_done, batch)))
+            # Through the loop, the batcher's own executor too: a loop that must know when its threads work (the
+            # testing kit's virtual clock, which must not jump ahead of one) sees every batch's thread.
+            future = loop.run_in_executor(executor, batch.context.run, self.in_thread, batch)
         except Exception as exc:  # the executor refused it (shut down, say): as if process_batch had raised
             # Answered from the next iteration: this may run inside the dispatcher, which must not be re-entered.
             loop.call_soon(partial(self.end, batch, error=exc, ran=False))
             return
+        future.add_done_callback(partial(self.executor_done, batch))
         batch.handle = future
 
     def in_thread(self, batch: Batch) -> Any:
@@ -239,14 +236,6 @@ class Runner(Ending):
 
 def _succeeded(task: asyncio.Task[None]) -> bool:
     return task.done() and not task.cancelled() and task.exception() is None
-
-
-def _call_soon_on(loop: asyncio.AbstractEventLoop, callback: Any, future: Any) -> None:
-    """An executor future's done-callback (in the executor's thread): hand ``future`` to ``callback`` on ``loop``."""
-    try:
-        loop.call_soon_threadsafe(callback, future)
-    except RuntimeError:  # the loop is closed: the callers went with it
-        pass
 
 
 def _by_keyword(process_batch: Any) -> bool:

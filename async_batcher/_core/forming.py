@@ -270,8 +270,9 @@ def _expire(queue: Queue, fifo: deque[Any], entry: Any) -> None:
 def _next_level(queue: Queue, lane: Lane, starved_before: float) -> tuple[deque[Any], Any] | None:
     """The level to take the next item from: the best priority, unless a head arrived by ``starved_before``: then
     the head that arrived first. Of heads that arrived together (the same time on the loop's clock: the common case
-    on a coarse or a virtual clock), one passed over goes before the best priority's, which would win every tie, and
-    keep an item that waited ``max_priority_wait`` waiting as long as items of a better priority came with it."""
+    on a coarse or a virtual clock), the worst priority's, passed over by all the others: a better one would win
+    every tie, and keep an item that waited ``max_priority_wait`` waiting as long as items of a better priority
+    came with it (the second best of three tied levels, say, until it drained)."""
     order = lane.order
     if len(order) == 1:
         head = queue.live_head(order[0])
@@ -283,12 +284,10 @@ def _next_level(queue: Queue, lane: Lane, starved_before: float) -> tuple[deque[
         head = queue.live_head(fifo)
         if head is None:
             continue
-        arrival = head.arrival
         if best is None:
             best = (fifo, head)
-            if arrival <= starved_before:
-                overdue, overdue_at = best, arrival
-        elif arrival <= starved_before and (arrival < overdue_at or (arrival == overdue_at and overdue is best)):
+        arrival = head.arrival
+        if arrival <= starved_before and arrival <= overdue_at:  # (of a tie, the later level: the worse priority)
             overdue, overdue_at = (fifo, head), arrival
     return overdue if overdue is not None else best
 

@@ -104,10 +104,11 @@ class Lateness:
         self.recent: deque[tuple[int, float]] = deque(maxlen=RECENT)
         self.spread2 = 0.0  # the mean square of the batches' relative errors about the fit, as it stood before each
         self.tail_deadline = math.inf  # the earliest deadline of the items of the queue's last batch
-        # What tail_deadline was computed for: the queue's changes and the latency budget. Arrivals keep it up to
-        # date; when items leave (cancelled, timed out, sent: their batch taken, or cut to a preferred size), come
-        # back, or their deadlines move, it is computed again from the items queued.
-        self.seen: tuple[int, float] | None = None
+        # What tail_deadline was computed for: the queue's changes, the batch size (which items make the last batch)
+        # and the latency budget. Arrivals keep it up to date; when items leave (cancelled, timed out, sent: their
+        # batch taken, or cut to a preferred size), come back, or their deadlines move, or max_batch_size is set
+        # live, it is computed again from the items queued.
+        self.seen: tuple[int, int, float] | None = None
 
     def observe(self, size: int, waited: float, elapsed: float) -> None:
         """A batch of ``size`` items ended, ``elapsed`` seconds after it went (a batch observer of the recorder)."""
@@ -132,13 +133,15 @@ class Lateness:
 
     def tail(self, engine: Engine, latency: float) -> float:
         """The earliest deadline of the items of the queue's last batch (``latency``: the latency budget, ``inf``
-        if none), computed again if the queue changed otherwise than by arrivals since it was last."""
+        if none), computed again if the queue changed otherwise than by arrivals, or the batch size changed, since it
+        was last."""
         queue = engine.queue
-        if self.seen != (queue.changes, latency):
+        seen = (queue.changes, engine.batch_limit, latency)
+        if self.seen != seen:
             size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
             rest = queue.waiting % size
             self.tail_deadline = queue.earliest_due(int(rest), latency) if rest else math.inf
-            self.seen = (queue.changes, latency)
+            self.seen = seen
         return self.tail_deadline
 
     def predict(self, engine: Engine, now: float, count: int = 1, latency: float = math.inf) -> Prediction | None:
@@ -179,8 +182,8 @@ class Lateness:
     def admitted(self, engine: Engine, count: int, deadline: float) -> None:
         """``count`` items (a call's) are admitted, to be answered by ``deadline`` (``inf``: whenever): the earliest
         deadline of the tail batch, as it will be with them."""
-        if self.seen is None or self.seen[0] != engine.queue.changes:
-            return  # (the queue changed since the last prediction: the next computes it again, these items included)
+        if self.seen is None or self.seen[:2] != (engine.queue.changes, engine.batch_limit):
+            return  # (the queue or the batch size changed since the last prediction: the next computes it again)
         size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
         rest = engine.queue.waiting % size
         if not rest or rest + count > size:  # they start a tail batch of their own

@@ -29,7 +29,13 @@ class Layer(DispatchPolicy):
 
     def wrap(self, inner: DispatchPolicy) -> None:
         """Wrap ``inner`` (a layer's inner policy may be replaced: the batcher's keywords rebuild its policy); a
-        layer already bound binds it to the same engine."""
+        layer already bound binds it to the same engine. A layer that would wrap itself (``inner`` is it, or wraps
+        it) is a ``ValueError``: each question would go round for ever."""
+        if keeps(inner, self):
+            raise ValueError(
+                f"{type(self).__name__} cannot wrap {type(inner).__name__}: it is that policy or one it wraps, and "
+                "each question would go round for ever"
+            )
         self.inner = inner
         self.turns = inner.turns
         self.hard_deadline = inner.hard_deadline
@@ -75,11 +81,13 @@ class Layer(DispatchPolicy):
 
 def keeps(policy: DispatchPolicy, part: DispatchPolicy) -> bool:
     """Whether ``part`` is ``policy`` or one of the policies it wraps (it goes on serving when ``policy`` takes the
-    place of a policy that wrapped it)."""
+    place of a policy that wrapped it). (A chain of layers that comes back on itself ends the walk.)"""
     found: DispatchPolicy | None = policy
-    while found is not None:
+    seen: list[DispatchPolicy] = []
+    while found is not None and not any(found is layer for layer in seen):
         if found is part:
             return True
+        seen.append(found)
         found = found.inner if isinstance(found, Layer) else None
     return False
 

@@ -54,10 +54,17 @@ DISPATCH_KEYWORDS = ("max_queue_time", "max_latency", "max_hold_time", "preferre
 
 
 def layers(policy: DispatchPolicy) -> list[DispatchPolicy]:
-    """The policy and those it wraps, outermost first."""
+    """The policy and those it wraps, outermost first; a ``ValueError`` for layers that wrap one another in a
+    circle (an ``inner`` set by hand), which no question would ever get out of."""
     found = [policy]
     while isinstance(found[-1], Layer):
-        found.append(found[-1].inner)
+        inner = found[-1].inner
+        if any(inner is layer for layer in found):
+            raise ValueError(
+                f"policy {type(policy).__name__}: its layer {type(found[-1]).__name__} wraps "
+                f"{type(inner).__name__}, which wraps it: layers must not wrap one another in a circle"
+            )
+        found.append(inner)
     return found
 
 
@@ -231,7 +238,8 @@ class Settings:
             raise
         for layer in layers(old[0]):
             _set_owner(layer, None)
-        for layer in layers(policy):
+        # (self.policy, not policy: a hook of the policy replaced, its replaced() say, may have set another since.)
+        for layer in layers(self.policy):
             _set_owner(layer, weakref.ref(self))
 
     def set_result_cache(self, value: object) -> None:

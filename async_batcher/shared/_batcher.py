@@ -30,6 +30,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 S = TypeVar("S")
 
+#: What :meth:`SharedBatcher.watch` calls: with the batcher as this process starts owning it, ``None`` as it stops.
+Watcher = Callable[["AsyncBatcher[Any, Any] | None"], object]
+
 _NEW, _STARTING, _RUNNING, _STOPPING, _STOPPED = "new", "starting", "running", "stopping", "stopped"
 _ZERO: Final = 0
 
@@ -100,6 +103,8 @@ class SharedBatcher(Generic[T, R]):
         self._snapshot: BatcherStats | None = None
         self._start_error: Exception | None = None  # why the last start failed (the factory's error)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on (for blocking callers)
+        self._owned: AsyncBatcher[T, R] | None = None  # the batcher while this process owns it (as watchers are told)
+        self._watchers: dict[object, Watcher] = {}
 
     @property
     def address(self) -> str:
@@ -143,7 +148,7 @@ class SharedBatcher(Generic[T, R]):
         self._startup.add_done_callback(_retrieve)
 
     async def _take(self) -> None:
-        seat = self._seat = Seat(self.factory, self.sharing, self.name, self.address)
+        seat = self._seat = Seat(self.factory, self.sharing, self.name, self.address, self._on_local)
         try:
             await seat.take()
         except BaseException as exc:
@@ -245,6 +250,36 @@ class SharedBatcher(Generic[T, R]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+
+    # ------------------------------------------------------------------ following the batcher
+
+    def watch(self, callback: Watcher) -> Callable[[], None]:
+        """Call ``callback(batcher)`` whenever this process starts owning the batcher (before its first batch), and
+        ``callback(None)`` whenever it stops owning it (once its batcher has stopped: its statistics are final); at
+        once, with the batcher, if this process owns it now. The metrics and tracing integrations follow the batcher
+        from owner to owner with it. Returns a function that stops watching. A callback that raises is logged."""
+        if not callable(callback):
+            raise TypeError(f"{self.name}: watch() takes a callable, got {callback!r}")
+        token = object()
+        self._watchers[token] = callback
+        if self._owned is not None:
+            self._tell(callback, self._owned)
+
+        def unwatch() -> None:
+            self._watchers.pop(token, None)
+
+        return unwatch
+
+    def _on_local(self, batcher: AsyncBatcher[T, R] | None) -> None:
+        self._owned = batcher
+        for callback in list(self._watchers.values()):
+            self._tell(callback, batcher)
+
+    def _tell(self, callback: Watcher, batcher: AsyncBatcher[T, R] | None) -> None:
+        try:
+            callback(batcher)
+        except Exception:
+            logger.exception("%s: a watcher, %r, raised (told %s)", self.name, callback, batcher)
 
     # ------------------------------------------------------------------ submitting
 

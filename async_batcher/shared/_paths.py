@@ -35,7 +35,12 @@ def default_address(qualname: str) -> str:
     """The address of the shared batcher of the factory named ``qualname`` in this working directory."""
     where = hashlib.sha256(f"{os.getcwd()}\0{qualname}".encode()).hexdigest()[:12]
     short = re.sub(r"[^A-Za-z0-9_.-]+", "_", qualname)[-40:].lstrip("._") or "batcher"
-    return str(runtime_dir() / f"{short}-{where}.sock")
+    path = str(runtime_dir() / f"{short}-{where}.sock")
+    if len(os.fsencode(path)) > MAX_ADDRESS:  # (a long $XDG_RUNTIME_DIR or temporary directory)
+        raise ValueError(
+            f"the default address {path!r} is longer than a Unix socket's {MAX_ADDRESS} bytes: pass a shorter address="
+        )
+    return path
 
 
 def runtime_dir() -> Path:

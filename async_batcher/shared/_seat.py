@@ -47,8 +47,16 @@ class _Denied(Exception):
 class Seat:
     """Owner or client at one address, for one run of a :class:`~async_batcher.shared.SharedBatcher`."""
 
-    def __init__(self, factory: Callable[[], Any], sharing: Sharing, name: str, address: str) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        sharing: Sharing,
+        name: str,
+        address: str,
+        on_local: Callable[[AsyncBatcher[Any, Any] | None], None],
+    ) -> None:
         self.factory = factory
+        self.on_local = on_local  # told the batcher as this process starts owning it, None once it stopped owning
         self.sharing = sharing
         self.name = name
         self.address = address
@@ -98,6 +106,7 @@ class Seat:
             self.election.release()
             raise
         self.local, self.owner = batcher, owner
+        self.on_local(batcher)  # (before its first batch: what watches it misses none)
         self.client.adopt(batcher)
         logger.info("%s: owner at %s (its factory took %.3fs)", self.name, self.address, load)
 
@@ -213,6 +222,7 @@ class Seat:
         try:
             await batcher.stop(force=force, timeout=timeout)
         finally:
+            self.on_local(None)  # (its counts are final)
             await owner.answered(1.0)  # (the done callbacks of the last outcomes: a few turns)
             self.election.release()  # (first: a client that sees the connection close finds the lock free)
             owner.close()

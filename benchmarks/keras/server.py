@@ -15,9 +15,16 @@ computed (padding to ``--buckets`` included); ``GET /metrics`` the Prometheus me
 when there are several (``PROMETHEUS_MULTIPROC_DIR``, set up by ``main`` for ``--workers`` above 1 when it is not
 set: async_batcher.metrics_multiprocess).
 
+``--workers 2 --shared``: the workers share one batcher and one model (a :class:`~async_batcher.shared.SharedBatcher`):
+the first worker to start imports TensorFlow and loads the model (:func:`benchmarks.keras.service.make_batcher`), the
+others import neither and send it their requests over a Unix socket (in a private temporary folder unless
+``--shared-address``); ``/metrics`` shows the one batcher whichever worker answers; ``/predict``, which has no model
+to run in the other workers, answers 501.
+
 Run it with ``python -m benchmarks.keras.server --port 8000`` or ``python benchmarks/keras/server.py --port 8000``
 (``--help`` for the settings); every setting also reads an environment variable ``KERAS_SERVER_<NAME>``, which is
-how uvicorn's worker processes get them.
+how uvicorn's worker processes get them. The settings: :mod:`benchmarks.keras.settings`; the model and its
+batcher: :mod:`benchmarks.keras.service`.
 """
 
 from __future__ import annotations
@@ -31,11 +38,10 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
-import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,27 +50,25 @@ if not __package__:
     # imports below (and uvicorn's "benchmarks.keras.server:app") are found.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import numpy as np
 import prometheus_client
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import Field, TypeAdapter, ValidationError
 from starlette.routing import request_response
 
-from async_batcher import metrics_multiprocess
+from async_batcher import AsyncBatchException, metrics_multiprocess
 from async_batcher.fastapi import add_batcher_exception_handlers, run_batchers
 from async_batcher.metrics import register_batcher
-from async_batcher.ml.keras import KerasAsyncBatcher
-from async_batcher.ml.numpy import collate
+from async_batcher.shared import SharedBatcher
 from benchmarks.keras import model as example_model
+from benchmarks.keras.service import BATCHER_NAME, ModelService, make_batcher, owned, release
+from benchmarks.keras.settings import ENV_PREFIX, ServerSettings, add_arguments
 
-__all__ = ["ServerSettings", "app", "create_app", "main"]
+__all__ = ["ENV_PREFIX", "ServerSettings", "app", "create_app", "main"]
 
 logger = logging.getLogger("async_batcher.benchmarks.keras.server")
-
-ENV_PREFIX = "KERAS_SERVER_"
 
 # The body: exactly the model's 10 features, finite numbers (JSON has no NaN, but Python's parser reads one).
 Features = Annotated[
@@ -91,92 +95,6 @@ def answer(value: float) -> Response:
     return Response(json.dumps(value, allow_nan=False), media_type="application/json")
 
 
-@dataclasses.dataclass(frozen=True)
-class ServerSettings:
-    """Every knob of the benchmark server; ``--help`` and the defaults below say what each does."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    workers: int = 1
-    max_batch_size: int = 256
-    # 0: a batch leaves as soon as the model is free; while it runs, the next one fills by itself. Waiting on top
-    # of that only adds latency here (reports/keras.md, tuning).
-    max_queue_time: float = 0.0
-    # No hold (the README's settings): the four turns of the loop at a batch's end keep the clients in one cohort.
-    max_hold_time: float = 0.0
-    max_queue_size: int = 4096
-    concurrency: int = 1
-    predict_threads: int = 2
-    tf_intra_op_threads: int = 1
-    tf_inter_op_threads: int = 1
-    hidden_layers: int = example_model.ModelSpec.hidden_layers
-    max_body_bytes: int = 4096
-    switch_interval: float = 0.005
-    log_level: str = "warning"
-    # Comma-separated batch sizes ("" for none): pad each batch up to a bucket; send batches at preferred sizes.
-    buckets: str = ""
-    preferred_batch_sizes: str = ""
-
-    def __post_init__(self) -> None:
-        positive = ("workers", "max_batch_size", "concurrency", "predict_threads", "hidden_layers", "max_body_bytes")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
-        if self.max_queue_time < 0 or self.max_hold_time < 0 or self.switch_interval <= 0:
-            raise ValueError(
-                "max_queue_time and max_hold_time must be >= 0 and switch_interval > 0, got"
-                f" {self.max_queue_time}, {self.max_hold_time}, {self.switch_interval}"
-            )
-        for name in ("buckets", "preferred_batch_sizes"):
-            _sizes(name, getattr(self, name))
-
-    @property
-    def bucket_sizes(self) -> tuple[int, ...] | None:
-        return _sizes("buckets", self.buckets) or None
-
-    @property
-    def preferred_sizes(self) -> tuple[int, ...]:
-        return _sizes("preferred_batch_sizes", self.preferred_batch_sizes)
-
-    @classmethod
-    def from_env(cls, environ: MutableMapping[str, str] | None = None) -> ServerSettings:
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for field in dataclasses.fields(cls):
-            raw = environ.get(ENV_PREFIX + field.name.upper())
-            if raw is not None:
-                values[field.name] = _parse(field, raw)
-        return cls(**values)
-
-    def to_env(self) -> dict[str, str]:
-        return {ENV_PREFIX + f.name.upper(): str(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-    @property
-    def model_spec(self) -> example_model.ModelSpec:
-        return example_model.ModelSpec(hidden_layers=self.hidden_layers)
-
-
-def _sizes(name: str, text: str) -> tuple[int, ...]:
-    """``"1,8,32"`` as ``(1, 8, 32)``; ``""`` as ``()``."""
-    try:
-        sizes = tuple(int(part) for part in text.split(",")) if text.strip() else ()
-    except ValueError:
-        sizes = (0,)
-    if any(size < 1 for size in sizes):
-        raise ValueError(f"{name} must be comma-separated batch sizes >= 1, got {text!r}")
-    return sizes
-
-
-def _parse(field: dataclasses.Field[Any], raw: str) -> Any:
-    kind = {"int": int, "float": float, "str": str}[str(field.type)]
-    try:
-        return kind(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_PREFIX}{field.name.upper()}={raw!r} is not a valid {field.type}") from None
-
-
 class DirectRoute(APIRoute):
     """A route whose endpoint reads the ``Request`` and returns the ``Response`` itself: it is called directly.
 
@@ -192,63 +110,22 @@ class DirectRoute(APIRoute):
         self.app = request_response(endpoint)
 
 
-class ModelService:
-    """The model, its compiled function and the two ways of calling it that the endpoints compare."""
-
-    def __init__(self, settings: ServerSettings) -> None:
-        self.settings = settings
-        self.model = example_model.load_or_train(settings.model_spec)
-        self.predict_fn = example_model.compiled_predict(self.model)
-        # One thread per batch in flight: the batcher never runs more than `concurrency` batches at once.
-        self.batch_executor = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="keras-batch")
-        # /predict's pool: as many model calls at once as there are cores to run them; more only queue in TF.
-        self.single_executor = ThreadPoolExecutor(settings.predict_threads, thread_name_prefix="keras-single")
-        self.batch_rows = 0  # rows the batcher's model calls computed, padding included (benchmarks/padding.py)
-        self._rows_lock = threading.Lock()
-        self.batcher = KerasAsyncBatcher(
-            model=self.model,
-            predict_fn=self.predict_batch,
-            dtype=np.float32,
-            buckets=settings.bucket_sizes,
-            preferred_batch_sizes=settings.preferred_sizes,
-            max_batch_size=settings.max_batch_size,
-            max_queue_time=settings.max_queue_time,
-            max_hold_time=settings.max_hold_time,
-            max_queue_size=settings.max_queue_size,
-            concurrency=settings.concurrency,
-            executor=self.batch_executor,
-            name="keras-benchmark",
-        )
-        self._warm_up()
-
-    def predict_rows(self, rows: Any) -> Any:
-        return self.predict_fn(rows).numpy()
-
-    def predict_batch(self, rows: Any) -> Any:
-        with self._rows_lock:
-            self.batch_rows += len(rows)
-        return self.predict_rows(rows)
-
-    def predict_one(self, features: list[float]) -> float:
-        """What /predict runs in its thread: the batcher's path (collate, model, split) for a batch of one."""
-        batch = collate([features], dtype=np.float32)
-        return float(batch.split(self.predict_rows(batch.inputs))[0][0])
-
-    def _warm_up(self) -> None:
-        # The first calls trace the graph and size TF's buffers: keep that out of the first requests' latency.
-        for size in (1, 2, self.settings.max_batch_size):
-            self.predict_rows(np.zeros((max(size, 1), example_model.N_FEATURES), dtype=np.float32))
-
-    def close(self) -> None:
-        self.single_executor.shutdown(wait=True)
-        self.batch_executor.shutdown(wait=True)
-
-
 async def _invalid_body(request: Request, exc: Exception) -> JSONResponse:
     """422 without echoing the input: FastAPI's own handler would, and a NaN in it is no JSON (a 500)."""
     raw = exc.errors() if isinstance(exc, RequestValidationError) else []
     errors = [{k: v for k, v in error.items() if k not in ("input", "ctx")} for error in raw]
     return JSONResponse({"detail": errors}, status_code=422)
+
+
+def _exported(
+    batcher: Any, multiprocess: bool, registry: prometheus_client.CollectorRegistry
+) -> contextlib.AbstractAsyncContextManager[Any]:
+    """The batcher's metrics for /metrics: in every worker's files (multiprocess mode), or in the app's registry. A
+    shared batcher is passed in every worker: the one that owns it exports it, the others nothing."""
+    if multiprocess:
+        return metrics_multiprocess.MultiprocessExporter(batcher)
+    register_batcher(batcher, registry)
+    return contextlib.nullcontext()
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -258,26 +135,37 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     ready = False  # the batcher runs: set inside run_batchers, cleared before it stops
     # Several workers write their metrics to files that /metrics adds up (uvicorn --workers).
     multiprocess = metrics_multiprocess.multiprocess_dir() is not None
+    # --shared: one batcher for every worker, made (with the model) by the first worker to start; TensorFlow is
+    # imported there only (the factory imports it), the other workers send it their requests over a Unix socket.
+    shared: SharedBatcher[list[float], Any] | None = None
+    if settings.shared:
+        shared = SharedBatcher(make_batcher, name=BATCHER_NAME, address=settings.shared_address or None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         nonlocal service, ready
         sys.setswitchinterval(settings.switch_interval)
+        if shared is not None:
+            async with _exported(shared, multiprocess, registry), run_batchers(shared):
+                ready = True
+                try:
+                    yield
+                finally:
+                    ready = False
+                    owned = release()
+            if owned is not None:
+                owned.close()
+            return
         example_model.configure_threads(settings.tf_intra_op_threads, settings.tf_inter_op_threads)
         service = await asyncio.to_thread(ModelService, settings)
         app.state.service = service
-        if not multiprocess:
-            register_batcher(service.batcher, registry)
-        exporter: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
-        if multiprocess:
-            exporter = metrics_multiprocess.MultiprocessExporter(service.batcher)
         # TensorFlow and Keras leave millions of long-lived objects that every full collection would walk again
         # (a third of the server's time under load, measured): move them out of the collector's sight, as
         # async-batcher 0.2.2's example did. Both endpoints gain alike.
         gc.collect()
         gc.freeze()
         try:
-            async with exporter, run_batchers(service.batcher):
+            async with _exported(service.batcher, multiprocess, registry), run_batchers(service.batcher):
                 ready = True
                 try:
                     yield
@@ -304,13 +192,22 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid_body)
 
     def loaded() -> ModelService:
+        if shared is not None:  # (--shared: no model here, unless this worker owns the batcher)
+            raise HTTPException(501, "with --shared the model is the shared batcher's: use /optimized_predict")
         if service is None:  # only reachable if a request beats the lifespan, which uvicorn never lets happen
             raise RuntimeError("the model is not loaded yet")
         return service
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok" if service is not None else "loading"}
+    async def healthz() -> dict[str, Any]:
+        if shared is None:
+            return {"status": "ok" if service is not None else "loading"}
+        try:  # the model is loaded where an owner answers
+            async with asyncio.timeout(1.0):
+                await shared.fetch_stats()
+        except (TimeoutError, AsyncBatchException):
+            return {"status": "loading", "role": shared.role}
+        return {"status": "ok", "role": shared.role}
 
     @app.get("/ready")
     async def ready_probe() -> JSONResponse:
@@ -319,8 +216,13 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         # NaN (a percentile over no batch yet) is no JSON: null instead.
-        svc = loaded()
-        stats = {**dataclasses.asdict(svc.batcher.stats), "batch_rows": svc.batch_rows}
+        if shared is not None:  # the owner's batcher's, from whichever worker (batch_rows: the owner's only)
+            mine = owned()
+            rows = None if mine is None else mine.batch_rows
+            stats = {**dataclasses.asdict(await shared.fetch_stats()), "batch_rows": rows, "role": shared.role}
+        else:
+            svc = loaded()
+            stats = {**dataclasses.asdict(svc.batcher.stats), "batch_rows": svc.batch_rows}
         return json.loads(json.dumps(stats).replace("NaN", "null"))
 
     # The body is read and validated by hand, in one call into pydantic's JSON parser, and the answer written as
@@ -350,10 +252,20 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         svc = loaded()
         return answer(await asyncio.get_running_loop().run_in_executor(svc.single_executor, svc.predict_one, data))
 
-    @post("/optimized_predict")
-    async def optimized_predict(request: Request) -> Response:
-        row = await loaded().batcher.process(await read_features(request))
-        return answer(float(row[0]))
+    if shared is None:
+
+        @post("/optimized_predict")
+        async def optimized_predict(request: Request) -> Response:
+            row = await loaded().batcher.process(await read_features(request))
+            return answer(float(row[0]))
+
+    else:
+        batcher = shared
+
+        @post("/optimized_predict")
+        async def optimized_shared(request: Request) -> Response:
+            row = await batcher.process(await read_features(request))  # batched with every worker's requests
+            return answer(float(row[0]))
 
     @post("/echo")
     async def echo(request: Request) -> Response:
@@ -375,60 +287,49 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     return app
 
 
-def _add_arguments(parser: argparse.ArgumentParser, defaults: ServerSettings) -> None:
-    helps = {
-        "host": "address to bind (127.0.0.1: this machine only)",
-        "port": "port to listen on",
-        "workers": "uvicorn worker processes, each with its own model and batcher",
-        "max_batch_size": "largest batch the batcher forms",
-        "max_queue_time": "seconds the first item of a batch waits for more",
-        "max_hold_time": "seconds a freed slot waits for the next of the clients the last batch answered",
-        "max_queue_size": "items the batcher holds before answering 503",
-        "concurrency": "batches run at once (threads of the batch executor)",
-        "predict_threads": "threads /predict runs the model on",
-        "tf_intra_op_threads": "TensorFlow intra-op threads (0: TensorFlow's default)",
-        "tf_inter_op_threads": "TensorFlow inter-op threads (0: TensorFlow's default)",
-        "hidden_layers": "hidden Dense(64) layers of the model",
-        "max_body_bytes": "largest request body (413 above)",
-        "switch_interval": "seconds a thread may hold the GIL while another waits for it (sys.setswitchinterval)",
-        "log_level": "uvicorn's log level",
-        "buckets": "batch sizes the batcher pads its batches up to, comma-separated ('': no padding)",
-        "preferred_batch_sizes": "batch sizes the batcher sends batches at when it can, comma-separated",
-    }
-    for field in dataclasses.fields(ServerSettings):
-        kind = {"int": int, "float": float, "str": str}[str(field.type)]
-        default = getattr(defaults, field.name)
-        parser.add_argument(
-            "--" + field.name.replace("_", "-"),
-            type=kind,
-            default=default,
-            help=f"{helps[field.name]} (default {default}; env {ENV_PREFIX}{field.name.upper()})",
-        )
-
-
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.keras.server", description=__doc__.split("\n")[0])
-    _add_arguments(parser, ServerSettings.from_env())
+    add_arguments(parser, ServerSettings.from_env())
     args = parser.parse_args(argv)
     settings = ServerSettings(**vars(args))
+    own_dirs = []
+    if settings.shared and not settings.shared_address:  # a socket of this server's own, in a folder of mode 0700
+        own_dirs.append(tempfile.mkdtemp(prefix="keras-server-shared-"))
+        settings = dataclasses.replace(settings, shared_address=os.path.join(own_dirs[-1], "batcher.sock"))
     os.environ.update(settings.to_env())
-    # Train (or load) once here, so that several workers do not all train at once on first use; the thread
-    # pools first, as TensorFlow fixes them at its first op and the single-worker server runs in this process.
-    example_model.configure_threads(settings.tf_intra_op_threads, settings.tf_inter_op_threads)
-    example_model.load_or_train(settings.model_spec)
+    _train_once(settings)
     # Several workers: their metrics meet in one directory, emptied first (a temporary one unless given).
-    own_dir = None
     if settings.workers > 1 and metrics_multiprocess.multiprocess_dir() is None:
-        own_dir = os.environ[metrics_multiprocess.ENV] = tempfile.mkdtemp(prefix="keras-server-metrics-")
+        own_dirs.append(tempfile.mkdtemp(prefix="keras-server-metrics-"))
+        os.environ[metrics_multiprocess.ENV] = own_dirs[-1]
     if (directory := metrics_multiprocess.multiprocess_dir()) is not None:
         metrics_multiprocess.prepare_directory(directory)
     try:
         _serve(uvicorn, settings)
     finally:
-        if own_dir is not None:
+        for own_dir in own_dirs:
             shutil.rmtree(own_dir, ignore_errors=True)
+
+
+def _train_once(settings: ServerSettings) -> None:
+    """Train (or load) the model once before the workers start, so that several do not all train at once on first
+    use; the thread pools first, as TensorFlow fixes them at its first op. The single-worker server runs in this
+    process, which loads TensorFlow anyway; with several workers it is done in a child process, so that this one,
+    uvicorn's supervisor, never holds TensorFlow (the memory the workers' benchmark sums up)."""
+    if settings.workers == 1:
+        example_model.configure_threads(settings.tf_intra_op_threads, settings.tf_inter_op_threads)
+        example_model.load_or_train(settings.model_spec)
+        return
+    root = str(Path(__file__).resolve().parents[2])
+    code = (
+        "from benchmarks.keras import model as m; "
+        f"m.configure_threads({settings.tf_intra_op_threads}, {settings.tf_inter_op_threads}); "
+        f"m.load_or_train(m.ModelSpec(hidden_layers={settings.hidden_layers}))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    subprocess.run([sys.executable, "-c", code], cwd=root, env=env, check=True, timeout=600)
 
 
 def _serve(uvicorn: Any, settings: ServerSettings) -> None:

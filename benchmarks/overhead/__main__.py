@@ -67,6 +67,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--callers", type=_positive(int), help="steady: callers (default 1000)")
     p.add_argument("--bulk", type=_positive(int), help="bulk: items in the process_many list (default 20 000)")
     p.add_argument("--latency", type=_positive(int), help="latency: items awaited one at a time (default 5000)")
+    p.add_argument(
+        "--executor", type=_positive(int), help="executor: batches of one through a thread, one at a time (5000)"
+    )
     p.add_argument("--no-peers", action="store_true", help="skip the published peers (no pip, no network)")
     p.add_argument("--peers-dir", type=Path, default=ROOT / ".cache" / "peers")
     p.add_argument("--out-dir", type=Path, default=ROOT / "reports")
@@ -78,6 +81,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         callers=args.callers or base.callers,
         bulk=args.bulk or base.bulk,
         latency=args.latency or base.latency,
+        executor=args.executor or base.executor,
     )
     if "steady" in args.shapes and sizes.items % sizes.callers:
         p.error(f"steady: --items {sizes.items} is not a multiple of --callers {sizes.callers}")
@@ -109,8 +113,11 @@ def _workload(plan: Plan) -> str:
         f"**Steady**: {n(s.callers)} callers, each awaiting {n(s.items // s.callers)} items one after another "
         f"({n(s.items)} items). **Burst**: {n(s.items)} callers started at once with `gather`, one item each. "
         f"**Bulk**: one list of {n(s.bulk)} items through the bulk path. **Latency**: {n(s.latency)} items awaited "
-        "one at a time by one caller, with a wait of 0. Every implementation runs in its own interpreter; each "
-        "process builds one event loop and one batcher and keeps them; a value times `loops` runs of the shape "
+        f"one at a time by one caller, with a wait of 0. **Executor**: {n(s.executor)} items awaited one at a time by "
+        "one caller, with a wait of 0, each a batch of one that a plain `def` batch function handles in a "
+        "`ThreadPoolExecutor(1)` (the direct call: `loop.run_in_executor` per item). Every implementation runs in "
+        "its own interpreter; each process builds one event loop and one batcher and keeps them; a value times "
+        "`loops` runs of the shape "
         "(pyperf calibrates `loops` in the first round); after each run, outside the timing, the worker checks that "
         "every caller got `2 * x` for its own `x`. "
         f"pyperf: {plan.rounds} rounds x {plan.processes} processes x ({plan.warmups} warm-up + {plan.values} "
@@ -159,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures = [f"{name}: {why}" for name, why in missing.items()]
     failures += [f"{i} {s} {lp}: {why}" for (i, s, lp), why in failed.items()]
     failures += [f"{i} {s}: not applicable" for i, s in sorted(NOT_APPLICABLE) if i in impls and s in plan.shapes]
+    old_report = args.out_dir / "overhead.md"
+    kept = report.instructions_section(old_report.read_text(encoding="utf-8")) if old_report.exists() else ""
     text = report.markdown(
         cells=cells,
         batches=batches,
@@ -170,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workload=_workload(plan),
         wiring={p.name: p.note for p in PEERS},
         failures=failures,
+        instructions=kept,  # the instruction counter's section (make bench-overhead-instructions), as it was
     )
     (args.out_dir / "overhead.md").write_text(text, encoding="utf-8")
     report.write_csv(args.out_dir / "overhead.csv", cells, batches)

@@ -18,22 +18,33 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "INSTRUCTIONS_BEGIN",
+    "INSTRUCTIONS_END",
     "Cell",
     "Target",
     "earlier_goals",
     "evaluate_targets",
+    "instructions_section",
     "load",
     "load_batches",
     "markdown",
     "ratio",
+    "splice_instructions",
     "tables",
     "write_csv",
     "write_png",
 ]
 
 THROUGHPUT_SHAPES = ("steady", "burst", "bulk")
+PER_CALL_SHAPES = ("latency", "executor")  # one caller, one item at a time: charted in µs per call
 PEERS = ("async-batcher-0.2.2", "batched", "aiodataloader")
 Key = tuple[str, str, str]  # (implementation, shape, event loop)
+# The executor shape's bound: ours may take at most this many times the floor's time (and instructions) per call.
+EXECUTOR_BOUND = 1.15
+# The section of overhead.md that the instruction counter writes (python -m benchmarks.overhead.instructions
+# --write): kept as it is when the pyperf run writes the rest of the report, and the other way round.
+INSTRUCTIONS_BEGIN = "<!-- instruction counts: begin -->"
+INSTRUCTIONS_END = "<!-- instruction counts: end -->"
 
 
 @dataclass(frozen=True)
@@ -145,6 +156,8 @@ def evaluate_targets(cells: dict[Key, Cell], loops: Iterable[str]) -> list[Targe
             _vs(cells, "steady ≥ 2.5x async-batcher 0.2.2", "async-batcher-0.2.2", "steady", lp, 2.5),
             _vs(cells, "steady: ahead of aiodataloader", "aiodataloader", "steady", lp, 1.0, strict=True),
             _vs(cells, "burst: ahead of aiodataloader", "aiodataloader", "burst", lp, 1.0, strict=True),
+            # As a speed ratio, like the others: at most 1.15x the floor's time per call is at least 1/1.15 its speed.
+            _vs(cells, "executor ≤ 1.15x floor's time per call", "floor", "executor", lp, 1 / EXECUTOR_BOUND),
         ]
     return out
 
@@ -233,6 +246,19 @@ def tables(cells: dict[Key, Cell], batches: dict[Key, float], impls: list[str], 
                 row.append(f"{(c.mean - d.mean) * 1e6:.1f}" if c and d and impl != "direct" else "—")
             body.append(row)
         out += _table(["implementation", *[f"{k} · {lp}" for lp in loops for k in ("µs", "added µs")]], body)
+    ex = [i for i in impls if any((i, "executor", lp) in cells for lp in loops)]
+    if ex:
+        out += ["", "### Executor: one caller, each item a batch of one through `ThreadPoolExecutor(1)`, wait 0", ""]
+        out += ["µs per call; ÷ floor: the implementation's time per call over the floor's (ours' bound: 1.15).", ""]
+        body = []
+        for impl in ex:
+            row = [impl]
+            for lp in loops:
+                c, f = cells.get((impl, "executor", lp)), cells.get(("floor", "executor", lp))
+                row.append(f"{c.mean * 1e6:.1f}" if c else "n/a")
+                row.append(f"{c.mean / f.mean:.2f}" if c and f else "n/a")
+            body.append(row)
+        out += _table(["implementation", *[f"{k} · {lp}" for lp in loops for k in ("µs", "÷ floor")]], body)
     out += ["", "### Items per call of the batch function (mean)", ""]
     out += _table(["implementation", *head], [[i, *[cell_text(i, s, lp, "batch") for s, lp in cols]] for i in impls])
     out += ["", "### Spread: standard deviation of the values ÷ their mean", ""]
@@ -276,11 +302,12 @@ def write_png(path: Path, cells: dict[Key, Cell], impls: list[str], loops: list[
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.8))
+    fig, axes = plt.subplots(1, 5, figsize=(22, 4.8))
     colors = {impl: plt.get_cmap("tab10")(i) for i, impl in enumerate(impls)}
     width = 0.8 / max(1, len(impls))
     panels = [(s, f"{s}: thousand items/s (higher is better)") for s in THROUGHPUT_SHAPES]
     panels.append(("latency", "latency: µs per item (lower is better)"))
+    panels.append(("executor", "executor: µs per call (lower is better)"))
     for ax, (shape, title) in zip(axes, panels, strict=True):
         measured = False
         for i, impl in enumerate(impls):
@@ -288,13 +315,13 @@ def write_png(path: Path, cells: dict[Key, Cell], impls: list[str], loops: list[
             for j, lp in enumerate(loops):
                 c = cells.get((impl, shape, lp))
                 if c is not None:
-                    value = c.mean * 1e6 if shape == "latency" else c.rate * 1e-3
+                    value = c.mean * 1e6 if shape in PER_CALL_SHAPES else c.rate * 1e-3
                     xs.append(j + (i - (len(impls) - 1) / 2) * width)
                     ys.append(value)
                     errs.append(value * c.rsd)
             measured = measured or bool(ys)
             bars = ax.bar(xs, ys, width, yerr=errs, label=impl, color=colors[impl], capsize=2)
-            ax.bar_label(bars, fmt="%.0f" if shape != "latency" else "%.1f", fontsize=6, rotation=90, padding=2)
+            ax.bar_label(bars, fmt="%.1f" if shape in PER_CALL_SHAPES else "%.0f", fontsize=6, rotation=90, padding=2)
         if not measured:  # a run of some shapes only (--shapes): an empty panel, and no log scale of nothing
             title = f"{shape}: not measured in this run"
         elif shape == "bulk":
@@ -314,14 +341,16 @@ def write_png(path: Path, cells: dict[Key, Cell], impls: list[str], loops: list[
 # How the implementations that live in this interpreter are driven (the peers': peers.PEERS).
 LOCAL_WIRING = {
     "direct": "each caller awaits the batch function on its own one-item list (no batching): the cost of the callers "
-    "themselves. Bulk: the list cut into 256-item calls.",
+    "themselves. Bulk: the list cut into 256-item calls. Executor: `await loop.run_in_executor(pool, fn, [x])`.",
     "floor": "`floors.Floor`: a competent hand-written batcher, the least one can do. A list of items and one of "
     "futures, one `call_later(0.001)` armed by a batch's first item, a flush at once at the 256th, one task per "
     "batch; `process` is a plain function returning the future (no coroutine per item). No statistics, no limits, "
-    "no cancellation handling. Bulk: every item through `process`, then each future awaited.",
+    "no cancellation handling. Bulk: every item through `process`, then each future awaited. Executor: "
+    "`floors.ExecutorFloor`, the same batcher whose flush submits the batch to the executor and whose batch's end "
+    "comes back by `call_soon_threadsafe`, which sets the futures.",
     "ours": "`async_batcher.AsyncBatcher` subclass from this repository, as its README shows (`start()`, then "
     "`await batcher.process(x)`), max_batch_size=256, max_queue_time=0.001, the other settings at their defaults "
-    "(concurrency 1); bulk: `process_many`.",
+    "(concurrency 1); bulk: `process_many`; executor: a plain `def process_batch` and `executor=`.",
     "floor-async": "`floors.AsyncFloor`: the floor behind an `async def process` (a coroutine per item).",
     "floor-task": "`floors.TaskFloor`: the floor of the benchmark's first version (a task per flush, no timer).",
 }
@@ -339,8 +368,10 @@ def markdown(
     workload: str,
     wiring: dict[str, str],
     failures: list[str],
+    instructions: str = "",
 ) -> str:
-    """The whole report: how to run it again, provenance, workload, targets, tables, pyperf's own comparison."""
+    """The whole report: how to run it again, provenance, workload, targets, tables, pyperf's own comparison, and
+    ``instructions``, the instruction counter's section as the report had it (:func:`instructions_section`)."""
     targets = evaluate_targets(cells, loops)
     met = sum(t.verdict == "PASS" for t in targets)
     lines = ["# Overhead benchmark: the batcher's own cost (pyperf)", "", regenerated, ""]
@@ -361,6 +392,8 @@ def markdown(
     lines += [*compare_to(out_dir, impls), ""]
     if failures:
         lines += ["## Not measured", "", *[f"- {f}" for f in failures], ""]
+    if instructions:
+        lines += [instructions, ""]
     lines += [
         "![items/s per implementation, shape and event loop](overhead.png)",
         "",
@@ -369,3 +402,25 @@ def markdown(
         "",
     ]
     return "\n".join(lines)
+
+
+def instructions_section(text: str) -> str:
+    """The instruction counter's section of a report (its markers included), or ``""`` if it has none."""
+    begin, end = text.find(INSTRUCTIONS_BEGIN), text.find(INSTRUCTIONS_END)
+    if begin < 0 or end < begin:
+        return ""
+    return text[begin : end + len(INSTRUCTIONS_END)]
+
+
+def splice_instructions(text: str, section: str) -> str:
+    """``text`` with its instruction counter's section replaced by ``section`` (markers included); a report without
+    one gets it before its chart, or at its end."""
+    if not section.startswith(INSTRUCTIONS_BEGIN) or not section.endswith(INSTRUCTIONS_END):
+        raise ValueError("an instruction counter's section opens and closes with its markers")
+    old = instructions_section(text)
+    if old:
+        return text.replace(old, section, 1)
+    chart = text.find("![")
+    if chart < 0:
+        return text.rstrip("\n") + "\n\n" + section + "\n"
+    return text[:chart] + section + "\n\n" + text[chart:]

@@ -22,8 +22,15 @@ from pathlib import Path
 __all__ = ["FULL", "QUICK", "WORKER", "Plan", "Sizes", "bench_name", "run_all", "worker_args"]
 
 WORKER = Path(__file__).with_name("worker.py")
-# (implementation, shape) pairs with nothing to measure: async-batcher 0.2.2 has no bulk path.
-NOT_APPLICABLE = {("async-batcher-0.2.2", "bulk")}
+# (implementation, shape) pairs with nothing to measure: async-batcher 0.2.2 has no bulk path; batched and
+# aiodataloader (and the floor's variants) no plain function run in an executor.
+NOT_APPLICABLE = {
+    ("async-batcher-0.2.2", "bulk"),
+    ("batched", "executor"),
+    ("aiodataloader", "executor"),
+    ("floor-async", "executor"),
+    ("floor-task", "executor"),
+}
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class Sizes:
     callers: int  # steady: callers, each awaiting items / callers items one after another
     bulk: int  # bulk: items in the one process_many list
     latency: int  # latency: items one caller awaits one at a time, per value
+    executor: int = 5000  # executor: items one caller awaits one at a time, each a batch of one in a thread
 
 
 @dataclass(frozen=True)
@@ -48,11 +56,11 @@ class Plan:
     warmups: int = 1  # pyperf -w, per process
     min_time: float = 0.1  # pyperf --min-time: the calibration's target seconds per value
     batch_size: int = 256
-    wait: float = 0.001  # max_queue_time and its equivalents; the latency shape uses 0
+    wait: float = 0.001  # max_queue_time and its equivalents; the latency and executor shapes use 0
 
 
-FULL = Sizes(items=20_000, callers=1000, bulk=20_000, latency=5000)
-QUICK = Sizes(items=1000, callers=100, bulk=2000, latency=100)
+FULL = Sizes(items=20_000, callers=1000, bulk=20_000, latency=5000, executor=5000)
+QUICK = Sizes(items=1000, callers=100, bulk=2000, latency=100, executor=100)
 
 
 def bench_name(shape: str, event_loop: str) -> str:
@@ -62,8 +70,14 @@ def bench_name(shape: str, event_loop: str) -> str:
 def worker_args(impl: str, shape: str, event_loop: str, plan: Plan) -> list[str]:
     """The worker's own arguments (without pyperf's)."""
     sizes = plan.sizes
-    items = {"steady": sizes.items, "burst": sizes.items, "bulk": sizes.bulk, "latency": sizes.latency}[shape]
-    wait = 0.0 if shape == "latency" else plan.wait
+    items = {
+        "steady": sizes.items,
+        "burst": sizes.items,
+        "bulk": sizes.bulk,
+        "latency": sizes.latency,
+        "executor": sizes.executor,
+    }[shape]
+    wait = 0.0 if shape in ("latency", "executor") else plan.wait
     args = ["--impl", impl, "--shape", shape, "--event-loop", event_loop, "--items", str(items)]
     return [*args, "--callers", str(sizes.callers), "--batch-size", str(plan.batch_size), "--wait", repr(wait)]
 

@@ -10,6 +10,11 @@ next to it (by path: nothing on ``sys.path`` may stand in for it). The harness r
 inside each peer's own virtual environment, where this repository's ``async_batcher`` must not be importable
 (async-batcher 0.2.2 has the same import name).
 
+The executor shape is the model server's at low load: one caller at a time, each item a batch of one handed to a
+one-thread executor (``ThreadPoolExecutor(1)``, which each process builds once) and back, the batch function a plain
+``def``. Only the direct call (``loop.run_in_executor`` per call), the floor (:class:`floors.ExecutorFloor`), ours and
+async-batcher 0.2.2 (both a subclass with a plain ``def process_batch`` and ``executor=``) have that path.
+
 Each process builds one event loop and one implementation and keeps them for all its values. A value times
 ``loops`` runs of the shape; after each run, outside the timing, the worker checks that every caller got ``2 * x``
 for its own ``x`` (a batcher that mixes results up fails the run instead of giving a fast number) and, with
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import concurrent.futures
 import importlib.util
 import json
 import sys
@@ -59,6 +65,7 @@ __all__ = [
     "Impl",
     "check",
     "main",
+    "make_executor_impl",
     "make_impl",
     "parse",
     "run_shape",
@@ -67,7 +74,9 @@ __all__ = [
 # The implementations the report compares; the variants after them are for the study of the floor.
 IMPLS = ("direct", "floor", "ours", "async-batcher-0.2.2", "batched", "aiodataloader")
 VARIANTS = ("floor-async", "floor-task")
-SHAPES = ("steady", "burst", "bulk", "latency")
+SHAPES = ("steady", "burst", "bulk", "latency", "executor")
+# The implementations with a plain-function path through an executor (the executor shape).
+EXECUTOR_IMPLS = ("direct", "floor", "ours", "async-batcher-0.2.2")
 # The distribution each implementation must import, at this version: a wrong interpreter or a stray sys.path
 # entry would otherwise benchmark the wrong async_batcher without a word.
 DISTRIBUTIONS = {
@@ -89,6 +98,16 @@ class Counter:
 def make_batch_fn(counter: Counter) -> floors.BatchFn:
     # Next to no work on purpose: what is left to measure is the batcher's own cost.
     async def batch_fn(batch: list[int]) -> list[int]:
+        counter.batches += 1
+        counter.items += len(batch)
+        return [x * 2 for x in batch]
+
+    return batch_fn
+
+
+def make_sync_batch_fn(counter: Counter) -> floors.SyncBatchFn:
+    # The executor shape's: a plain function, run in the executor's one thread.
+    def batch_fn(batch: list[int]) -> list[int]:
         counter.batches += 1
         counter.items += len(batch)
         return [x * 2 for x in batch]
@@ -136,6 +155,43 @@ def _subclass(fn: floors.BatchFn) -> type[Any]:
             return await fn(batch)
 
     return Doubler
+
+
+def _sync_subclass(fn: floors.SyncBatchFn) -> type[Any]:
+    from async_batcher.batcher import AsyncBatcher
+
+    class SyncDoubler(AsyncBatcher[int, int]):
+        def process_batch(self, batch: list[int]) -> list[int]:  # type: ignore[override]  # a plain def: the executor
+            return fn(batch)
+
+    return SyncDoubler
+
+
+async def make_executor_impl(
+    name: str, fn: floors.SyncBatchFn, executor: concurrent.futures.Executor, max_batch_size: int, wait: float
+) -> Impl:
+    """Implementation ``name`` for the executor shape: ``fn`` (a plain function) runs in ``executor``."""
+    if name == "direct":
+        loop = asyncio.get_running_loop()
+
+        async def call(x: int) -> int:
+            return (await loop.run_in_executor(executor, fn, [x]))[0]
+
+        return Impl(call, None)
+    if name == "floor":
+        floor = floors.ExecutorFloor(fn, executor, max_batch_size, wait)
+        return Impl(floor.process, None)
+    if name in ("ours", "async-batcher-0.2.2"):
+        batcher = _sync_subclass(fn)(max_batch_size=max_batch_size, max_queue_time=wait, executor=executor)
+        if name == "ours":
+            batcher.start()
+            return Impl(batcher.process, None, batcher.stop)
+
+        async def stop_old() -> None:
+            await batcher.stop(force=True)
+
+        return Impl(batcher.process, None, stop_old)
+    raise ValueError(f"{name!r} has no executor path; the executor shape runs {', '.join(EXECUTOR_IMPLS)}")
 
 
 async def make_impl(name: str, fn: floors.BatchFn, max_batch_size: int, wait: float) -> Impl:
@@ -222,7 +278,7 @@ async def run_shape(impl: Impl, shape: str, items: int, callers: int) -> tuple[f
         xs = list(range(items))
         t0 = perf()
         got = await impl.many(xs)
-    elif shape == "latency":  # one caller, one item at a time
+    elif shape in ("latency", "executor"):  # one caller, one item at a time
         call = impl.call
         got = []
         t0 = perf()
@@ -241,14 +297,20 @@ class Bench:
         self.counter = Counter()
         self.runner: asyncio.Runner | None = None
         self.impl: Impl | None = None
+        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def time(self, loops: int) -> float:
         """pyperf's time function: ``loops`` runs of the shape, timed; each checked after its timing."""
         args = self.args
         if self.runner is None:
             self.runner = _runner(args.event_loop)
-            fn = make_batch_fn(self.counter)
-            self.impl = self.runner.run(make_impl(args.impl, fn, args.batch_size, args.wait))
+            if args.shape == "executor":
+                self.executor = concurrent.futures.ThreadPoolExecutor(1)
+                sync_fn = make_sync_batch_fn(self.counter)
+                built = make_executor_impl(args.impl, sync_fn, self.executor, args.batch_size, args.wait)
+            else:
+                built = make_impl(args.impl, make_batch_fn(self.counter), args.batch_size, args.wait)
+            self.impl = self.runner.run(built)
             atexit.register(self.close)
         self.counter.batches = self.counter.items = 0
         total = 0.0
@@ -269,6 +331,9 @@ class Bench:
                 self.runner.run(self.impl.close())
             self.runner.close()
             self.runner = None
+        if self.executor is not None:
+            self.executor.shutdown()
+            self.executor = None
 
 
 def _runner(event_loop: str) -> asyncio.Runner:
@@ -299,7 +364,7 @@ def _own_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--impl", required=True, choices=IMPLS + VARIANTS)
     parser.add_argument("--shape", required=True, choices=SHAPES)
     parser.add_argument("--event-loop", default="asyncio", choices=("asyncio", "uvloop"))
-    parser.add_argument("--items", type=int, default=20_000, help="items per run (latency: per value)")
+    parser.add_argument("--items", type=int, default=20_000, help="items per run (latency, executor: per value)")
     parser.add_argument("--callers", type=int, default=1000, help="steady: callers, each awaiting items/callers")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--wait", type=float, default=0.001, help="seconds an item may wait for its batch")

@@ -19,6 +19,7 @@ from async_batcher import (
     QueueFullException,
 )
 from async_batcher.testing import violations
+from tests.admission.test_refuse_late import Model, tail_with_a_tight_item
 from tests.batchers import engine_of, idle_and_clean, until
 
 pytestmark = pytest.mark.virtual_time
@@ -231,3 +232,35 @@ async def test_a_late_refusal_is_a_queue_full_exception_for_code_that_catches_th
     assert type(info.value) is LateRefusalError
     await busy
     await b.stop()
+
+
+# max_batch_size set live decides which queued items make the last batch, the one an arriving item joins and whose
+# earliest deadline it is held to. (It was computed for the old size until the queue changed otherwise: an item was
+# refused for the deadline of an item no longer in its batch, or admitted into a batch that made one late.)
+
+
+async def test_max_batch_size_lowered_live_an_item_is_not_held_to_a_deadline_no_longer_in_its_batch() -> None:
+    b = Model(refuse_late=True, max_batch_size=64, max_queue_time=0)
+    others, tight = await tail_with_a_tight_item(b, relaxed_first=8, tight_first=True)  # one due in 30 ms, 8 in 10 s
+    with pytest.raises(LateRefusalError, match="the deadline of the items ahead of it"):
+        await b.process(200, timeout=10)  # behind the batch in flight, a batch of 10 (20 ms): the tight one late
+    b.max_batch_size = 4
+    # Batches of 4: the tight one goes in the first (it ends at 25 ms); this one joins the last relaxed one in the
+    # third (at 51 ms): within their 10 s, and the tight one is not in it.
+    assert await b.process(200, timeout=10) == 200
+    assert await asyncio.gather(tight, *others) == [100, *range(9)]
+    await b.stop()
+    idle_and_clean(b)
+
+
+async def test_max_batch_size_raised_live_an_item_is_held_to_the_deadline_now_in_its_batch() -> None:
+    b = Model(refuse_late=True, max_batch_size=4, max_queue_time=0)
+    ahead, tight = await tail_with_a_tight_item(b, relaxed_first=3)  # in flight; 3 due in 10 s, then one in 30 ms
+    more = [asyncio.ensure_future(b.process(i, timeout=10)) for i in range(4, 9)]
+    await until(lambda: b.stats.queued == 9)
+    b.max_batch_size = 64  # now the tight one is in the last batch: 9 queued, and a tenth would make it late
+    with pytest.raises(LateRefusalError, match="the deadline of the items ahead of it"):
+        await b.process(200, timeout=10)
+    assert await asyncio.gather(*ahead, tight, *more) == [*range(4), 100, *range(4, 9)]
+    await b.stop()
+    idle_and_clean(b)

@@ -300,14 +300,19 @@ def test_refuse_late_is_a_flag() -> None:
 # its batch", with "retry after 0.000 s".
 
 
-async def tail_with_a_tight_item(b: Model, *, relaxed_first: int = 1) -> tuple[list[asyncio.Future[int]], Any]:
-    """A batch in flight (11 ms), then ``relaxed_first`` items with a far deadline, then one due in 30 ms: the
-    queued items', in their order, and the tight one's future."""
+async def tail_with_a_tight_item(
+    b: Model, *, relaxed_first: int = 1, tight_first: bool = False
+) -> tuple[list[asyncio.Future[int]], Any]:
+    """A batch in flight (11 ms), then ``relaxed_first`` items with a far deadline, then one due in 30 ms (or that
+    one first, ``tight_first``): the futures of the one in flight and the relaxed ones, in their order, and the
+    tight one's."""
     await warm_up(b)
     first = asyncio.ensure_future(b.process(0))
     await after_time(lambda: b.stats.in_flight == 1)
+    tight = asyncio.ensure_future(b.process(100, timeout=0.03)) if tight_first else None
     relaxed = [asyncio.ensure_future(b.process(i, timeout=10)) for i in range(1, relaxed_first + 1)]
-    tight = asyncio.ensure_future(b.process(100, timeout=0.03))
+    if tight is None:
+        tight = asyncio.ensure_future(b.process(100, timeout=0.03))
     await until(lambda: b.stats.queued == relaxed_first + 1)
     return [first, *relaxed], tight
 

@@ -19,7 +19,7 @@ from benchmarks.overhead.runner import Plan, Sizes, bench_name, run_all
 
 pytestmark = pytest.mark.single_loop
 
-TINY = Sizes(items=600, callers=40, bulk=1500, latency=50)
+TINY = Sizes(items=600, callers=40, bulk=1500, latency=50, executor=50)
 LOOPS = ["asyncio", "uvloop"]
 IMPLS = ["direct", "floor", "ours"]
 PLAN = Plan(
@@ -55,7 +55,7 @@ def test_every_benchmark_runs_and_every_value_is_checked(run: dict[str, Any]) ->
         assert cell.version and cell.version != "0.2.2"  # this repository's package, not the one on PyPI
     # One record per value (warm-ups and calibration included), written after the worker checked every result.
     for r in run["records"]:
-        items = {"bulk": TINY.bulk, "latency": TINY.latency}.get(r["shape"], TINY.items)
+        items = {"bulk": TINY.bulk, "latency": TINY.latency, "executor": TINY.executor}.get(r["shape"], TINY.items)
         assert r["checked"] == r["loops"] * items, r
         assert r["items"] == r["checked"], r  # every item went through the batch function exactly once
     per_bench = {(r["impl"], r["shape"], r["event_loop"]) for r in run["records"]}
@@ -69,6 +69,9 @@ def test_batchers_batch(run: dict[str, Any]) -> None:
         for shape in ("burst", "bulk"):
             assert 1 < batches[(impl, shape)] <= 256, (impl, shape)
     assert batches[("direct", "burst")] == 1.0
+    # The executor shape is what it says: one caller at a time, so every batch holds its one item.
+    for impl in IMPLS:
+        assert batches[(impl, "executor")] == 1.0, impl
 
 
 def test_a_second_round_appends_with_the_calibrated_loops(tmp_path: Path) -> None:
@@ -104,8 +107,13 @@ def test_report_chart_and_csv_from_real_runs(run: dict[str, Any], tmp_path: Path
         workload="tiny",
         wiring={},
         failures=[],
+        instructions=f"{report.INSTRUCTIONS_BEGIN}\nkept as it was\n{report.INSTRUCTIONS_END}",
+    )
+    assert (
+        report.instructions_section(text) == f"{report.INSTRUCTIONS_BEGIN}\nkept as it was\n{report.INSTRUCTIONS_END}"
     )
     assert "## Targets" in text and "| ours |" in text and "Not measured" not in text
+    assert "### Executor: one caller" in text
     assert "pyperf compare_to" in text and "compare_to failed" not in text
     report.write_csv(tmp_path / "overhead.csv", cells, batches)
     lines = (tmp_path / "overhead.csv").read_text(encoding="utf-8").splitlines()
@@ -142,9 +150,13 @@ def test_targets_verdicts() -> None:
         ("ours", "burst", "asyncio"): c(1 / 0.9),  # 0.9x: fails
         ("async-batcher-0.2.2", "steady", "asyncio"): c(2.0 / 0.85),  # 2.0x: fails
         ("aiodataloader", "steady", "asyncio"): c(1 / 0.85),  # level: not ahead, fails
+        ("floor", "executor", "asyncio"): c(1.0),
+        ("ours", "executor", "asyncio"): c(1.15),  # exactly 1.15x the floor's time per call: passes
     }
     verdicts = [t.verdict for t in report.evaluate_targets(cells, ["asyncio"])]
-    assert verdicts == ["PASS", "FAIL", "FAIL", "FAIL", "not measured"]
+    assert verdicts == ["PASS", "FAIL", "FAIL", "FAIL", "not measured", "PASS"]
+    cells[("ours", "executor", "asyncio")] = c(1.16)
+    assert report.evaluate_targets(cells, ["asyncio"])[-1].verdict == "FAIL"
 
 
 def test_instruction_counts_are_per_item_and_repeatable() -> None:
@@ -155,4 +167,51 @@ def test_instruction_counts_are_per_item_and_repeatable() -> None:
     first = instructions.per_item(python, "floor", "burst", 1000, 2, "asyncio", 0.0)
     again = instructions.per_item(python, "floor", "burst", 1000, 2, "asyncio", 0.0)
     assert 1_000 < first < 1_000_000
+    assert again == pytest.approx(first, rel=0.02)
+
+
+def test_instruction_targets_and_section() -> None:
+    """The instruction counter's verdicts (made-up counts) and its section of the report, kept by the pyperf run."""
+    from benchmarks.overhead import instructions
+
+    counts = {
+        ("floor", "steady"): 20_000.0,
+        ("ours", "steady"): 20_000 / 0.85,  # exactly 0.85x the floor: passes
+        ("floor", "burst"): 65_000.0,
+        ("ours", "burst"): 65_000 / 0.9,  # 0.9x: fails
+        ("floor", "executor"): 100_000.0,
+        ("ours", "executor"): 116_000.0,  # 1.16x the floor's count: fails
+        ("direct", "steady"): 8_000.0,
+    }
+    verdicts = [v for _, _, v in instructions.targets(counts)]
+    assert verdicts == ["PASS", "FAIL", "FAIL"]
+    counts[("ours", "executor")] = 115_000.0
+    assert instructions.targets(counts)[-1][1:] == ("1.15x the floor's count", "PASS")
+    shapes = ["steady", "burst", "executor"]
+    sizes = {"steady": 20_000, "burst": 20_000, "executor": 2000}
+    text = instructions.section(counts, ["direct", "floor", "ours"], shapes, sizes, 3, ["header line"])
+    assert text.startswith(report.INSTRUCTIONS_BEGIN) and text.endswith(report.INSTRUCTIONS_END)
+    assert "| direct | 8 000 | 2.50 | n/a | n/a | n/a | n/a |" in text  # no executor count: n/a, no division by 0
+    assert "| ours | 23 529 | 0.85 | 72 222 | 0.90 | 115 000 | 0.87 |" in text
+    # Spliced into a report without one: before the chart; again: replaced, the rest of the report untouched.
+    old = "# Report\n\nbody\n\n![chart](overhead.png)\n\nraw results\n"
+    once = report.splice_instructions(old, text)
+    assert once.index(report.INSTRUCTIONS_BEGIN) < once.index("![chart]") and once.count("body") == 1
+    other = text.replace("header line", "another run")
+    twice = report.splice_instructions(once, other)
+    assert report.instructions_section(twice) == other and "header line" not in twice
+    assert twice.replace(other, text) == once
+    assert report.instructions_section(old) == ""
+    with pytest.raises(ValueError, match="markers"):
+        report.splice_instructions(old, "no markers")
+
+
+def test_executor_shape_counts_are_repeatable() -> None:
+    """Two threads under valgrind: the executor shape's count of one run, twice, is the same within 2 %."""
+    from benchmarks.overhead import instructions
+
+    python = Path(sys.executable)
+    first = instructions.per_item(python, "floor", "executor", 200, 2, "asyncio", 0.0)
+    again = instructions.per_item(python, "floor", "executor", 200, 2, "asyncio", 0.0)
+    assert 10_000 < first < 10_000_000
     assert again == pytest.approx(first, rel=0.02)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,3 +83,65 @@ async def test_a_body_of_the_wrong_shape_is_422_and_fails_no_one_else(served: Th
         responses = await asyncio.gather(*(client.post("/predict", json=body) for body in bodies))
     assert [r.status_code for r in responses] == [200, 200, 422, 200, 422, 200]
     assert responses[2].json()["detail"][0]["loc"] == ["body", "features"]
+
+
+def _tensorflow_loaded(pid: int) -> bool:
+    """Whether the process has TensorFlow's library mapped (it imported TensorFlow)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return "libtensorflow" in f.read()
+
+
+@pytest.mark.single_loop
+def test_two_workers_share_one_batcher_and_one_model(model_path: Path, tmp_path: Path) -> None:
+    """``python app.py --workers 2 --shared``, from the example's folder as its docstring runs it: every worker
+    answers, the batches hold both workers' requests, and TensorFlow is loaded in one process only."""
+    import subprocess
+    import sys
+
+    import keras
+
+    from tests.processes import children, kill_group
+    from tests.servers import ROOT, STARTUP_TIMEOUT, free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_EXAMPLE_SHARED"}
+    runtime = tempfile.mkdtemp(prefix="ab-", dir="/tmp")  # the socket's folder: this test's own (and short)
+    env.update(MODEL_PATH=str(model_path), XDG_RUNTIME_DIR=runtime)
+    command = [sys.executable, "app.py", "--workers", "2", "--shared", "--port", str(port)]
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            command, cwd=ROOT / "examples" / "keras", env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    rows = _rows(48)
+    expected = np.asarray(keras.models.load_model(model_path).predict_on_batch(rows))[:, 0]
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:  # bounded: up once a request is answered (the owner has loaded the model)
+            assert server.poll() is None, log.read_text()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.post(f"http://127.0.0.1:{port}/predict", json={"features": [0.0] * 10}).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+
+        async def load() -> list[httpx.Response]:
+            async def one(row: np.ndarray) -> httpx.Response:
+                async with httpx.AsyncClient(timeout=60) as client:  # (a connection each: both workers answer)
+                    body = {"features": [float(v) for v in row]}
+                    return await client.post(f"http://127.0.0.1:{port}/predict", json=body)
+
+            return list(await asyncio.gather(*(one(row) for row in rows)))
+
+        responses = asyncio.run(load())
+        assert [r.status_code for r in responses] == [200] * len(rows)
+        np.testing.assert_allclose([r.json()["prediction"] for r in responses], expected, rtol=RTOL)
+        workers = [pid for pid in children(server.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert len(workers) == 2
+        # One model: the worker that owns the batcher loaded TensorFlow; the other, and uvicorn's supervisor, did not.
+        assert sorted(_tensorflow_loaded(pid) for pid in [*workers, server.pid]) == [False, False, True]
+    finally:
+        left = kill_group(server)
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert not left and server.returncode == 0, log.read_text()

@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,12 +55,14 @@ def _metrics_dir(parent: int) -> Path | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+@contextlib.contextmanager
+def _server(
+    log: Path, *options: str, up: Callable[[str, subprocess.Popen[bytes]], bool]
+) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    """The server with two workers and ``options``, once ``up(url, process)`` (bounded); every process ended after."""
     port = free_port()
-    log = tmp_path_factory.mktemp("workers") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_SERVER_") and k != "PROMETHEUS_MULTIPROC_DIR"}
-    command = [sys.executable, "-m", SERVER_MODULE, "--port", str(port), "--workers", "2"]
+    command = [sys.executable, "-m", SERVER_MODULE, "--port", str(port), "--workers", "2", *options]
     command += ["--max-queue-time", "0.02", "--max-batch-size", "16"]
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -69,17 +71,28 @@ def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT
-        while True:  # bounded: both workers load TensorFlow and the model, each writes its live gauges when ready
+        while not up(url, process):  # bounded: the workers import TensorFlow and load the model
             assert process.poll() is None, log.read_text()
-            directory = _metrics_dir(process.pid)
-            if directory is not None and len(list(directory.glob("gauge_livesum_*.db"))) == 2:
-                break
             assert time.monotonic() < deadline, f"two workers were not up in {STARTUP_TIMEOUT} s:\n{log.read_text()}"
             time.sleep(0.2)
+        directory = _metrics_dir(process.pid)
+        assert directory is not None
         yield url, process, directory
     finally:
         left = kill_group(process)
         assert not left, f"left running after a graceful stop: {left}\n{log.read_text()}"
+
+
+def _both_exporting(url: str, process: subprocess.Popen[bytes]) -> bool:
+    """Each worker writes its live gauges once its model is loaded and its batcher runs."""
+    directory = _metrics_dir(process.pid)
+    return directory is not None and len(list(directory.glob("gauge_livesum_*.db"))) == 2
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    with _server(tmp_path_factory.mktemp("workers") / "server.log", up=_both_exporting) as server:
+        yield server
 
 
 @pytest.mark.single_loop
@@ -125,3 +138,67 @@ async def test_ready_is_503_until_the_batcher_runs() -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
         response = await client.get("/ready")
     assert (response.status_code, response.json()) == (503, {"ready": False})
+
+
+@pytest.fixture(scope="module")
+def two_workers_sharing(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    roles: set[str] = set()
+
+    def both_healthy(url: str, process: subprocess.Popen[bytes]) -> bool:  # healthy once the owner answers
+        with contextlib.suppress(OSError, ValueError):
+            status, body = _get(url + "/healthz")
+            if status == 200 and json.loads(body)["status"] == "ok":
+                roles.add(json.loads(body)["role"])
+        return roles == {"owner", "client"}
+
+    with _server(tmp_path_factory.mktemp("shared") / "server.log", "--shared", up=both_healthy) as server:
+        yield server
+
+
+def _tensorflow_loaded(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return "libtensorflow" in f.read()
+
+
+@pytest.mark.single_loop
+def test_two_workers_sharing_one_batcher_load_one_model_and_scrape_as_one(
+    two_workers_sharing: tuple[str, subprocess.Popen[bytes], Path],
+) -> None:
+    from benchmarks.keras import model as example_model
+
+    url, process, directory = two_workers_sharing
+    rows = example_model.sample_inputs(REQUESTS, seed=5)
+    expected = np.asarray(example_model.load_or_train().predict_on_batch(rows))[:, 0]
+    before = _batch_size_sum(url)
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda row: _post(url + "/optimized_predict", [float(v) for v in row]), rows))
+    np.testing.assert_allclose(answers, expected, rtol=RTOL)
+    for _ in range(4):  # either worker answers the scrape: the one batcher, each request once
+        assert _batch_size_sum(url) == before + REQUESTS
+    # Its histograms are in the owner's file alone: the client worker registered no empty copy.
+    assert len(list(directory.glob("histogram_*.db"))) == 1
+    # One model: TensorFlow in one worker; not in the other, nor in uvicorn's supervisor.
+    workers = [pid for pid in children(process.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(workers) == 2
+    assert sorted(_tensorflow_loaded(pid) for pid in [*workers, process.pid]) == [False, False, True]
+    # /predict has no model to run outside the owner: refused alike in every worker.
+    status, _ = _get_post(url + "/predict")
+    assert status == 501
+
+
+def _batch_size_sum(url: str) -> float:
+    families = {f.name: f for f in text_string_to_metric_families(_get(url + "/metrics/")[1].decode())}
+    family = families.get("async_batcher_batch_size")
+    return 0.0 if family is None else next(s.value for s in family.samples if s.name.endswith("_sum"))
+
+
+def _get_post(url: str) -> tuple[int, bytes]:
+    body = json.dumps([0.0] * 10).encode()
+    headers = {"Content-Type": "application/json", "Connection": "close"}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()

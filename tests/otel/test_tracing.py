@@ -343,7 +343,7 @@ async def test_batch_functions_are_instrumented_through_their_batcher(traced: Tr
     assert is_instrumented(embed) and is_instrumented(embed.batcher)
     with pytest.raises(TypeError, match=r"instrument\(instance\.predict\)"):
         instrument(Model.predict, tracer_provider=traced.provider)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"an AsyncBatcher or a @batch function"):
+    with pytest.raises(TypeError, match=r"an AsyncBatcher, a SharedBatcher or a @batch function"):
         instrument(object(), tracer_provider=traced.provider)  # type: ignore[arg-type]
     with traced.tracer.start_as_current_span("request"):
         assert await embed("four") == 4

@@ -146,11 +146,14 @@ async def test_the_callers_trace_context_crosses_to_the_batch_span(address: str)
     provider.shutdown()
 
 
-def test_instrumenting_a_shared_function_points_to_its_owner() -> None:
-    from async_batcher.opentelemetry import instrument
+def test_instrumenting_a_shared_function_instruments_its_shared_batcher() -> None:
+    from async_batcher.opentelemetry import instrument, is_instrumented, uninstrument
 
     async def double(xs: list[int]) -> list[int]:
         return xs
 
-    with pytest.raises(TypeError, match="instrument its batcher where it is made"):
-        instrument(batch(shared=True)(double))
+    shared = batch(shared=True)(double)
+    instrument(shared)  # in every process: its callers' events, and its batches where it is owned
+    assert is_instrumented(shared) and is_instrumented(shared.batcher)
+    uninstrument(shared)
+    assert not is_instrumented(shared)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import stat
 import tempfile
@@ -48,14 +49,23 @@ async def test_the_socket_and_the_key_are_the_users_alone(address: str) -> None:
 
 
 def test_the_default_directory_is_private_and_checked(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    first = _paths.default_address("app.make_model")
-    directory = os.path.dirname(first)
-    assert mode(directory) == 0o700
-    assert first == _paths.default_address("app.make_model")  # the workers of one app agree
-    assert first != _paths.default_address("app.make_other")
-    os.chmod(directory, 0o770)
-    with pytest.raises(PermissionError, match="mode 770"):
+    short = tempfile.mkdtemp(prefix="ab-", dir="/tmp")  # (pytest's tmp_path is too deep for a socket's path)
+    try:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", short)
+        first = _paths.default_address("app.make_model")
+        directory = os.path.dirname(first)
+        assert mode(directory) == 0o700
+        assert first == _paths.default_address("app.make_model")  # the workers of one app agree
+        assert first != _paths.default_address("app.make_other")
+        os.chmod(directory, 0o770)
+        with pytest.raises(PermissionError, match="mode 770"):
+            _paths.default_address("app.make_model")
+    finally:
+        shutil.rmtree(short)
+    deep = tmp_path / ("x" * 60) / ("y" * 60)  # refused where it is made, not as the socket is bound
+    deep.mkdir(parents=True)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))
+    with pytest.raises(ValueError, match=r"the default address .* is longer than a Unix socket's 107 bytes"):
         _paths.default_address("app.make_model")
 
 
