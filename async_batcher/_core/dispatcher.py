@@ -110,7 +110,8 @@ class Dispatcher:
         self.flushing: dict[Lane, int] = {}  # a flush: so many items of these lanes go whatever the policy says
         # Told of every batch as it goes and as it ends (async_batcher.testing): the batcher's, over its runs.
         self.watchers = watchers
-        # Told of the callers' contexts of the items that join a running streaming batch (continuous batching).
+        # Told of the callers' contexts of the items that join a running batch: a streaming one's new items
+        # (continuous batching), or a caller joining a row in flight (dedup_key).
         self.joiners: list[Callable[[list[Any]], None]] = []
         self.on_idle = on_idle  # the engine's: nothing waits now (a drain may be over)
         self.on_fault = on_fault  # the engine's: fail every caller (a bug here or in the policy)
