@@ -344,6 +344,11 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         must be started."""
         return self._handoff.watch(sent, ended)
 
+    def _in_own_batch(self) -> bool:
+        """Private (:mod:`async_batcher.shared`'s owner): whether the running task is one of this batcher's batches
+        (a stop awaited there would wait for itself)."""
+        return self._handoff.in_own_batch()
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:

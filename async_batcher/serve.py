@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import logging
 import signal
@@ -23,6 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from async_batcher.exceptions import BatcherStoppedError
 from async_batcher.shared import SharedBatcher
 
 __all__ = ["main"]
@@ -48,15 +50,31 @@ def load(target: str) -> Callable[[], Any]:
 
 
 async def serve(shared: SharedBatcher[Any, Any], stop_timeout: float | None) -> None:
-    """Own ``shared`` until SIGTERM or SIGINT, then stop it (draining, at most ``stop_timeout`` seconds)."""
+    """Own ``shared`` until SIGTERM or SIGINT, then stop it (draining, at most ``stop_timeout`` seconds). A signal
+    while the factory still loads ends the start (an ``async def`` factory is cancelled; a thread's is left to
+    finish, and what it makes dropped)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with shared:
+    starting = asyncio.ensure_future(shared.__aenter__())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([starting, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            logger.info("%s: stopping before its factory is done", shared.name)
+            await shared.stop(timeout=stop_timeout)
+            await asyncio.wait([starting])
+            with contextlib.suppress(BatcherStoppedError):
+                starting.result()
+            return
+        starting.result()  # (the factory's error, if it failed)
         logger.info("%s: serving at %s", shared.name, shared.address)
-        await stop.wait()
+        await stopped
         logger.info("%s: stopping", shared.name)
+        await shared.stop(timeout=stop_timeout)
+    finally:
+        stopped.cancel()
         await shared.stop(timeout=stop_timeout)
 
 

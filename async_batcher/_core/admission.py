@@ -235,7 +235,11 @@ class Admission:
                 return await self._await_row(engine, row, row.join(deadline), deadline)
         self.recorder.exited += 1  # (submitted: it never waits in the queue, its row does)
         self.recorder.count("deduplicated")
-        return await self._await_row(engine, row, row.join(deadline), deadline)
+        fut = row.join(deadline)
+        if row.entry is not None and row.entry.lane is None:  # its row is in a batch: this caller's item went too
+            for joined in engine.joiners:
+                joined(row.contexts[-1:])
+        return await self._await_row(engine, row, fut, deadline)
 
     async def _await_row(self, engine: Engine, row: Shared, fut: asyncio.Future[Any], deadline: float | None) -> Any:
         """A caller's wait for its shared row's result: leaving (cancelled, timed out) leaves the row to the others."""

@@ -138,7 +138,8 @@ class Engine(Dispatch):
         self.flushing: dict[Lane, int] = {}  # a flush: so many items of these lanes go whatever the policy says
         # Told of every batch as it goes and as it ends (async_batcher.testing): the batcher's, over its runs.
         self.watchers: list[Watcher] = [] if watchers is None else watchers
-        # Told of the callers' contexts of the items that join a running streaming batch (continuous batching).
+        # Told of the callers' contexts of the items that join a running batch: a streaming one's new items
+        # (continuous batching), or a caller joining a row in flight (dedup_key).
         self.joiners: list[Callable[[list[Any]], None]] = []
         self.on_drained: Callable[[], None] = _ignore  # the stop's: called once, as the drain ends
         self.batch_limit = self.slot_limit = UNLIMITED

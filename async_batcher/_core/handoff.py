@@ -9,8 +9,8 @@ dedup, late refusal, a full queue, a batcher not running) a task of admission's,
 cancelling the future withdraws the item as cancelling a caller of ``process()`` does.
 
 :meth:`Handoff.watch` tells the owner, as each batch goes, the contexts its callers submitted from (and those of items
-that join a running streaming batch): the owner tells its clients which items have gone, so that when it dies they
-can tell "outcome unknown" from "never sent, safe to send again".
+that join a running batch: a streaming one's, or a row in flight by ``dedup_key``): the owner tells its clients which
+items have gone, so that when it dies they can tell "outcome unknown" from "never sent, safe to send again".
 """
 
 from __future__ import annotations
@@ -58,12 +58,20 @@ class Handoff:
                 return fut
         return asyncio.ensure_future(self.admission.submit(item, timeout=timeout, priority=priority))
 
+    def in_own_batch(self) -> bool:
+        """Whether the running task is one of this batcher's batches (its ``process_batch``): a stop awaited there
+        would wait for itself (as :meth:`AsyncBatcher.stop <async_batcher.AsyncBatcher.stop>` checks)."""
+        engine = self.life.run.engine
+        task = asyncio.current_task()
+        return engine is not None and any(batch.handle is task for batch in engine.batches)
+
     def watch(
         self, sent: Callable[[list[Context]], None], ended: Callable[[list[Context]], None] | None = None
     ) -> Callable[[], None]:
         """Call ``sent`` with the callers' contexts of each batch of the current run as it goes (before
-        ``process_batch`` is called), and of the items that join a running streaming batch; ``ended`` with them as
-        it ends (its callers' futures resolved: their callbacks run in the loop's next turn). Return what stops it."""
+        ``process_batch`` is called), and of the items that join a running batch (a streaming one's new items, the
+        callers that join a row in flight); ``ended`` with them as it ends (its callers' futures resolved: their
+        callbacks run in the loop's next turn). Return what stops it."""
         engine = self.life.run.engine
         if engine is None:
             raise RuntimeError(f"{self.life.name} is not started: no batch to watch")

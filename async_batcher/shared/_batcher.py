@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
 from async_batcher import _checks
 from async_batcher._threads import refuse_on_loop_thread, submit_to, wait_for
-from async_batcher.exceptions import BatcherStoppedError
-from async_batcher.shared._client import ASK_STATS, END, ITEM, MANY, STREAM
+from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
+from async_batcher.shared._call import ASK_STATS, END, ITEM, MANY, STREAM
 from async_batcher.shared._seat import Seat
 from async_batcher.shared._sharing import DEFAULT_MAX_MESSAGE_SIZE, Role, Sharing, address_of, qualified_name
 from async_batcher.stats import BatcherStats, _Recorder
@@ -102,6 +101,7 @@ class SharedBatcher(Generic[T, R]):
         self._startup: asyncio.Task[None] | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._snapshot: BatcherStats | None = None
+        self._start_error: Exception | None = None  # why the last start failed (the factory's error)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on (for blocking callers)
         self._owned: AsyncBatcher[T, R] | None = None  # the batcher while this process owns it (as watchers are told)
         self._watchers: dict[object, Watcher] = {}
@@ -143,38 +143,76 @@ class SharedBatcher(Generic[T, R]):
             raise BatcherStoppedError(f"{self.name} is stopping; it can be started again once stop() returns")
         self._state = _STARTING
         self._loop = loop
+        self._start_error = None
         self._startup = loop.create_task(self._take())
+        self._startup.add_done_callback(_retrieve)
 
     async def _take(self) -> None:
         seat = self._seat = Seat(self.factory, self.sharing, self.name, self.address, self._on_local)
         try:
             await seat.take()
-        except BaseException:
+        except BaseException as exc:
             self._state = _STOPPED
             self._seat = None
+            if isinstance(exc, Exception):
+                self._start_error = exc
+                logger.error("%s: the start failed: %r", self.name, exc)
             raise
         self._state = _RUNNING
 
     async def _started(self) -> Seat:
-        """The seat, once started (starting a new batcher); refuse if stopping or stopped."""
+        """The seat, once started (starting a new batcher); refuse if stopping or stopped. A start that failed
+        raises its error (the factory's); one that a stop ended, :class:`BatcherStoppedError`."""
         if self._state == _NEW:
             self.start()
         startup = self._startup
         if self._state == _STARTING and startup is not None:
-            await asyncio.shield(startup)
+            await asyncio.wait([startup])  # (the start is everyone's: a caller leaving does not cancel it)
+            if not startup.cancelled() and startup.exception() is not None:
+                raise cast(BaseException, startup.exception())
         seat = self._seat
         if self._state != _RUNNING or seat is None:
-            raise BatcherStoppedError(f"{self.name} is {self._state}; start() it again to submit items")
+            failed = self._start_error
+            why = "" if failed is None or self._state != _STOPPED else f" (its start failed: {failed!r})"
+            raise BatcherStoppedError(f"{self.name} is {self._state}{why}; start() it again to submit items")
         return seat
+
+    async def _started_within(self, timeout: float | None) -> tuple[Seat, float | None]:
+        """:meth:`_started` within a caller's ``timeout`` (the owner's factory may take seconds to load); the seat,
+        and what is left of the timeout."""
+        timeout = _checks.timeout(timeout)
+        if timeout is None:
+            return await self._started(), None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        bound = asyncio.timeout(timeout)
+        try:
+            async with bound:
+                seat = await self._started()
+        except TimeoutError:
+            if not bound.expired():
+                raise  # (the factory's own)
+            raise TimeoutError(
+                f"{self.name}: no result within the timeout (the shared batcher was still starting)"
+            ) from None
+        return seat, max(0.0, deadline - loop.time())
 
     async def stop(self, force: bool = False, timeout: float | None = None) -> None:
         """Stop. The owner hands over: it tells its clients it is leaving (they hold their new items for the next
         owner), drains what it accepted (``force`` and ``timeout`` as :meth:`AsyncBatcher.stop
         <async_batcher.AsyncBatcher.stop>`), then gives the socket up; a client waits for the answers to its calls
         (``force``: fails them at once, with :class:`~async_batcher.BatcherStoppedError`; ``timeout``: after that
-        long). Idempotent and safe to call concurrently."""
+        long). Called while this process's factory still loads, it ends the start (an ``async def`` factory is
+        cancelled; a thread's is left to finish, what it makes dropped): callers waiting for the start get
+        :class:`~async_batcher.BatcherStoppedError`. Idempotent and safe to call concurrently."""
         force = _checks.flag("force", force)
         timeout = _checks.timeout(timeout)
+        seat = self._seat
+        if seat is not None and seat.local is not None and seat.local._in_own_batch():
+            raise ReentrantCallError(
+                f"{self.name}: stop() awaited inside its own process_batch would wait for that batch forever; "
+                "stop it from outside the batch"
+            )
         if self._state in (_NEW, _STOPPED):
             return
         if self._stopping is None:
@@ -185,9 +223,9 @@ class SharedBatcher(Generic[T, R]):
         startup = self._startup
         self._state = _STOPPING
         try:
-            if startup is not None and not startup.done():
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(startup)
+            if startup is not None and not startup.done():  # (a factory still loading: its start is abandoned)
+                startup.cancel()
+                await asyncio.wait([startup])
             if self._seat is not None:
                 await self._seat.leave(force, timeout)
         finally:
@@ -250,10 +288,11 @@ class SharedBatcher(Generic[T, R]):
         <async_batcher.AsyncBatcher.process>` (its exceptions, and these): :class:`~async_batcher.OutcomeUnknownError`
         (the owner died while the item was in a batch), :class:`~async_batcher.OwnerUnavailableError` (no owner
         within ``owner_wait``), :class:`~async_batcher.NotPicklableError` and
-        :class:`~async_batcher.MessageTooLargeError` (the item, its result or its exception cannot cross)."""
+        :class:`~async_batcher.MessageTooLargeError` (the item, its result or its exception cannot cross). The
+        ``timeout`` counts from the call, the owner's start included (its factory may take seconds to load)."""
         seat = self._seat
         if seat is None or self._state != _RUNNING:
-            seat = await self._started()
+            seat, timeout = await self._started_within(timeout)
         local = seat.local
         if local is not None:
             return cast(R, await local.process(item, timeout=timeout, priority=priority))
@@ -279,14 +318,14 @@ class SharedBatcher(Generic[T, R]):
     ) -> list[R]:
         """Submit many items at once; their results in order, as :meth:`AsyncBatcher.process_many
         <async_batcher.AsyncBatcher.process_many>` (one message for the whole call)."""
-        seat = await self._started()
+        seat, timeout = await self._started_within(timeout)
         if seat.local is not None:
             return await seat.local.process_many(
                 items, timeout=timeout, priority=priority, return_exceptions=return_exceptions
             )
         batch = list(items)
         flag = _checks.flag("return_exceptions", return_exceptions)
-        call = seat.client.submit(MANY, batch, _checks.timeout(timeout), _checks.priority(priority), flag)
+        call = seat.client.submit(MANY, batch, timeout, _checks.priority(priority), flag)
         try:
             return cast(list[R], await call.fut)
         except asyncio.CancelledError:
@@ -300,7 +339,7 @@ class SharedBatcher(Generic[T, R]):
         return self._stream(item, timeout, priority)
 
     async def _stream(self, item: T, timeout: float | None, priority: float) -> AsyncIterator[R]:
-        seat = await self._started()
+        seat, timeout = await self._started_within(timeout)
         if seat.local is not None:
             parts = seat.local.stream(item, timeout=timeout, priority=priority)
             try:
@@ -310,7 +349,7 @@ class SharedBatcher(Generic[T, R]):
                 await parts.aclose()  # type: ignore[attr-defined]
             return
         client = seat.client
-        call = client.submit(STREAM, item, _checks.timeout(timeout), _checks.priority(priority))
+        call = client.submit(STREAM, item, timeout, _checks.priority(priority))
         try:
             while (part := await client.next_part(call)) is not END:
                 yield part
@@ -378,3 +417,8 @@ class SharedBatcher(Generic[T, R]):
 
     def __repr__(self) -> str:
         return f"<SharedBatcher {self.name!r} {self._state} role={self.role!r} address={self._address!r}>"
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # (a start's error is its callers' to raise, and logged: never reported as lost)

@@ -1,7 +1,7 @@
 """The client's side: the calls of this process, sent to the owner, held for the next one, or handed to a batcher of
 this process that took over (private; above :mod:`~async_batcher.shared._link`).
 
-Each call (:class:`Call`) resolves exactly once. Its route:
+Each call (:class:`~async_batcher.shared._call.Call`) resolves exactly once. Its route:
 
 - **held** while there is no owner to send it to (none yet, the owner leaving, or gone): sent when one comes, in
   order; failed with :class:`~async_batcher.OwnerUnavailableError` if none comes within ``owner_wait``;
@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import sys
-from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from async_batcher._core.deadlines import Deadlines
 from async_batcher.exceptions import (
@@ -33,6 +31,7 @@ from async_batcher.exceptions import (
     OwnerUnavailableError,
 )
 from async_batcher.shared import _board, _wire
+from async_batcher.shared._call import END, HELD, ITEM, LOCAL, MANY, SENT, STREAM, Call
 from async_batcher.shared._link import describe
 
 if TYPE_CHECKING:
@@ -43,60 +42,6 @@ __all__: list[str] = []
 
 #: How long after its deadline a call times out here, when the owner has not said so first.
 GRACE: Final = 0.02
-ITEM, MANY, STREAM, ASK_STATS = range(4)
-HELD, SENT, LOCAL = range(3)
-#: A stream's end, as its consumer's queue holds it.
-END: Final = object()
-
-
-class Call:
-    """One call of this process: an item, a process_many call, a stream, or a request for statistics."""
-
-    __slots__ = (
-        "deadline",
-        "expiry",
-        "extra",
-        "fut",
-        "gone",
-        "id",
-        "item",
-        "kind",
-        "local",
-        "parts",
-        "priority",
-        "since",
-        "state",
-        "trace",
-        "waiter",
-    )
-
-    def __init__(
-        self, id: int, kind: int, item: Any, deadline: float | None, priority: float, extra: Any, fut: Any
-    ) -> None:
-        self.id = id
-        self.kind = kind
-        self.item = item
-        self.deadline = deadline
-        self.priority = priority
-        self.extra = extra  # process_many's return_exceptions
-        self.trace = _trace()
-        self.fut: asyncio.Future[Any] = fut
-        self.expiry: list[Any] | None = None
-        self.state = HELD
-        self.since = 0.0  # held since
-        self.gone = False
-        self.local: asyncio.Future[Any] | None = None
-        self.parts: deque[Any] = deque()  # a stream's parts received and not yet taken
-        self.waiter: asyncio.Future[None] | None = None
-
-
-def _trace() -> tuple[int, int, int] | None:
-    """The caller's span, when OpenTelemetry is in use in this process (imported: never imported here)."""
-    module = sys.modules.get("opentelemetry.trace")
-    if module is None:
-        return None
-    span = module.get_current_span().get_span_context()
-    return (span.trace_id, span.span_id, int(span.trace_flags)) if span.is_valid else None
 
 
 class Client:
@@ -120,6 +65,7 @@ class Client:
         self.local: AsyncBatcher[Any, Any] | None = None
         self.give_up: asyncio.TimerHandle | None = None
         self.last_error: BaseException | None = None  # the last error met looking for an owner
+        self.takeover_error: BaseException | None = None  # why this process could not take over, when it last tried
         self.last_load = 0.0  # how long the last owner's factory took
 
     # ------------------------------------------------------------------ calls in
@@ -191,12 +137,13 @@ class Client:
         now = self.loop.time()
         wait = self.wait
         for call in [c for c in self.held.values() if c.since + wait <= now]:
-            cause = self.last_error
+            cause, takeover = self.last_error, self.takeover_error
             error = OwnerUnavailableError(
                 f"{self.name}: no owner at {self.address} took the item within owner_wait={wait:g}s"
-                + (f" (last error: {cause})" if cause is not None else "")
+                + (f" (last error: {_said(cause)})" if cause is not None else "")
+                + (f"; this process could not take it over: {_said(takeover)}" if takeover is not None else "")
             )
-            error.__cause__ = cause
+            error.__cause__ = takeover if takeover is not None else cause
             self._fail(call, error)
         if self.held:
             self.give_up = self.loop.call_at(min(c.since for c in self.held.values()) + wait, self._give_up)
@@ -309,7 +256,10 @@ class Client:
                 value = values[i]  # type: ignore[index]
                 i += 1
                 if call is not None:
-                    self._resolve(call, value)
+                    if value.__class__ is _wire.Broken:
+                        self._fail(call, self._unpicklable(value.error))
+                    else:
+                        self._resolve(call, value)
                 continue
             op, id = record[0], record[1] if len(record) > 1 else 0
             call = calls.get(id)
@@ -318,8 +268,10 @@ class Client:
                 i += failed is None
                 if call is None:
                     continue
-                if failed is not None:
-                    self._fail(call, self._unpicklable(failed))
+                if failed is not None or value.__class__ is _wire.Broken:
+                    error = failed if failed is not None else cast(_wire.Broken, value).error
+                    self._withdraw(call)  # (a stream's: the owner's side of it ends too, never waits for its reader)
+                    self._fail(call, self._unpicklable(error))
                 elif op == _wire.ERROR:
                     if record[2] and record[2] not in getattr(value, "__notes__", ()):
                         value.add_note(record[2])  # (once: a frame may give the same exception to several calls)
@@ -368,7 +320,7 @@ class Client:
         """Connected to an owner: send it what is held, in order."""
         self.link = link
         self.leaving = False
-        self.last_error = None
+        self.last_error = self.takeover_error = None
         self.last_load = link.peer_load
         self._release_held()
 
@@ -457,6 +409,12 @@ class Client:
         """Fail the calls held for an owner (none will take them: the key is refused)."""
         for call in list(self.held.values()):
             self._fail(call, error)
+
+
+def _said(error: BaseException) -> str:
+    """An error as a message says it (its type too, when its text alone would say nothing)."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _by_id(call: Call) -> int:

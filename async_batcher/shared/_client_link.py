@@ -56,10 +56,16 @@ class ClientLink(Connection):
         elif not _wire.verify(self.key, self.mine, b"owner", payload):
             self._refuse(PermissionError("the process at the socket does not know the key"))
         else:
-            self.ready = True
+            self.established()
             if self.board is not None:
                 self.board.unlink()  # (mapped by both now: the name is no longer needed)
             self.done.set_result(None)
+
+    def violated(self, error: Exception) -> None:
+        if not self.done.done():  # (in the handshake: the error is the connect's, which says it)
+            self._refuse(error)
+            return
+        super().violated(error)
 
     def _refuse(self, error: Exception) -> None:
         if not self.done.done():

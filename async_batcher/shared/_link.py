@@ -32,6 +32,9 @@ logger = logging.getLogger("async_batcher.shared")
 DENY: Final = b"DENY"
 #: How long a connection may take to pass the handshake.
 HANDSHAKE_TIMEOUT: Final = 10.0
+#: The largest frame before the handshake is over (a hello, a challenge, an answer and a board's path: a few
+#: hundred bytes): a peer that has proved nothing gets no buffer of ``max_message_size`` for its frame.
+HANDSHAKE_LIMIT: Final = 8 * 1024
 _NO_VALUE: Final = object()
 #: The slices large frames are written in (and the transport's buffer kept under).
 _SLICE: Final = 1024 * 1024
@@ -49,7 +52,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_limit = limit  # the largest the other end accepts (its hello says)
         self.peer_pid = 0
         self.peer_load = 0.0
-        self.reader = _wire.Reader(limit, self._frame)
+        self.reader = _wire.Reader(HANDSHAKE_LIMIT, self._frame)  # (limit, once the handshake is over)
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self.ready = False  # the handshake is over
@@ -99,7 +102,9 @@ class Connection(asyncio.BufferedProtocol):
         """The connection is closed."""
 
     def established(self) -> None:
-        """The handshake is over: records may flow."""
+        """The handshake is over: records may flow, in frames as large as this end accepts."""
+        self.ready = True
+        self.reader.limit = self.limit
 
     def received(self, control: list[Any], values: list[Any] | BaseException) -> None:
         """The records of a frame, and their values (or why they could not be unpickled here)."""
@@ -137,12 +142,13 @@ class Connection(asyncio.BufferedProtocol):
         self.pump()
 
     def pump(self) -> None:
-        """Hand the transport the backlog's slices while its buffer is under a slice's size."""
+        """Hand the transport the backlog's slices until its buffer is over its high-water mark (a slice's size):
+        over it, not at it, since only then does it pause (and, drained, resume: the next pump)."""
         transport = self.transport
         backlog = self.backlog
         if transport is None or self.closed:
             return
-        while backlog and transport.get_write_buffer_size() < _SLICE:
+        while backlog and transport.get_write_buffer_size() <= _SLICE:
             piece = backlog.popleft()
             self.backlog_size -= piece.nbytes
             transport.write(piece)

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import socket
 import stat
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from async_batcher.shared import _wire
 from async_batcher.shared._owner_link import _TICKET, OwnerLink
@@ -34,6 +36,13 @@ if TYPE_CHECKING:
     from async_batcher.batcher import AsyncBatcher
 
 __all__: list[str] = []
+
+logger = logging.getLogger("async_batcher.shared")
+
+#: Connections accepted per wake-up of the socket, at most (the loop serves the rest of its work in between).
+_ACCEPTS: Final = 64
+#: Seconds without accepting after an error of accept() (EMFILE: out of descriptors), as asyncio's servers do.
+_ACCEPT_PAUSE: Final = 1.0
 
 
 class Owner:
@@ -49,7 +58,9 @@ class Owner:
         self.load_seconds = load_seconds
         self.links: set[OwnerLink] = set()
         self.leaving = False
-        self.server: asyncio.AbstractServer | None = None
+        self.sock: socket.socket | None = None  # the listening socket, while it accepts
+        self.paused: asyncio.TimerHandle | None = None
+        self.accepting: set[asyncio.Task[Any]] = set()  # connections accepted, their transports being made
         self.inode: int | None = None
         self.unwatch: Any = None
         self.quiet: asyncio.Future[None] | None = None  # answered()'s: set when no call or connection is left
@@ -76,17 +87,73 @@ class Owner:
 
     async def open(self) -> None:
         """Bind the socket (owner-only permissions; a file left there is stale: this process holds the lock) and
-        watch the batcher's batches."""
+        watch the batcher's batches.
+
+        The socket is this object's, not an asyncio server's: an asyncio server closed (as the owner leaves) between
+        accepting a connection and making its transport drops that connection without closing it, and its client
+        waits, connected to nobody, for the handshake's timeout. Here each connection accepted gets its transport,
+        and is closed by it if the owner is leaving."""
         _remove_stale(self.address)
-        loop = asyncio.get_running_loop()
-        umask = os.umask(0o077)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.server = await loop.create_unix_server(lambda: OwnerLink(self), self.address, backlog=1024)
-        finally:
-            os.umask(umask)
-        os.chmod(self.address, 0o600)
-        self.inode = os.lstat(self.address).st_ino
+            umask = os.umask(0o077)
+            try:
+                sock.bind(self.address)
+            finally:
+                os.umask(umask)
+            os.chmod(self.address, 0o600)
+            self.inode = os.lstat(self.address).st_ino
+            sock.listen(1024)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._accept)
         self.unwatch = self.batcher._watch_sent(self.sent, self.ended)
+
+    def _accept(self) -> None:
+        """The socket has connections waiting: accept them (a few at a time), each made a connection of its own."""
+        sock = self.sock
+        if sock is None:
+            return
+        loop = asyncio.get_running_loop()
+        for _ in range(_ACCEPTS):
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # (EMFILE, ENFILE, ENOBUFS: accept again in a while, as asyncio's servers do)
+                logger.warning("%s: cannot accept a connection at %s: %r", self.batcher.name, self.address, exc)
+                loop.remove_reader(sock.fileno())
+                self.paused = loop.call_later(_ACCEPT_PAUSE, self._resume)
+                return
+            conn.setblocking(False)
+            task = loop.create_task(self._connect(conn))
+            self.accepting.add(task)
+            task.add_done_callback(self.accepting.discard)
+
+    def _resume(self) -> None:
+        self.paused = None
+        if self.sock is not None:
+            asyncio.get_running_loop().add_reader(self.sock.fileno(), self._accept)
+
+    async def _connect(self, conn: socket.socket) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: OwnerLink(self), conn)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _stop_accepting(self) -> None:
+        """Close the socket: connections waiting to be accepted are refused (their clients see it at once)."""
+        sock, self.sock = self.sock, None
+        if self.paused is not None:
+            self.paused.cancel()
+            self.paused = None
+        if sock is not None:
+            asyncio.get_running_loop().remove_reader(sock.fileno())
+            sock.close()
 
     def sent(self, contexts: list[Context]) -> None:
         """A batch goes: mark its clients' items on their boards, before ``process_batch`` is called."""
@@ -115,9 +182,8 @@ class Owner:
                 link.send_now([(_wire.LEAVING,)])
             else:  # (in its handshake: it will find the next owner)
                 link.abort()
-        if self.server is not None:
-            self.server.close()
         self._unlink()
+        self._stop_accepting()
 
     def close(self) -> None:
         """Send what is gathered and close every connection."""

@@ -99,11 +99,12 @@ class OwnerLink(Connection):
         try:
             self._peer(hello)
             self.board = Board.attach(os.fsdecode(path))
+            self.board.unlink()  # (mapped by both now; the client does too, unless it dies before it hears back)
         except (_wire.Violation, OSError) as exc:
             self.violated(exc if isinstance(exc, _wire.Violation) else _wire.Violation(f"its gone board: {exc}"))
             return
         self.write_raw(_wire.answer(self.key, theirs, b"owner"))
-        self.ready = True
+        self.established()
         if self.timer is not None:
             self.timer.cancel()
         if self.owner.leaving:
@@ -165,8 +166,12 @@ class OwnerLink(Connection):
         for record in control:
             if record.__class__ is int:  # a plain item
                 if failed is None:
-                    self.submit(record, values[i], None, 0, None)  # type: ignore[index]
+                    value = values[i]  # type: ignore[index]
                     i += 1
+                    if value.__class__ is _wire.Broken:
+                        self.unpicklable(record, value.error)
+                    else:
+                        self.submit(record, value, None, 0, None)
                 else:
                     self.unpicklable(record, failed)
                 continue
@@ -177,7 +182,9 @@ class OwnerLink(Connection):
                     continue
                 value = values[i]  # type: ignore[index]
                 i += 1
-                if op == _wire.SUBMIT:
+                if value.__class__ is _wire.Broken:
+                    self.unpicklable(record[1], value.error)
+                elif op == _wire.SUBMIT:
                     self.submit(record[1], value, record[2], record[3], record[4])
                 elif op == _wire.MANY:
                     self.call(record[1], self._many(value, record[2], record[3], record[4]), None)

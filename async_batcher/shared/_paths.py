@@ -15,6 +15,7 @@ so that the workers of one app agree on it and two apps do not.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -122,6 +123,27 @@ def read_key(address: str) -> bytes:
 
 # ---------------------------------------------------------------------- the election
 
+
+def _open_lock(path: str) -> int:
+    """The lock file, opened (created 0600 if need be): refused unless it is a plain file of this user's alone, since
+    its owner truncates it and writes its pid into it (through a link planted there, it would clobber another file)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PermissionError(f"{path} is a symbolic link: refusing to lock (and write to) what it names") from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022 or info.st_nlink != 1:
+        os.close(fd)
+        raise PermissionError(
+            f"{path} is not a plain file of this user's alone (owner {info.st_uid}, mode "
+            f"{stat.S_IMODE(info.st_mode):o}, {info.st_nlink} names): refusing to lock it; remove it, or pass another "
+            "address="
+        )
+    return fd
+
+
 # The elections this process holds, by lock file: a second one in this process must not lock again (POSIX locks are
 # per process: it would succeed), nor open and close the file (closing any descriptor of it drops the lock).
 _held: dict[str, tuple[int, Election]] = {}
@@ -143,7 +165,7 @@ class Election:
         held = _held.get(self.path)
         if held is not None and held[0] == os.getpid():
             return False  # another shared batcher of this process owns it: this one is a client
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = _open_lock(self.path)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # (EAGAIN or EACCES: held)

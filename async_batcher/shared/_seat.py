@@ -40,6 +40,10 @@ _MAX_BACKOFF: Final = 0.5
 _FAILED_FACTORY_PAUSE: Final = 1.0
 
 
+class _Denied(Exception):
+    """The handshake refused a key (this process's, or the owner's): its ``__cause__`` says which."""
+
+
 class Seat:
     """Owner or client at one address, for one run of a :class:`~async_batcher.shared.SharedBatcher`."""
 
@@ -130,24 +134,25 @@ class Seat:
                 self.wake.clear()
                 await self.wake.wait()  # (the connection dropped)
                 continue
-            if self._may_own() and self.election.try_acquire():
+            if self._may_own() and self._acquire():
                 try:
                     await self._own()
                 except Exception as exc:
                     logger.error("%s: taking over %s failed: %r", self.name, self.address, exc)
-                    client.last_error = exc
+                    client.takeover_error = exc  # (what the items held say, not the socket missing meanwhile)
                     self.no_own_until = self.loop.time() + _FAILED_FACTORY_PAUSE
                     continue
                 return
             try:
-                await self._connect()
-            except PermissionError as exc:  # the key was refused (or the owner's was)
-                client.last_error = exc
+                key = self.sharing.authkey or _paths.read_key(self.address)
+                await self._connect(key)
+            except _Denied as exc:  # the key was refused (or the owner's was)
+                client.last_error = exc.__cause__
                 self.denied += 1
                 if self.denied >= 2:  # (not a key the owner was rewriting: it will not do)
-                    client.fail_held(OwnerUnavailableError(f"{self.name}: {exc} (address {self.address})"))
-            except Exception as exc:  # no socket yet, refused, no key file yet; not an owner's socket
-                client.last_error = exc
+                    client.fail_held(OwnerUnavailableError(f"{self.name}: {exc.__cause__} (address {self.address})"))
+            except Exception as exc:  # no socket yet, refused; no key file yet, or one of an earlier run that is not
+                client.last_error = exc  # this user's alone, or half written; not an owner's socket
                 logger.debug("%s: no owner at %s yet: %r", self.name, self.address, exc)
             else:
                 backoff = _FIRST_BACKOFF
@@ -156,19 +161,31 @@ class Seat:
             await asyncio.sleep(backoff)
             backoff = min(2 * backoff, _MAX_BACKOFF)
 
+    def _acquire(self) -> bool:
+        """Take the lock if nobody holds it; False, and the error kept, if its file cannot be opened (EMFILE, or
+        refused): the search goes on (an error here must not end it, leaving the items held for nobody)."""
+        try:
+            return self.election.try_acquire()
+        except OSError as exc:
+            if repr(exc) != repr(self.client.takeover_error):  # (once, not at every try)
+                logger.warning("%s: cannot take the lock of %s: %r", self.name, self.address, exc)
+            self.client.takeover_error = exc
+            return False
+
     def _may_own(self) -> bool:
         return self.sharing.role == "auto" and not self.stopping and self.loop.time() >= self.no_own_until
 
-    async def _connect(self) -> None:
-        key = self.sharing.authkey or _paths.read_key(self.address)
+    async def _connect(self, key: bytes) -> None:
         limit = self.sharing.max_message_size
         _, link = await self.loop.create_unix_connection(lambda: ClientLink(key, limit, self.client), self.address)
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
                 await link.done
-        except BaseException:
+        except BaseException as exc:
             link.abort()
             link.close_board()  # (now: the loop may end before the connection's loss is told)
+            if isinstance(exc, PermissionError):  # (the handshake's: a key refused)
+                raise _Denied() from exc
             raise
         logger.debug("%s: connected to the owner of %s (pid %d)", self.name, self.address, link.peer_pid)
         self.client.attach(link)
@@ -178,19 +195,25 @@ class Seat:
     async def leave(self, force: bool, timeout: float | None) -> None:
         """Stop: hand over as owner (drain, then give the lock up), or wait for this client's calls."""
         self.stopping = True
+        deadline = None if timeout is None else self.loop.time() + timeout
         try:
-            if self.local is not None:
-                await self._leave_as_owner(self.local, force, timeout)
-            else:
+            if self.local is None:
                 await self._leave_as_client(force, timeout)
+                await self._end_supervisor()  # (a take-over under way is abandoned; one done made this the owner)
+            if self.local is not None:
+                left = None if deadline is None else max(0.0, deadline - self.loop.time())
+                await self._leave_as_owner(self.local, force, left)
         finally:
-            if self.supervisor is not None:
-                self.supervisor.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self.supervisor
+            await self._end_supervisor()
             link = self.client.link
             if link is not None:
                 link.close()
+
+    async def _end_supervisor(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.supervisor
 
     async def _leave_as_owner(self, batcher: AsyncBatcher[Any, Any], force: bool, timeout: float | None) -> None:
         owner = self.owner

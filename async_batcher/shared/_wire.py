@@ -2,17 +2,21 @@
 layer of :mod:`async_batcher.shared`).
 
 A frame is a length prefix and a body. After the handshake (raw frames: :func:`challenge`, :func:`answer`), a body
-holds two pickles (protocol 5) and the out-of-band buffers of the second::
+holds the pickles (protocol 5) of the control records and of their values, and the out-of-band buffers of these::
 
-    <I size of the body> <I control> <I values> <I buffers> <Q length of each buffer>... control values [pad buffer]...
+    <I size of the body> <I control> <I values> <I buffers> <I split> <Q length of each buffer>...
+    <I pickle, I buffers of each value, if split>... control values [pad buffer]...
 
 ``control`` is a list of records: an ``int`` (an item's id: a plain submission, or a plain result) or a tuple whose
-first element is an opcode (below). ``values`` is the list of the payloads those records carry (items, results,
-exceptions, parts), in the same order: it is unpickled apart, so that a payload that does not unpickle in this
-process fails the records that carry it, and only those (:class:`~async_batcher.NotPicklableError`), never the
-connection. A buffer of 64 KiB or more (a numpy array's data) travels out of band: written as it is, after the
-pickles, aligned to 64 bytes; the receiver reads a frame that large into a buffer of its own and unpickles the
-arrays as views of it, without copying them again.
+first element is an opcode (below). The values are the payloads those records carry (items, results, exceptions,
+parts), in the same order, unpickled apart from the records, so that a value that does not unpickle in this process
+(its class cannot be imported here, its ``__setstate__`` raises) fails the records that carry it, and only those
+(:class:`~async_batcher.NotPicklableError`), never the connection nor its neighbours: values of the built-in scalar
+types (which always unpickle) travel as one pickle of their list; a frame with any other value has each value
+pickled apart (``split``: the table says each one's pickle and buffers), and one that fails to unpickle becomes a
+:class:`Broken` in its place. A buffer of 64 KiB or more (a numpy array's data) travels out of band: written as it
+is, after the pickles, aligned to 64 bytes; the receiver reads a frame that large into a buffer of its own and
+unpickles the arrays as views of it, without copying them again.
 
 A frame over the receiver's ``max_message_size`` is a protocol violation (the connection is closed): senders check
 the size first (:func:`encode` raises :class:`TooLarge`), and refuse what is over it to its caller alone.
@@ -52,8 +56,10 @@ STATS: Final = 16  # (STATS, id) + snapshot: the owner's statistics (BatcherStat
 VALUED: Final = frozenset({SUBMIT, MANY, STREAM, STATS, ERROR, PART})
 
 _PREFIX = struct.Struct("<I")
-_HEAD = struct.Struct("<IIII")  # body size, control, values, buffers
+_HEAD = struct.Struct("<IIIII")  # body size, control, values, buffers, split values
 _LENGTH = struct.Struct("<Q")
+#: The types of values that always unpickle: a frame of these alone pickles their list whole.
+_PLAIN: Final = frozenset({int, float, str, bytes, bool, type(None)})
 #: The largest frame the prefix can say.
 MAX_FRAME: Final = 2**32 - 1
 #: Buffers this large or larger travel out of band; frames this large or larger are read into a buffer of their own.
@@ -87,22 +93,40 @@ def _out_of_band(buffers: list[memoryview], buffer: pickle.PickleBuffer) -> bool
     return False
 
 
+class Broken:
+    """In a frame's values, one that did not unpickle here: ``error`` says why."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
 def encode(control: list[Any], values: list[Any], limit: int) -> list[bytes | memoryview]:
     """A frame of ``control`` and ``values``, as the chunks to write; :class:`TooLarge` if it is over ``limit``.
     Pickling errors propagate (the caller finds the culprits one by one)."""
     ctl = pickle.dumps(control, 5)
+    buffers: list[memoryview] = []
+    split: list[int] = []  # (pickle's length, buffers) of each value, when pickled apart
     if not values:
         val = b""
-        buffers: list[memoryview] = []
+    elif all(value.__class__ in _PLAIN for value in values):
+        val = pickle.dumps(values, 5)
     else:
-        buffers = []
-        val = pickle.dumps(values, 5, buffer_callback=lambda b: _out_of_band(buffers, b))
-    n = len(buffers)
-    size = _HEAD.size - _PREFIX.size + 8 * n + len(ctl) + len(val)
+        parts = []
+        for value in values:
+            before = len(buffers)
+            part = pickle.dumps(value, 5, buffer_callback=lambda b: _out_of_band(buffers, b))
+            parts.append(part)
+            split += (len(part), len(buffers) - before)
+        val = b"".join(parts)
+    n, m = len(buffers), len(split) // 2
+    size = _HEAD.size - _PREFIX.size + 8 * n + 8 * m + len(ctl) + len(val)
+    table = struct.pack(f"<{2 * m}I", *split) if m else b""
     if not n:
         if size + _PREFIX.size > limit:
             raise TooLarge(size + _PREFIX.size, limit)
-        return [_HEAD.pack(size, len(ctl), len(val), 0) + ctl + val]
+        return [_HEAD.pack(size, len(ctl), len(val), 0, m) + table + ctl + val]
     chunks: list[bytes | memoryview] = [b"", ctl, val]
     lengths = []
     for raw in buffers:
@@ -114,7 +138,7 @@ def encode(control: list[Any], values: list[Any], limit: int) -> list[bytes | me
         size += pad + raw.nbytes
     if size + _PREFIX.size > limit:
         raise TooLarge(size + _PREFIX.size, limit)
-    chunks[0] = _HEAD.pack(size, len(ctl), len(val), n) + struct.pack(f"<{n}Q", *lengths)
+    chunks[0] = _HEAD.pack(size, len(ctl), len(val), n, m) + struct.pack(f"<{n}Q", *lengths) + table
     return chunks
 
 
@@ -124,12 +148,15 @@ def raw(payload: bytes) -> bytes:
 
 
 def decode(body: memoryview, owned: bool) -> tuple[list[Any], Callable[[], list[Any]]]:
-    """A frame's control records, and what unpickles its values (raises what unpickling raises). ``owned``: the body
-    is a buffer of the frame's own, which its arrays may keep as views; else its buffers are copied out of it."""
+    """A frame's control records, and what unpickles its values: a :class:`Broken` in the place of a value pickled
+    apart that does not unpickle; the error raised if their list, pickled whole, does not. ``owned``: the body is a
+    buffer of the frame's own, which its arrays may keep as views; else its buffers are copied out of it."""
     try:
-        ctl_len, val_len, n = struct.unpack_from("<III", body, 0)
-        pos = 12 + 8 * n
-        lengths = struct.unpack_from(f"<{n}Q", body, 12) if n else ()
+        ctl_len, val_len, n, m = struct.unpack_from("<IIII", body, 0)
+        pos = 16 + 8 * n
+        lengths = struct.unpack_from(f"<{n}Q", body, 16) if n else ()
+        split = struct.unpack_from(f"<{2 * m}I", body, pos) if m else ()
+        pos += 8 * m
         control = pickle.loads(body[pos : pos + ctl_len])
         if not isinstance(control, list):
             raise TypeError(f"control records in a {type(control).__name__}")
@@ -146,7 +173,12 @@ def decode(body: memoryview, owned: bool) -> tuple[list[Any], Callable[[], list[
         pos += length
     if not val_len:
         return control, list
-    if not owned:  # (the view goes with the receive buffer, reused for the next frame: unpickle it now)
+    if split:
+        if not owned:  # (the view goes with the receive buffer, reused for the next frame: unpickle it now)
+            values = _load_apart(values_view, buffers, split)
+            return control, lambda: values
+        return control, lambda: _load_apart(values_view, buffers, split)
+    if not owned:
         try:
             values = pickle.loads(values_view, buffers=buffers)
         except Exception as exc:
@@ -154,6 +186,21 @@ def decode(body: memoryview, owned: bool) -> tuple[list[Any], Callable[[], list[
             return control, lambda: _raise(error)
         return control, lambda: values
     return control, lambda: pickle.loads(values_view, buffers=buffers)
+
+
+def _load_apart(view: memoryview, buffers: list[Any], split: tuple[int, ...]) -> list[Any]:
+    """Values pickled apart, each from its own pickle and buffers: a :class:`Broken` for one that fails."""
+    values: list[Any] = []
+    pos = first = 0
+    for k in range(0, len(split), 2):
+        length, count = split[k], split[k + 1]
+        try:
+            values.append(pickle.loads(view[pos : pos + length], buffers=buffers[first : first + count]))
+        except Exception as exc:
+            values.append(Broken(exc))
+        pos += length
+        first += count
+    return values
 
 
 def _raise(error: Exception) -> list[Any]:

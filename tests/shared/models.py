@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Hashable
+from functools import partial
 from typing import Any
 
 from async_batcher import AsyncBatcher, Retry
@@ -112,9 +113,32 @@ class Odd(AsyncBatcher[Any, Any]):
 
 
 def model(**kwargs: Any) -> Model:
-    """The factory the child processes use: a Model logging to $SHARED_TEST_LOG/calls-<pid>.jsonl."""
+    """The factory the child processes use: a Model logging to $SHARED_TEST_LOG/calls-<pid>.jsonl (after
+    $SHARED_TEST_LOAD seconds of loading, if set: the factory runs in a thread)."""
+    import time
+
+    time.sleep(float(os.environ.get("SHARED_TEST_LOAD", "0")))
     log_dir = os.environ.get("SHARED_TEST_LOG")
     log = None if log_dir is None else os.path.join(log_dir, f"calls-{os.getpid()}.jsonl")
     delay = float(os.environ.get("SHARED_TEST_DELAY", "0"))
     size = int(os.environ.get("SHARED_TEST_BATCH", "8"))
-    return Model(log=log, delay=delay, max_batch_size=size, max_queue_time=0.001, concurrency=1, **kwargs)
+    pad = int(os.environ.get("SHARED_TEST_PAD", "0"))
+    made = Model if not pad else partial(Padded, pad=pad)
+    return made(log=log, delay=delay, max_batch_size=size, max_queue_time=0.001, concurrency=1, **kwargs)
+
+
+class Padded(Model):
+    """A Model whose answers are ``(answer, pad bytes)``: large answers (``$SHARED_TEST_PAD`` for the nodes)."""
+
+    def __init__(self, *, pad: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.pad = pad
+
+    async def process_batch(self, batch: list[Any]) -> list[Any]:
+        return [(answer, bytes(self.pad)) for answer in await super().process_batch(batch)]
+
+
+async def never() -> Model:
+    """A factory that never returns (a model that hangs as it loads): ``python -m async_batcher.serve`` tests."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")

@@ -52,6 +52,11 @@ class Node:
         assert (self.directory / f"stopped-{self.pid}").exists()
 
 
+def done(node: Node, n: int) -> bool:
+    """Whether ``node`` has written the outcomes of ``n`` items."""
+    return len(node.outcomes()) == n
+
+
 def wait_for(condition: Callable[[], object], within: float, what: str) -> None:
     """Poll a real condition (a file, a process), bounded."""
     deadline = time.monotonic() + within
@@ -62,10 +67,16 @@ def wait_for(condition: Callable[[], object], within: float, what: str) -> None:
 
 
 @contextlib.contextmanager
-def cluster(address: str, directory: Path, *, delay: float, batch: int) -> Iterator[Callable[..., Node]]:
-    """Start nodes with ``start(*args)``; every one is ended (killed if it must be) on the way out."""
+def cluster(
+    address: str, directory: Path, *, delay: float, batch: int, load: float = 0.0, pad: int = 0
+) -> Iterator[Callable[..., Node]]:
+    """Start nodes with ``start(*args)``; every one is ended (killed if it must be) on the way out. Their model
+    takes ``delay`` seconds a batch of at most ``batch`` items, its factory ``load`` seconds, and its answers carry
+    ``pad`` bytes each."""
     env = {**os.environ, "SHARED_TEST_LOG": str(directory), "SHARED_TEST_DELAY": str(delay)}
     env["SHARED_TEST_BATCH"] = str(batch)
+    env["SHARED_TEST_LOAD"] = str(load)
+    env["SHARED_TEST_PAD"] = str(pad)
     env["PYTHONPATH"] = str(ROOT)
     nodes: list[Node] = []
 

@@ -8,11 +8,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from tests.shared.procs import Node, batches, calls, check_exactly_once, cluster, wait_for
-
-
-def done(node: Node, n: int) -> bool:
-    return len(node.outcomes()) == n
+from tests.shared.procs import batches, calls, check_exactly_once, cluster, done, wait_for
 
 
 def test_the_owner_killed_mid_batch(address: str, tmp_path: Path) -> None:

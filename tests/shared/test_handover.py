@@ -10,7 +10,7 @@ import pytest
 from async_batcher import OutcomeUnknownError
 from async_batcher.shared import SharedBatcher, _board
 from tests.loops import until
-from tests.shared.models import Model
+from tests.shared.models import Keyed, Model
 
 
 async def test_an_owner_that_stops_drains_and_a_client_takes_over(address: str) -> None:
@@ -149,3 +149,42 @@ async def test_calls_crowded_past_the_boards_slots_are_taken_as_gone(
     finally:
         await client.stop(force=True)
         await owner.stop(force=True)
+
+
+async def test_an_item_that_joins_a_row_in_flight_is_marked_gone_with_it(address: str) -> None:
+    # dedup_key: B's item joins the row of A's identical item, already in a batch. When the connections drop (as
+    # when the owner dies), B's item went with that batch: "outcome unknown", never sent again (which would
+    # process it a second time). Identical items still queued are sent again, and processed once.
+    gate = asyncio.Event()
+
+    async def make() -> Keyed:
+        return Keyed(gate=gate, max_batch_size=4, max_queue_time=0, concurrency=1)
+
+    owner = SharedBatcher(make, address=address, name="m")
+    a, b = SharedBatcher(make, address=address, name="m"), SharedBatcher(make, address=address, name="m")
+    for shared in (owner, a, b):
+        await shared.__aenter__()
+    try:
+        seats = [a._seat, b._seat]
+        await until(lambda: all(s is not None and s.client.link is not None for s in seats))
+        model = owner.batcher
+        assert isinstance(model, Keyed)
+        first = asyncio.ensure_future(a.process(("k", 1)))
+        await until(lambda: model.batches)
+        joined = asyncio.ensure_future(b.process(("k", 1)))  # joins the row in flight
+        queued = [asyncio.ensure_future(c.process(("k", 2))) for c in (a, b)]  # a row waiting, shared by both
+        await until(lambda: owner.stats.submitted == 4)
+        for seat in seats:
+            assert seat is not None and seat.client.link is not None
+            seat.client.link.abort()
+        for call in (first, joined):
+            with pytest.raises(OutcomeUnknownError):
+                await asyncio.wait_for(call, 10)
+        gate.set()
+        async with asyncio.timeout(10):
+            assert await asyncio.gather(*queued) == ["k:2", "k:2"]
+        assert sorted(x for batch in model.batches for x in batch) == [("k", 1), ("k", 2)]  # each once
+    finally:
+        gate.set()
+        for shared in (b, a, owner):
+            await shared.stop()

@@ -73,7 +73,7 @@ def test_a_body_that_does_not_parse_is_a_violation_and_values_fail_apart() -> No
     with pytest.raises(_wire.Violation):
         _wire.decode(memoryview(b"\x00" * 20), False)
     ctl, bad = pickle.dumps([7]), pickle.dumps([1])[:-2]  # values cut short: their records fail, not the frame
-    body = struct.pack("<III", len(ctl), len(bad), 0) + ctl + bad
+    body = struct.pack("<IIII", len(ctl), len(bad), 0, 0) + ctl + bad
     for owned in (False, True):
         control, values = _wire.decode(memoryview(bytearray(body)), owned)
         assert control == [7]
@@ -106,3 +106,19 @@ def test_the_gone_board_says_which_items_went_and_takes_a_shared_slot_as_gone(tm
     client.close()
     with pytest.raises(FileNotFoundError):
         Board.attach(client.path)
+
+
+def test_a_value_that_does_not_unpickle_is_broken_alone_and_the_buffers_of_the_others_stay_theirs() -> None:
+    np = pytest.importorskip("numpy")
+    from tests.shared.test_crossing import Stranger
+
+    first, second = np.arange(20_000, dtype=np.float64), np.arange(30_000, dtype=np.int32)  # out of band, both
+    data = frames([1, 2, 3, 4], [first, Stranger(), second, "plain"])
+    for cuts in ([], [7, 70_000]):
+        ((control, values, owned),) = read(data, cuts)
+        assert control == [1, 2, 3, 4] and owned
+        assert isinstance(values[1], _wire.Broken) and "cannot be rebuilt" in str(values[1].error)
+        assert (values[0] == first).all() and (values[2] == second).all() and values[3] == "plain"
+    small = frames([5, 6], [Stranger(), [1, 2]])  # (in the receive buffer, not a buffer of its own)
+    ((_, values, owned),) = read(small, [])
+    assert not owned and isinstance(values[0], _wire.Broken) and values[1] == [1, 2]
