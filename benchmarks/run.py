@@ -200,7 +200,8 @@ def _run_step(
     locust_cpu = _children_cpu() - locust_cpu_before
     (out / f"{name}.log").write_text(done.stdout + done.stderr)
     if not (out / f"{name}_stats.csv").exists():
-        raise RuntimeError(f"locust wrote no statistics (exit {done.returncode}); its output: {out / name}.log")
+        tail = (done.stdout + done.stderr)[-2000:]
+        raise RuntimeError(f"locust wrote no statistics (exit {done.returncode}); the end of its output:\n{tail}")
     row = _read_aggregated(out / f"{name}_stats.csv")
     mean_batch = None
     if counters_before is not None and (after := _batch_counters(port)) is not None:
