@@ -155,15 +155,15 @@ async def scenario(
     for i in range(warm):  # batches of several sizes measured: past the warm-up, refusals can happen
         await asyncio.gather(*(b.process(Item(-100 * i - j, None, 0.1)) for j in range(1, 2 + i % 4)))
     tasks: list[tuple[Item, float | None, asyncio.Task[Any], list[bool]]] = []
-    refusals: list[tuple[float, LateRefusalError]] = []
+    refusals: list[tuple[int, LateRefusalError]] = []
     n = 0
 
     async def call(item: Item, timeout: float | None) -> Any:
-        sent = run.sent[item.n] = loop.time()
+        run.sent[item.n] = loop.time()
         try:
             return await b.process(item, timeout=timeout)
         except LateRefusalError as exc:
-            refusals.append((sent, exc))
+            refusals.append((item.n, exc))
             raise
         except (asyncio.CancelledError, TimeoutError):
             run.left_at.append(loop.time())
@@ -208,19 +208,22 @@ async def scenario(
             run.problems.append(f"{item} got {error!r}")
         elif type(error) is QueueFullException and wait_when_full and "weight" in str(error):
             run.problems.append(f"{item} refused for room though callers wait for it: {error!r}")
-    for sent, refusal in refusals:
-        justified(run, sent, refusal, max_batch_size)
+    for n, refusal in refusals:
+        justified(run, n, refusal, max_batch_size)
 
 
-def justified(run: Run, sent: float, refusal: LateRefusalError, max_batch_size: int) -> None:
-    """A refusal at ``sent`` as late: the batch it would have joined, as it ran, ended by the deadline it was held to
-    less the margin? Then it would have been in time: a problem. Its batch: the one that took the last item queued
+def justified(run: Run, n: int, refusal: LateRefusalError, max_batch_size: int) -> None:
+    """A refusal of item ``n`` as late: the batch it would have joined, as it ran, ended by the deadline it was held
+    to less the margin? Then it would have been in time: a problem. Its batch: the one that took the last item queued
     when it came, if that one had room for it, else the one after; or, nothing queued, the next to start; one row
-    longer with it."""
+    longer with it. Queued before it: sent earlier, or at the same instant earlier in the schedule (the virtual clock
+    gives a burst one time)."""
+    sent = run.sent[n]
     due = sent + refusal.budget
-    later = sorted((batch for batch in run.batches if batch[0] > sent), key=lambda batch: batch[0])
-    queued = [(run.sent.get(x.n, -math.inf), i) for i, batch in enumerate(later) for x in batch[2]]
-    queued = [(t, i) for t, i in queued if t < sent]
+    later = sorted((batch for batch in run.batches if batch[0] > sent), key=lambda batch: batch[0])  # (one that starts
+    # as it comes may have formed before it came: not counted)
+    queued = [((run.sent.get(x.n, -math.inf), x.n), i) for i, batch in enumerate(later) for x in batch[2]]
+    queued = [(t, i) for t, i in queued if t[0] < sent or (t[0] == sent and 0 <= t[1] < n)]
     if queued:
         index = max(queued)[1]
         if len(later[index][2]) >= max_batch_size:
@@ -242,12 +245,13 @@ def justified(run: Run, sent: float, refusal: LateRefusalError, max_batch_size: 
 
 
 def test_the_justification_check_can_fail() -> None:
-    run = Run(batches=[(0.0, 0.01, [Item(0, None, 1.0)]), (0.02, 0.03, [Item(1, None, 1.0)])], sent={0: 0.0, 1: 0.01})
+    sent = {0: 0.0, 1: 0.01, 2: 0.015}  # item 2 refused
+    run = Run(batches=[(0.0, 0.01, [Item(0, None, 1.0)]), (0.02, 0.03, [Item(1, None, 1.0)])], sent=sent)
     refusal = LateRefusalError("x", predicted=0.1, margin=0.0, budget=0.05, retry_after=0.0)
-    justified(run, 0.015, refusal, 4)  # its batch (the second) ended at 0.031 with it, 0.034 s before its deadline
+    justified(run, 2, refusal, 4)  # its batch (the second) ended at 0.031 with it, 0.034 s before its deadline
     assert run.problems and "before its deadline" in run.problems[0]
     fair = Run(batches=run.batches, sent=run.sent)
-    justified(fair, 0.015, LateRefusalError("x", predicted=0.1, budget=0.01, retry_after=0.0), 4)
+    justified(fair, 2, LateRefusalError("x", predicted=0.1, budget=0.01, retry_after=0.0), 4)
     assert fair.problems == [] and not math.isnan(refusal.margin)
 
 
