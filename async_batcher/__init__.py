@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from async_batcher._core.current import CurrentBatch, current_batch
 from async_batcher._core.options import BatcherOptions
-from async_batcher._core.settings import Limits, ResultCache, Streaming
+from async_batcher._core.settings import Limits, RefuseLate, ResultCache, Streaming
 from async_batcher._core.sinks import END
 from async_batcher._version import __version__
 from async_batcher.adaptive import AdaptiveWaitState
@@ -39,6 +39,7 @@ __all__ = [
     "BatcherStats",
     "CurrentBatch",
     "Limits",
+    "RefuseLate",
     "ResultCache",
     "Streaming",
     "LatencySummary",

@@ -6,7 +6,6 @@ Imported by :mod:`async_batcher.opentelemetry` once it has checked that the Open
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Iterable, Mapping, Set, Sized
 from typing import TYPE_CHECKING, Any, Final
 
@@ -14,10 +13,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from async_batcher._checks import plural
+from async_batcher._core.ceiling import ceiling_of
 from async_batcher._core.current import CurrentBatch
 from async_batcher._core.dedup import Shared
-from async_batcher._core.policy import UNLIMITED
-from async_batcher._core.sinks import Retry
+from async_batcher._core.failures import Retry
 
 if TYPE_CHECKING:
     from async_batcher._core.batch import Batch
@@ -65,9 +64,9 @@ def _failure_attributes(batch: Batch) -> dict[str, Any]:
         attributes["async_batcher.batch.part"] = "retry" if part.whole else "bisect" if part.isolating else "split"
     lane = batch.lane
     if lane.capacity is not None:
-        at = lane.weight_ceiling if batch.weights is not None else lane.ceiling
-        if at != math.inf and at < UNLIMITED:
-            attributes["async_batcher.batch.ceiling"] = float(at)
+        at = ceiling_of(lane, weighted=batch.weights is not None)
+        if at is not None:
+            attributes["async_batcher.batch.ceiling"] = at
     return attributes
 
 

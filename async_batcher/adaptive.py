@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from async_batcher._checks import seconds
+from async_batcher._core.state import UNLIMITED
 
 __all__ = ["AdaptiveWait", "AdaptiveWaitState"]
-
-# Weight of the newest batch in the fit: about the last 20 batches count.
-_FIT_DECAY = 0.05
-# Time constant of the arrival-rate average, in seconds.
-_RATE_TAU = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +56,12 @@ class AdaptiveWait:
 
     __slots__ = ("_last_submitted", "_last_time", "_n", "_nn", "_nt", "_t", "_w", "max_latency", "observations", "rate")
 
+    #: The weight of the newest batch in the fit of ``a`` and ``b`` (an exponential decay): about the last 20
+    #: batches count.
+    fit_decay: ClassVar[float] = 0.05
+    #: The time constant of the arrival rate's average, in seconds (an exponential decay in time).
+    rate_time_constant: ClassVar[float] = 0.25
+
     def __init__(self, max_latency: float) -> None:
         self.max_latency = seconds("max_latency", max_latency, positive=True)
         self._w = self._n = self._t = self._nn = self._nt = 0.0
@@ -69,7 +72,7 @@ class AdaptiveWait:
 
     def observe(self, size: int, seconds: float) -> None:
         """Record that a batch of ``size`` items took ``seconds`` in ``process_batch``."""
-        keep = 1.0 - _FIT_DECAY
+        keep = 1.0 - self.fit_decay
         self._w = self._w * keep + 1.0
         self._n = self._n * keep + size
         self._t = self._t * keep + seconds
@@ -86,7 +89,7 @@ class AdaptiveWait:
         if elapsed <= 0:
             return
         sample = (submitted - self._last_submitted) / elapsed
-        self.rate += (1.0 - math.exp(-elapsed / _RATE_TAU)) * (sample - self.rate)
+        self.rate += (1.0 - math.exp(-elapsed / self.rate_time_constant)) * (sample - self.rate)
         self._last_time, self._last_submitted = now, submitted
 
     def model(self) -> tuple[float, float]:
@@ -107,10 +110,12 @@ class AdaptiveWait:
         return a, b
 
     def keeps_up_size(self, concurrency: int) -> float:
-        """``n*``: the size that batches formed while slots are busy settle at (``inf`` if none keeps up)."""
+        """``n*``: the size that batches formed while slots are busy settle at (``inf`` if none keeps up);
+        ``concurrency``: the most batches in flight, :data:`~async_batcher.policies.UNLIMITED` for no limit (as the
+        batcher's settings give it; 0 or less, the spelling of earlier versions, is no limit too)."""
         a, b = self.model()
         lam = self.rate
-        slots = concurrency if concurrency > 0 else math.inf
+        slots = concurrency if 0 < concurrency < UNLIMITED else math.inf
         if lam * a >= slots:
             return math.inf
         if slots == math.inf:

@@ -10,24 +10,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterab
 from contextvars import Context, copy_context
 from functools import partial
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar, cast, overload
+from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
 from async_batcher import _checks, _sync
 from async_batcher._core.admission import Admission
 from async_batcher._core.handoff import Handoff
 from async_batcher._core.hooks import check_hooks, overridden
-from async_batcher._core.lifecycle import Lifecycle
+from async_batcher._core.lifecycle import Lifecycle, Running
 from async_batcher._core.options import BatcherOptions, SettingsView, settings_from
+from async_batcher._core.options import signature as options_signature
 from async_batcher._core.queue import DEFAULT_KEY
 from async_batcher._core.state import State
-from async_batcher._threads import Gate
 from async_batcher.stats import BatcherStats, _Recorder
 
 if TYPE_CHECKING:
     from types import TracebackType
     from typing import Self, Unpack
 
-    from async_batcher._core.batch import Watcher
+    from async_batcher._core.batch import Batch, Watcher
+    from async_batcher._core.engine import Engine
+    from async_batcher.stats import BatchObserver
 
 __all__ = ["AsyncBatcher"]
 
@@ -36,20 +38,6 @@ R = TypeVar("R")
 
 # The default priority, by identity: the common case's test costs no comparison of numbers.
 _ZERO: Final = 0
-
-
-class _Running:
-    """``batcher.running``: computed at each read. Not a property: a non-data descriptor, so that a subclass that
-    sets an attribute of its own named ``running`` (a name 0.2.2's subclasses were free to use) keeps working."""
-
-    @overload
-    def __get__(self, batcher: None, owner: type[Any]) -> _Running: ...
-
-    @overload
-    def __get__(self, batcher: AsyncBatcher[Any, Any], owner: type[Any]) -> bool: ...
-
-    def __get__(self, batcher: AsyncBatcher[Any, Any] | None, owner: type[Any]) -> bool | _Running:
-        return self if batcher is None else batcher._running()
 
 
 class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
@@ -126,18 +114,13 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         whether its caller has left, are the batch's to ask: :func:`~async_batcher.current_batch`.
 
     Args:
-        **options: The settings (:class:`~async_batcher.BatcherOptions`), all keyword-only and optional:
-            ``limits`` (:class:`~async_batcher.Limits`: ``max_batch_size``, ``max_batch_weight``, ``concurrency``,
-            ``max_queue_size``, ``max_queue_weight``; ``None`` is no limit), ``policy`` (when a batch goes: a
-            :class:`~async_batcher.policies.DispatchPolicy`, ``Deadline(max_queue_time=0.01)`` by default),
-            ``streaming`` (:class:`~async_batcher.Streaming`), ``executor``, ``wait_when_full``, ``refuse_late``,
-            ``result_cache`` (:class:`~async_batcher.ResultCache`), ``default_timeout``, ``max_priority_wait``,
-            ``name``, and what a failed batch leads to (each off by default, :mod:`async_batcher.failures`):
-            ``retry``, ``on_batch_error``, ``split_on``. Each field of a group may be given on its own
-            instead (``max_batch_size=64``, ``max_queue_time=0.002``, ``max_latency=``, ``max_hold_time=``,
-            ``preferred_batch_sizes=``, ``stream_buffer=``, ``stream_stall_timeout=``), as in earlier versions;
-            the dispatch keywords build the policy. async-batcher 0.2.2's ``batch_size`` (``max_batch_size``),
-            ``sleep_time`` and ``buffering_time`` (ignored) warn.
+        **options: The settings (:class:`~async_batcher.BatcherOptions`), all keyword-only and optional; the
+            signature lists them with their defaults. A group (``limits``, ``streaming``) or its fields one by one
+            (``max_batch_size=64``), as in earlier versions; the dispatch keywords (``max_queue_time``,
+            ``max_latency``, ``max_hold_time``, ``preferred_batch_sizes``) build the ``policy``. What a failed batch
+            leads to (``retry``, ``on_batch_error``, ``split_on``) is off by default (:mod:`async_batcher.failures`).
+            async-batcher 0.2.2's ``batch_size`` (``max_batch_size``), ``sleep_time`` and ``buffering_time``
+            (ignored) warn.
     """
 
     def __init__(self, **options: Unpack[BatcherOptions]) -> None:
@@ -152,7 +135,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         self._admission = Admission(self._life, self._settings)
         self._handoff = Handoff(self._life, self._admission)  # (async_batcher.shared's owner)
         self._settings.changed = self._life.settings_changed
-        self._sync = Gate(self.name)  # what blocking calls from threads share
+        self._sync = _sync.Blocking(self, self._life, self._recorder)  # blocking calls from threads
 
     #: The hooks of the class that override :class:`AsyncBatcher`'s (set as each subclass is defined): a hook left
     #: alone costs nothing, it is never called.
@@ -189,16 +172,18 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
     def batch_key(self, item: T) -> Hashable:
         """Overridable hook: items with different keys never share a batch (one table, queue, model, tenant...).
 
-        Each key keeps its own pending batch and deadline; keys come and go at run time (the 16 idle keys whose
-        last batch ended last are remembered, for their history); when slots are scarce, keys are served in turn.
+        Each key keeps its own pending batch and deadline; keys come and go at run time (the idle keys whose last
+        batch ended last are remembered, for their history: the policy's ``keep_idle``); when slots are scarce,
+        keys are served in turn.
         Called once per item, at submission. The default puts every item under one key.
         """
         return DEFAULT_KEY
 
     def item_weight(self, item: T) -> float:
-        """Overridable hook: the weight of an item (bytes, tokens) against ``max_batch_weight``; 1 by default.
+        """Overridable hook: the weight of an item (bytes, tokens) against ``max_batch_weight`` and
+        ``max_queue_weight``, which need it.
 
-        Called once per item, at submission, when overridden or when ``max_batch_weight`` is set.
+        Called once per item, at submission, when overridden (else never).
         """
         return 1.0
 
@@ -361,7 +346,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             return
         self._life.bind(loop, copy_context())
 
-    running: _Running = _Running()
+    running: Running = Running()
     """Whether the batcher is started and not yet fully stopped (it is running while it drains): a plain attribute,
     for ``if batcher.running:``. (Read only; a subclass that keeps an attribute of its own by that name keeps it.)"""
 
@@ -390,8 +375,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         """
         force = _checks.flag("force", force)
         timeout = _checks.timeout(timeout)
-        thread = self._sync.thread
-        if thread.loop is not None and not thread.is_current():
+        if self._sync.has_other_thread():
             # Blocking calls started a loop thread for this batcher: the stop runs there, then the thread ends.
             await asyncio.get_running_loop().run_in_executor(None, partial(self.stop_sync, force, timeout))
         await self._life.stop(force=force, timeout=timeout)
@@ -422,7 +406,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         an item not yet sent is withdrawn and ``TimeoutError`` raised. Called from a thread that runs an event
         loop it raises ``RuntimeError`` (it would block that loop): await :meth:`process` there.
         """
-        return _sync.call(self, self.process(item, priority=priority), n=1, timeout=timeout, what="process_sync()")
+        return self._sync.call(self.process(item, priority=priority), n=1, timeout=timeout, what="process_sync()")
 
     def process_many_sync(
         self, items: Iterable[T], *, timeout: float | None = None, priority: float = 0, return_exceptions: bool = False
@@ -430,32 +414,31 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         """:meth:`process_many` for sync code, as :meth:`process_sync`."""
         batch = list(items)
         call = self.process_many(batch, priority=priority, return_exceptions=return_exceptions)
-        return _sync.call(self, call, n=len(batch), timeout=timeout, what="process_many_sync()")
+        return self._sync.call(call, n=len(batch), timeout=timeout, what="process_many_sync()")
 
     def stop_sync(self, force: bool = False, timeout: float | None = None) -> None:
         """:meth:`stop` for sync code: blocks until the batcher is stopped; ends the loop thread it started."""
-        _sync.stop(self, force=_checks.flag("force", force), timeout=_checks.timeout(timeout))
+        self._sync.stop(force=_checks.flag("force", force), timeout=_checks.timeout(timeout))
 
     # ------------------------------------------------------------------ statistics
 
     @property
     def stats(self) -> BatcherStats:
         """A frozen snapshot of the counters and recent latency percentiles."""
-        engine = self._life.run.engine
-        if engine is None:
-            return self._recorder.snapshot(self.name, queued=0, awaiting_room=0, in_flight=0)
-        return self._recorder.snapshot(
-            self.name,
-            queued=engine.queue.waiting,
-            awaiting_room=engine.room.awaiting,
-            in_flight=engine.in_flight,
-            ceilings=engine.feedback.ceilings(),
-            queue_weight=engine.room.held,
-        )
+        return self._life.stats()
 
-    def _batch_watchers(self) -> list[Watcher]:
-        """Told of every batch of every run as it goes and as it ends (:mod:`async_batcher.testing`'s)."""
-        return self._life.watchers
+    def _watchers(self) -> tuple[list[Watcher], list[Callable[[Batch], None]]]:
+        """:mod:`async_batcher.testing`'s: told of every batch of every run as it goes and ends, and of every call
+        of ``process_batch`` as it begins, with what it is handed."""
+        return self._life.watchers, self._life.calls
+
+    def _engine(self) -> Engine | None:
+        """The engine of the current run (``None`` before the first start): :mod:`async_batcher.testing`'s."""
+        return self._life.run.engine
+
+    def _observe(self, observer: BatchObserver, *, stop: bool = False) -> None:
+        """Feed ``observer`` every batch from now on, or ``stop``: :mod:`async_batcher.metrics`'s histograms."""
+        (self._recorder.remove_observer if stop else self._recorder.add_observer)(observer)
 
     def __repr__(self) -> str:
         stats = self.stats
@@ -463,3 +446,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
             f"<{type(self).__name__} {self.name!r} {self._life.run.state.value} limits={self.limits!r} "
             f"policy={self.policy!r} queued={stats.queued} in_flight={stats.in_flight}>"
         )
+
+
+# What help() and inspect.signature() show of AsyncBatcher(...): its keywords with their defaults, not **options.
+AsyncBatcher.__init__.__signature__ = options_signature()  # type: ignore[attr-defined]

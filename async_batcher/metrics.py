@@ -235,11 +235,6 @@ def _check_buckets(name: str, buckets: Sequence[float]) -> tuple[float, ...]:
     return values
 
 
-def _recorder_of(batcher: AsyncBatcher[Any, Any]) -> Any:
-    # The statistics' recorder: it calls its observers once per batch (async_batcher.stats).
-    return batcher._recorder
-
-
 class BatcherHistograms:
     """Histograms of the batches of any number of batchers, each labelled ``batcher="<name>"``.
 
@@ -324,7 +319,7 @@ class BatcherHistograms:
                 process.observe(elapsed)
                 size.observe(n)
 
-            _recorder_of(batcher).add_observer(observer)
+            batcher._observe(observer)
             self._observed[batcher] = observer
 
     def unobserve(self, batcher: object, *, drop_series: bool = True) -> None:
@@ -344,7 +339,7 @@ class BatcherHistograms:
             observer = self._observed.pop(batcher, None)
             if observer is None:
                 return
-            _recorder_of(batcher).remove_observer(observer)
+            batcher._observe(observer, stop=True)
             if drop_series:
                 for histogram in (self.queue_wait, self.process_time, self.batch_size):
                     histogram.remove(batcher.name)

@@ -137,23 +137,29 @@ class BatcherStats:
     cache_hits: int = 0
 
 
+#: The outcomes a call resolves with (:meth:`_Recorder.resolved`): their places in ``_Recorder.outcomes``.
+SUCCEEDED, FAILED, CANCELLED, TIMED_OUT = range(4)
+
+
 class _Recorder:
-    """Mutable counters owned by one batcher; ``snapshot`` turns them into a :class:`BatcherStats`."""
+    """Mutable counters owned by one batcher; ``snapshot`` turns them into a :class:`BatcherStats`.
+
+    Written through its methods only, each named for what happened: items :meth:`admitted` without waiting, items
+    that :meth:`left` the queue (or the line for room) and those :meth:`returned` to it, calls :meth:`resolved` with an
+    outcome, items :meth:`rejected` at once, items :meth:`processed` by ``process_batch``, a call of it that
+    :meth:`batch_ended`, and what a dispatch policy counts (:meth:`count`).
+    """
 
     __slots__ = (
         "batches",
-        "cancelled",
         "counts",
         "exited",
-        "failed",
         "observers",
-        "processed",
+        "outcomes",
+        "processed_items",
         "reasons",
         "refusals",
-        "rejected",
         "sized",
-        "succeeded",
-        "timed_out",
         "window",
     )
 
@@ -164,12 +170,8 @@ class _Recorder:
         # given up); with those still waiting, every item submitted. Counted per batch, not per item, to keep the
         # hot path short.
         self.exited = 0
-        self.processed = 0
-        self.succeeded = 0
-        self.failed = 0
-        self.cancelled = 0
-        self.timed_out = 0
-        self.rejected = 0
+        self.processed_items = 0
+        self.outcomes = [0, 0, 0, 0]  # calls' items by outcome: SUCCEEDED, FAILED, CANCELLED, TIMED_OUT
         # Counts a dispatch policy keeps (its Signals.count): "held", "probes" (BatcherStats.held, .probes).
         self.counts: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()  # why the batches went (BatcherStats.reasons)
@@ -180,15 +182,37 @@ class _Recorder:
         # whole on change, so that adding or removing one while the loop calls them is safe from any thread.
         self.observers: tuple[BatchObserver, ...] = ()
 
-    def count(self, name: str, n: int = 1) -> None:
-        self.counts[name] += n
+    def admitted(self, n: int) -> None:
+        """``n`` items submitted that never wait in the queue (a caller that joins a shared row, a hit of the result
+        cache): submitted, and already out of it."""
+        self.exited += n
 
-    def reject(self, n: int, reason: str) -> None:
+    def left(self, n: int) -> None:
+        """``n`` submitted items left the queue (sent in a batch, or withdrawn) or the line for room (given up)."""
+        self.exited += n
+
+    def returned(self, n: int) -> None:
+        """``n`` items that had left the queue are back in it (tried again), or were taken back as never submitted."""
+        self.exited -= n
+
+    def resolved(self, n: int, outcome: int) -> None:
+        """``n`` items' calls resolved with ``outcome`` (:data:`SUCCEEDED`, :data:`FAILED`, :data:`CANCELLED` or
+        :data:`TIMED_OUT`); a ``process_many`` call counts its items."""
+        self.outcomes[outcome] += n
+
+    def rejected(self, n: int, reason: str) -> None:
         """``n`` items refused at once, never submitted, for ``reason`` (``BatcherStats.rejected_reasons``)."""
-        self.rejected += n
         self.refusals[reason] += n
 
-    def record_batch(self, size: int, waited: float, elapsed: float, reason: str | None = None) -> None:
+    def processed(self, n: int) -> None:
+        """``n`` items went through ``process_batch`` and their callers got its outcome (``BatcherStats.processed``)."""
+        self.processed_items += n
+
+    def count(self, name: str, n: int = 1) -> None:
+        """What a dispatch policy (or the failure handling) counts: ``stats.counts[name]``."""
+        self.counts[name] += n
+
+    def batch_ended(self, size: int, waited: float, elapsed: float, reason: str | None = None) -> None:
         """One call of ``process_batch`` ended: ``size`` items, its oldest item ``waited`` seconds for it, it took
         ``elapsed`` seconds, and it went for ``reason``. Feeds the observers; one that raises is logged, never
         propagated."""
@@ -230,12 +254,12 @@ class _Recorder:
             name=name,
             batches=self.batches,
             submitted=self.exited + queued + awaiting_room,
-            processed=self.processed,
-            succeeded=self.succeeded,
-            failed=self.failed,
-            cancelled=self.cancelled,
-            timed_out=self.timed_out,
-            rejected=self.rejected,
+            processed=self.processed_items,
+            succeeded=self.outcomes[SUCCEEDED],
+            failed=self.outcomes[FAILED],
+            cancelled=self.outcomes[CANCELLED],
+            timed_out=self.outcomes[TIMED_OUT],
+            rejected=sum(self.refusals.values()),
             queued=queued,
             in_flight=in_flight,
             mean_batch_size=self.sized / self.batches if self.batches else 0.0,

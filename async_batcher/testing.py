@@ -194,10 +194,6 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
 # ---------------------------------------------------------------------- a batcher's batches
 
 
-def _engine(batcher: AsyncBatcher[Any, Any]) -> Engine | None:
-    return batcher._life.run.engine
-
-
 async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
     """Send what waits in ``batcher`` now, whatever its settings say (as slots come free: ``concurrency`` holds),
     and return once those batches have ended. The loop runs one turn first, so that tasks created just before the
@@ -205,7 +201,7 @@ async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
     also while the flush waits for a busy slot. Of each batch key it sends as many items as waited, the first in line
     (one that came later with a better ``priority`` may take a place; those it kept out go at the next pass)."""
     await asyncio.sleep(0)
-    engine = _engine(batcher)
+    engine = batcher._engine()
     if engine is None:
         return
     queue = engine.queue
@@ -223,12 +219,12 @@ async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
         if not sending and not pending and not ended.done():
             ended.set_result(None)
 
-    engine.watchers.append((sent, over))
+    engine.dispatcher.watchers.append((sent, over))
     try:
         while quota := queue.still_queued(marked):
-            engine.flush(quota)
+            engine.dispatcher.flush(quota)
             await asyncio.sleep(0)
-            if queue.still_queued(marked) and engine.in_flight >= engine.slot_limit:
+            if queue.still_queued(marked) and engine.dispatcher.in_flight >= engine.dispatcher.slot_limit:
                 if engine.inside_own_batch():
                     raise ReentrantCallError(
                         f"{batcher.name}: flush() inside its own process_batch with every slot taken would wait for "
@@ -239,7 +235,7 @@ async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
         if pending:
             await ended
     finally:
-        engine.watchers.remove((sent, over))
+        engine.dispatcher.watchers.remove((sent, over))
 
 
 async def _until_a_slot(engine: Engine) -> None:
@@ -250,11 +246,11 @@ async def _until_a_slot(engine: Engine) -> None:
             freed.set_result(None)
 
     watcher = (lambda batch: None, over)
-    engine.watchers.append(watcher)
+    engine.dispatcher.watchers.append(watcher)
     try:
         await freed
     finally:
-        engine.watchers.remove(watcher)
+        engine.dispatcher.watchers.remove(watcher)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,11 +275,13 @@ class BatchRecord:
 
 @contextmanager
 def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord]]:
-    """Record every batch ``batcher`` sends while inside: a list of :class:`BatchRecord`, in the order the batches
-    went, each completed with its end. It needs no ``start()`` (the batches of a run started inside are recorded
-    too). Each call of ``process_batch`` is a record: a part of a failed batch called on its own (bisected by
-    ``on_batch_error``, split by ``split_on``) is one, with the reason ``split``, as ``stats.reasons`` counts it."""
-    watchers = batcher._batch_watchers()
+    """Record every call of ``process_batch`` that ``batcher`` makes while inside: a list of :class:`BatchRecord`, in
+    the order the calls began, each with what ``process_batch`` was handed (not the items whose callers left before
+    the call; a batch all of whose callers left is never called, nor recorded, as ``stats.batches`` counts it), and
+    completed with its end. It needs no ``start()`` (the batches of a run started inside are recorded too). A part
+    of a failed batch called on its own (bisected by ``on_batch_error``, split by ``split_on``) is a record, with the
+    reason ``split``, as ``stats.reasons`` counts it."""
+    watchers, calls = batcher._watchers()
     log: list[BatchRecord] = []
     index: dict[Batch, int] = {}
 
@@ -292,7 +290,7 @@ def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord
         now = asyncio.get_running_loop().time()
         log[i] = BatchRecord(record.items, record.key, record.reason, record.started, record.waited, now)
 
-    def sent(batch: Batch) -> None:
+    def called(batch: Batch) -> None:
         i = index.get(batch)
         if i is not None:  # a part of a failed batch: the call before it has ended
             close(i)
@@ -307,12 +305,18 @@ def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord
         if i is not None:
             close(i)
 
-    watcher = (sent, over)
+    watcher = (_not_called_yet, over)  # (a batch's end; and its items' arrivals are kept while one watches)
     watchers.append(watcher)
+    calls.append(called)
     try:
         yield log
     finally:
         watchers.remove(watcher)
+        calls.remove(called)
+
+
+def _not_called_yet(batch: Batch) -> None:
+    pass
 
 
 # ---------------------------------------------------------------------- the batcher's own checks
@@ -321,7 +325,7 @@ def record_batches(batcher: AsyncBatcher[Any, Any]) -> Iterator[list[BatchRecord
 def violations(batcher: AsyncBatcher[Any, Any]) -> list[str]:
     """The batcher's internal invariants that do not hold now, described (none, always: a test that finds one has
     found a bug of this package)."""
-    engine = _engine(batcher)
+    engine = batcher._engine()
     return [] if engine is None else _violations(engine)
 
 
@@ -329,19 +333,19 @@ def idle(batcher: AsyncBatcher[Any, Any]) -> list[str]:
     """Why ``batcher`` is not idle: items queued or in flight, a timer, a pending wake-up, a timeout timer, items
     waiting out a retry backoff; and :func:`violations`. Empty when nothing waits and nothing is scheduled: an idle
     batcher costs nothing."""
-    engine = _engine(batcher)
+    engine = batcher._engine()
     if engine is None:
         return []
     found = []
-    if engine.queue.waiting or engine.in_flight:
-        queued, flying = plural(engine.queue.waiting, "item"), plural(engine.in_flight, "batch", "batches")
+    if engine.queue.waiting or engine.dispatcher.in_flight:
+        queued, flying = plural(engine.queue.waiting, "item"), plural(engine.dispatcher.in_flight, "batch", "batches")
         found.append(f"{queued} queued, {flying} in flight")
     if engine.room.awaiting:
         found.append(f"{plural(engine.room.awaiting, 'item')} of callers in line for room")
-    if engine.timer is not None:
-        found.append(f"a timer for {engine.timer_at}")
-    if engine.pump_handle is not None and not engine.pump_handle.cancelled():
-        found.append(f"a pending wake-up {engine.pump_handle!r}")
+    if engine.dispatcher.timer is not None:
+        found.append(f"a timer for {engine.dispatcher.timer_at}")
+    if engine.dispatcher.pump_handle is not None and not engine.dispatcher.pump_handle.cancelled():
+        found.append(f"a pending wake-up {engine.dispatcher.pump_handle!r}")
     if engine.deadlines.timer is not None:
         found.append("a timeout timer")
     backoffs = engine.feedback.backoffs

@@ -85,7 +85,7 @@ class Batch:
     )
 
     def __init__(self, owner: object, taken: Taken, started: float, lane: Lane, reason: Reason) -> None:
-        self.owner = owner  # the engine that sent it: a call from inside it to that engine is its own
+        self.owner = owner  # the dispatcher that sent it: a call from inside it to that dispatcher's run is its own
         self.lane = lane  # the lane it was taken from (a streaming batch takes more from it as it runs)
         self.items = taken.items
         self.sinks = taken.sinks
@@ -175,6 +175,20 @@ class Batch:
                 self.tree.part.index = list(compress(self.tree.part.index, live))
         self.items, self.sinks, self.contexts = items, sinks, contexts
         self.size = len(items)
+
+    def take_in(self, taken: Taken) -> None:
+        """Continuous batching: items just taken from the queue join this (streaming) batch, with what is kept of
+        each."""
+        self.items.extend(taken.items)
+        self.sinks.extend(taken.sinks)
+        self.contexts.extend(taken.contexts)
+        if self.weights is not None:
+            self.weights.extend(taken.weights or ())  # (a list: the queue was weighted when the batch formed)
+        if taken.deadlines is not None:
+            if self.deadlines is None:  # (the first items with a deadline came as it ran)
+                self.deadlines = [math.inf] * (len(self.items) - len(taken.items))
+            self.deadlines.extend(taken.deadlines)
+        self.size = max(self.size, len(self.items))
 
     def is_live(self) -> bool:
         """Still in flight: its slot is taken."""

@@ -4,30 +4,23 @@ lanes, and changes a lane's ceiling only as the runner reports a call's end thro
 A call of ``n`` items that runs out of memory lowers its lane's ceiling to ``n // 2`` (multiplicative decrease);
 ``grow_after`` calls in a row that succeed at the ceiling raise it by a step (additive increase), and once it
 reaches the size that failed it is lifted. With ``item_weight``, the same in weight units. What the ceiling is
-compared with, as a batch forms: :meth:`~async_batcher._core.dispatch.Dispatch._dispatch`. A lane let go while idle
+compared with, as a batch forms: :meth:`~async_batcher._core.dispatcher.Dispatcher.capacity`. A lane let go while idle
 leaves its ceiling in the queue's :class:`Kept`, where its key finds it again.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING
+
+from async_batcher._core.state import UNLIMITED
 
 if TYPE_CHECKING:
     from async_batcher._core.lane import Lane
 
 __all__: list[str] = []
-
-# A lane's ceiling when there is none (policy.UNLIMITED).
-NONE = sys.maxsize
-# The keys whose ceilings are kept once their idle lanes are let go (Queue.drop_empty_lanes keeps 16 idle lanes): a
-# ceiling is a safety fact, not scheduling history. Past this many, the key idle longest is forgotten first.
-KEEP_CEILINGS = 1024
-# A success at this share of a weight ceiling counts as "at the ceiling" (items of every weight rarely fill it).
-_FULL_WEIGHT = 0.75
 
 
 class Capacity:
@@ -59,16 +52,16 @@ def lower(lane: Lane, size: int, weight: float, *, weighted: bool, grow_by: floa
     return float(lane.ceiling)
 
 
-def held(lane: Lane, size: int, weight: float, *, weighted: bool, grow_after: int) -> None:
-    """A call of ``size`` items (``weight``) succeeded: after ``grow_after`` in a row at the ceiling, raise it a
-    step; lift it at the size that failed."""
+def held(lane: Lane, size: int, weight: float, *, weighted: bool, grow_after: int, full_share: float) -> None:
+    """A call of ``size`` items (``weight``) succeeded: after ``grow_after`` in a row at the ceiling (or, weighted,
+    at ``full_share`` of it), raise it a step; lift it at the size that failed."""
     capacity = lane.capacity
     if capacity is None:
         return
     ceiling = lane.weight_ceiling if weighted else float(lane.ceiling)
-    if ceiling == math.inf or ceiling >= NONE:
+    if ceiling == math.inf or ceiling >= UNLIMITED:
         return
-    if (weight if weighted else size) < (ceiling * _FULL_WEIGHT if weighted else ceiling):
+    if (weight if weighted else size) < (ceiling * full_share if weighted else ceiling):
         return  # a smaller batch says nothing of the ceiling
     capacity.successes += 1
     if capacity.successes < grow_after:
@@ -78,7 +71,7 @@ def held(lane: Lane, size: int, weight: float, *, weighted: bool, grow_after: in
     if weighted:
         lane.weight_ceiling = math.inf if raised >= capacity.peak else raised
     else:
-        lane.ceiling = NONE if raised >= capacity.peak else max(lane.ceiling + 1, int(raised))
+        lane.ceiling = UNLIMITED if raised >= capacity.peak else max(lane.ceiling + 1, int(raised))
 
 
 def settle(lane: Lane, size: int, weight: float, *, weighted: bool) -> None:
@@ -95,24 +88,26 @@ def ceiling_of(lane: Lane, *, weighted: bool) -> float | None:
     """The lane's ceiling now (weight units when ``weighted``), or ``None`` if it has none."""
     if weighted:
         return None if lane.weight_ceiling == math.inf else lane.weight_ceiling
-    return None if lane.ceiling >= NONE else float(lane.ceiling)
+    return None if lane.ceiling >= UNLIMITED else float(lane.ceiling)
 
 
 class Kept:
-    """The ceilings of keys whose lanes were let go while idle, by key (at most :data:`KEEP_CEILINGS`, the key idle
-    longest forgotten first): a key that comes back finds its ceiling, and what taught it, in its new lane."""
+    """The ceilings of keys whose lanes were let go while idle, by key (at most ``limit``, ``SplitOn.keys_kept``, the
+    key idle longest forgotten first): a key that comes back finds its ceiling, and what taught it, in its new
+    lane."""
 
-    __slots__ = ("by_key",)
+    __slots__ = ("by_key", "limit")
 
     def __init__(self) -> None:
         self.by_key: OrderedDict[Hashable, tuple[int, float, Capacity]] = OrderedDict()
+        self.limit = 0  # (set with split_on: SplitOn.keys_kept)
 
     def park(self, lane: Lane) -> None:
         """``lane`` is let go: keep its ceiling, if it has one."""
-        if lane.capacity is None or (lane.ceiling >= NONE and lane.weight_ceiling == math.inf):
+        if lane.capacity is None or (lane.ceiling >= UNLIMITED and lane.weight_ceiling == math.inf):
             return
         self.by_key[lane.key] = (lane.ceiling, lane.weight_ceiling, lane.capacity)
-        if len(self.by_key) > KEEP_CEILINGS:
+        if len(self.by_key) > self.limit:
             self.by_key.popitem(last=False)
 
     def restore(self, lane: Lane) -> None:
@@ -128,5 +123,5 @@ class Kept:
         """The ceilings kept, by key (weight units when ``weighted``)."""
         for key, (size, weight, _) in self.by_key.items():
             at = weight if weighted else size
-            if at < NONE and at != math.inf:
+            if at < UNLIMITED and at != math.inf:
                 yield key, float(at)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from async_batcher._core.sinks import SharedSink
+from async_batcher.stats import FAILED, SUCCEEDED
 
 if TYPE_CHECKING:
     from async_batcher._core.engine import Engine
@@ -80,7 +81,7 @@ class Shared(SharedSink):
     def _moved(self) -> None:
         # Its deadline may have moved: a queued row's is what refuse_late holds the items behind it to.
         if self.entry is not None and self.entry.lane is not None:
-            self.rows.engine.queue.deadline_moved()
+            self.rows.engine.queue.deadline_moved(self.entry)
 
 
 class Cache:
@@ -166,12 +167,12 @@ class Rows:
         rec = self.recorder
         error = row.exception()
         if error is not None:
-            rec.failed += len(waiting) - 1
+            rec.resolved(len(waiting) - 1, FAILED)
             for fut in waiting:
                 fut.set_exception(error)
             return
         result = row.result()
-        rec.succeeded += len(waiting) - 1
+        failed = 0
         for i, fut in enumerate(waiting):
             if not i:
                 fut.set_result(result)
@@ -179,9 +180,11 @@ class Rows:
             try:
                 fut.set_result(self.copy(result))
             except Exception as exc:  # copy_result failed: this caller gets why
-                rec.succeeded -= 1
-                rec.failed += 1
+                failed += 1
                 fut.set_exception(exc)
+        rec.resolved(len(waiting) - 1 - failed, SUCCEEDED)
+        if failed:
+            rec.resolved(failed, FAILED)
         if self.cache is not None:
             try:
                 self.cache.put(row.key, result, self.engine.loop.time())

@@ -6,15 +6,14 @@ the :class:`~async_batcher._core.execution.Runner` that every path of a batch en
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from async_batcher._checks import plural
 from async_batcher._core.batch import Batch, Hooks
-from async_batcher._core.sinks import as_results, deliver, fail_sinks
-from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ProcessBatchCancelledError
+from async_batcher._core.outcomes import Outcomes, discard
+from async_batcher._core.sinks import fail_sinks
+from async_batcher.exceptions import AsyncBatchException
 
 if TYPE_CHECKING:
     from async_batcher._core.feedback import Feedback
@@ -37,6 +36,7 @@ class Ending:
     on_end: Callable[[Batch, int], None]
     recovery: Recovery | None
     feedback: Feedback
+    outcomes: Outcomes
 
     def launch(self, batch: Batch) -> None: ...
 
@@ -79,7 +79,7 @@ class Ending:
                     goes_on = self.settle(recovery, batch, results, error, ran=ran)
                     return
             if ran:
-                self.recorder.processed += batch.size
+                self.recorder.processed(batch.size)
             if error is not None:
                 batch.answered = self.fail(batch, error, cut_off=cut_off)
             else:
@@ -92,7 +92,10 @@ class Ending:
         """:meth:`Recovery.settle`, such that even a bug in it cannot leave a caller waiting: every item of the batch
         left without an answer fails, and the batch ends."""
         try:
-            return recovery.settle(self, batch, results, error, ran=ran)
+            if recovery.settle(batch, results, error, ran=ran):
+                self.launch(batch)  # its next part, in its slot
+                return True
+            return False
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:
@@ -105,56 +108,6 @@ class Ending:
             batch.answered = (0 if tree is None else tree.answered) + fail_sinks(batch.sinks, failed, self.recorder)
             batch.tree = None
             return False
-
-    def answer(self, batch: Batch, results: Any) -> int:
-        """Hand each caller its result; if the results do not fit the batch, each caller gets why. Return how many
-        calls that resolved."""
-        try:
-            checked = as_results(results, batch.size)
-        except Exception as exc:  # the wrong number of results, or not a sequence
-            logger.warning("%s: %s", self.name, exc)
-            discard(results)
-            return fail_sinks(batch.sinks, exc, self.recorder)
-        return deliver(batch.sinks, checked, self.recorder, futures_only=batch.futures_only)
-
-    def fail(self, batch: Batch, error: BaseException, *, cut_off: bool) -> int:
-        """Give every caller of the batch still waiting the error (a ``KeyboardInterrupt`` or ``SystemExit`` is
-        raised on after); return how many calls that resolved.
-
-        A ``CancelledError`` becomes :class:`ProcessBatchCancelledError`, so that a caller is never mistaken for
-        cancelled; a ``BaseException`` that is not an ``Exception`` reaches the callers wrapped. ``cut_off``: the
-        error is the batcher's, not ``process_batch``'s: the batch's task was cancelled from outside (the event loop
-        shutting down), and the log says so.
-        """
-        name, items = self.name, plural(batch.size, "item")
-        reported: BaseException = error
-        if cut_off:
-            logger.warning(
-                "%s: a batch of %s was cut off, its task cancelled (the event loop shutting down); its callers get %s",
-                name,
-                items,
-                type(error).__name__,
-            )
-            return fail_sinks(batch.sinks, error, self.recorder)
-        if isinstance(error, asyncio.CancelledError):
-            reported = ProcessBatchCancelledError(f"{name}: process_batch raised CancelledError on a batch of {items}")
-        elif isinstance(error, KeyboardInterrupt | SystemExit):
-            reported = BatcherStoppedError(f"{name}: batch interrupted by {type(error).__name__}")
-        elif not isinstance(error, Exception):  # GeneratorExit, or a BaseException of the user's
-            reported = AsyncBatchException(
-                f"{name}: process_batch raised {type(error).__name__}, which is not an Exception, on a batch of {items}"
-            )
-            reported.__cause__ = error
-        if not batch.entered:  # on_start() failed, or the executor refused the batch: not process_batch's doing
-            logger.warning("%s: a batch of %s failed before process_batch: %s", name, items, type(error).__name__)
-        elif reported is error:
-            logger.warning("%s: process_batch raised %s on a batch of %s", name, type(error).__name__, items)
-        else:
-            logger.warning("%s", reported)  # its message names the batcher
-        resolved = fail_sinks(batch.sinks, reported, self.recorder)
-        if isinstance(error, KeyboardInterrupt | SystemExit):
-            raise error
-        return resolved
 
     def stopped_error(self, batch: Batch, error: BaseException) -> BaseException:
         """What the callers of a batch cut off by a stop get: ``error`` if ``process_batch`` never started on it,
@@ -179,6 +132,17 @@ class Ending:
             chosen.__cause__ = error
         return chosen
 
+    def abandon(self, batch: Batch, exc: AsyncBatchException) -> None:
+        """A forced stop (or an internal error) cuts ``batch`` off: its callers get ``exc`` (or what
+        :meth:`stopped_error` says), the parts of it not called yet ``exc``, and its task is cancelled; it answers no
+        one from now on (a batch running in a thread runs on to its end unheard)."""
+        batch.abandoned = True
+        fail_sinks(batch.sinks, self.stopped_error(batch, exc), self.recorder)
+        if batch.tree is not None:  # the parts of it not called yet
+            fail_sinks(batch.tree.pending_sinks(), exc, self.recorder)
+        if isinstance(batch.handle, asyncio.Task):
+            batch.handle.cancel()
+
     def release(self, batch: Batch) -> None:
         """Free the batch's slot (unless a stop already did): the engine looks again, so that a free slot never
         idles while a batch is due."""
@@ -187,12 +151,14 @@ class Ending:
         batch.released = True
         self.on_end(batch, batch.answered)
 
+    def answer(self, batch: Batch, results: Any) -> int:
+        """Hand each caller its result (:meth:`Outcomes.answer`); return how many calls that resolved."""
+        return self.outcomes.answer(batch, results)
+
+    def fail(self, batch: Batch, error: BaseException, *, cut_off: bool) -> int:
+        """Give every caller still waiting the error (:meth:`Outcomes.fail`); return how many calls that resolved."""
+        return self.outcomes.fail(batch, error, cut_off=cut_off)
+
     def record(self, batch: Batch) -> None:
         """The statistics of a call of ``process_batch`` that has ended."""
-        self.recorder.record_batch(batch.size, batch.waited, self.loop.time() - batch.called, batch.reason)
-
-
-def discard(results: Any) -> None:
-    """Results no one will read: a coroutine among them must not warn that it was never awaited."""
-    if inspect.iscoroutine(results):
-        results.close()
+        self.recorder.batch_ended(batch.size, batch.waited, self.loop.time() - batch.called, batch.reason)

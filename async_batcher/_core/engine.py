@@ -1,20 +1,21 @@
-"""The engine of one run: it owns what waits (the queue, the room, the timeouts), the slots and the batches in flight,
-the one timer, and the policy's decisions as they are applied; only its methods change them (private).
+"""The engine of one run: it composes what waits (the :class:`~async_batcher._core.queue.Queue`, the
+:class:`~async_batcher._core.room.Room`, the callers' :class:`~async_batcher._core.deadlines.Deadlines`), the
+:class:`~async_batcher._core.dispatcher.Dispatcher` (the slots, the pump, the timer: when batches go), the run's
+:class:`~async_batcher._core.execution.Runner` (how they run) and its
+:class:`~async_batcher._core.feedback.RunFeedback` (what a failed call leads to) (private).
 
 Items come in through :meth:`Engine.put` (the common case: the default lane, priority 0) and
-:meth:`Engine.put_entry`; an arrival wakes the dispatcher (:meth:`Engine.pump`, scheduled on the loop) only when a
-batch may have become due. The pump asks the :class:`~async_batcher._core.policy.DispatchPolicy` which lane is due,
-while slots are free, forms its batch (:mod:`~async_batcher._core.forming`) and hands it to the run's
-:class:`~async_batcher._core.execution.Runner`; else it arms a single timer for the earliest deadline. A batch's end
-comes back through :meth:`Engine.batch_ended` (the runner's ``on_end``), which lets the loop turn the policy's
-``turns`` before the next batch forms while items wait. Nothing runs while nothing waits: an idle engine schedules
-no wake-up.
+:meth:`Engine.put_entry`: queue it, tell the dispatcher (:meth:`Dispatcher.arrived
+<async_batcher._core.dispatcher.Dispatcher.arrived>`), as CPython's ``Queue.put`` is "wait while full, then
+``put_nowait``" (the wait for room is admission's). Items leave without a batch (a caller gone, a deadline past)
+through the engine, which tells the room and the dispatcher; a stop drains or aborts the run. Each part is told of the
+others through the callbacks the engine gave it: the dispatcher's ``on_idle`` and ``on_fault``, the runner's
+``on_end`` (the dispatcher's), the feedback's ``requeue``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Hashable, Sequence
 from contextvars import copy_context
 from functools import partial
@@ -24,20 +25,21 @@ from async_batcher._checks import plural
 from async_batcher._core.batch import Batch, Watcher, current_batch
 from async_batcher._core.deadlines import Deadlines
 from async_batcher._core.deadlines import violations as deadline_violations
-from async_batcher._core.dispatch import Dispatch
+from async_batcher._core.dispatcher import Dispatcher
 from async_batcher._core.execution import Runner
 from async_batcher._core.feedback import RunFeedback
 from async_batcher._core.lane import Entry, Lane, WeightedEntry
 from async_batcher._core.layers import keeps
-from async_batcher._core.policy import UNLIMITED, DispatchPolicy
+from async_batcher._core.policy import DispatchPolicy
 from async_batcher._core.queue import Queue
 from async_batcher._core.queue import violations as queue_violations
 from async_batcher._core.retrying import sink_of
 from async_batcher._core.room import Room
 from async_batcher._core.room import violations as room_violations
 from async_batcher._core.sinks import Bulk, fail_sinks
-from async_batcher._core.state import DISPATCHING, State
+from async_batcher._core.state import DISPATCHING, UNLIMITED, State
 from async_batcher.exceptions import AsyncBatchException, BatcherStoppedError, ReentrantCallError
+from async_batcher.stats import CANCELLED, FAILED, TIMED_OUT
 
 if TYPE_CHECKING:
     from async_batcher._core.recovery import Recovery
@@ -53,41 +55,27 @@ def _ignore() -> None:
     pass
 
 
-class Engine(Dispatch):
-    """One run's queue, slots, timer and batches in flight (see the module's docstring).
+class Engine:
+    """One run's queue, room, deadlines, dispatcher, runner and feedback (see the module's docstring).
 
-    Invariants (checked by the property test through :func:`violations`): ``in_flight == len(batches)`` (the slots
-    taken; at most ``slot_limit`` unless it was lowered under them); the queue's, the room's and the deadlines'.
+    Invariants (checked by the property test through :func:`violations`): the queue's, the room's, the deadlines' and
+    the dispatcher's.
     """
 
     __slots__ = (
-        "batch_limit",
-        "batches",
         "clock",
         "deadlines",
+        "dispatcher",
         "feedback",
-        "flushing",
-        "in_flight",
-        "joiners",
         "keyed",
         "loop",
         "name",
         "new_future",
         "on_drained",
-        "policy",
-        "priority_wait",
-        "pump_handle",
         "queue",
         "recorder",
         "room",
         "runner",
-        "slot_limit",
-        "state",
-        "timer",
-        "timer_at",
-        "timer_when",
-        "watchers",
-        "weight_limit",
     )
 
     def __init__(
@@ -117,52 +105,33 @@ class Engine(Dispatch):
             if type(loop).create_future is asyncio.BaseEventLoop.create_future
             else loop.create_future
         )
-        self.state = State.RUNNING
         self.keyed = keyed  # batch_key is overridden: each item is asked its key
         self.queue = Queue(recorder, weighted=weighted)
         self.queue.expire = self.expire_late
         self.room = Room(self.queue, name)
         self.deadlines = Deadlines(loop)  # the callers' timeouts: one timer for all of them
+        self.dispatcher = Dispatcher(
+            loop,
+            self.queue,
+            self.room,
+            recorder,
+            policy,
+            name=name,
+            watchers=[] if watchers is None else watchers,
+            on_idle=self.check_drained,
+            on_fault=self.abort,
+        )
         # How this run's batches run: made here, told of their end, of how items join a streaming batch, and of what
         # a failed call leads to (the run's feedback: retries, backoffs, ceilings).
-        self.feedback = RunFeedback(loop, self.queue, self.requeue, self.part_sent)
-        self.runner = runner(on_end=self.batch_ended, join=self.join, feedback=self.feedback)
-        self.policy = policy
-        self.batches: dict[Batch, None] = {}
-        self.in_flight = 0
-        self.pump_handle: asyncio.Handle | None = None  # the pump to come (one at a time), or the turns before it
-        # The timer's deadline is kept here: for a time already past, uvloop's call_at gives a plain Handle.
-        self.timer: asyncio.Handle | None = None
-        self.timer_at = 0.0
-        self.timer_when = 0.0  # the deadline of the last timer that fired
-        self.flushing: dict[Lane, int] = {}  # a flush: so many items of these lanes go whatever the policy says
-        # Told of every batch as it goes and as it ends (async_batcher.testing): the batcher's, over its runs.
-        self.watchers: list[Watcher] = [] if watchers is None else watchers
-        # Told of the callers' contexts of the items that join a running batch: a streaming one's new items
-        # (continuous batching), or a caller joining a row in flight (dedup_key).
-        self.joiners: list[Callable[[list[Any]], None]] = []
+        self.feedback = RunFeedback(loop, self.queue, self.requeue, self.dispatcher.part_sent)
+        self.runner = runner(on_end=self.dispatcher.batch_ended, join=self.dispatcher.join, feedback=self.feedback)
+        self.dispatcher.runner = self.runner
         self.on_drained: Callable[[], None] = _ignore  # the stop's: called once, as the drain ends
-        self.batch_limit = self.slot_limit = UNLIMITED
-        self.weight_limit = math.inf
-        self.priority_wait = 1.0
-        policy.bind(self)
-
-    # ------------------------------------------------------------------ what the policy may read (Signals)
 
     @property
-    def concurrency(self) -> int:
-        return self.slot_limit
-
-    @property
-    def room_wanted(self) -> bool:
-        return bool(self.room.putters)
-
-    @property
-    def arrivals(self) -> int:
-        return self.recorder.exited + self.queue.waiting
-
-    def count(self, name: str, n: int = 1) -> None:
-        self.recorder.count(name, n)
+    def state(self) -> State:
+        """Where the run is in its life (its dispatcher's: RUNNING, STOPPING, then STOPPED)."""
+        return self.dispatcher.state
 
     # ------------------------------------------------------------------ settings
 
@@ -177,40 +146,38 @@ class Engine(Dispatch):
         weight_limit: float,
         priority_wait: float,
         policy: DispatchPolicy,
-        weighted: bool,
         stall_limit: float,
         recovery: Recovery | None = None,
     ) -> None:
-        """The settings as they are now: they apply from the next batch (:meth:`repump` to look again now)."""
+        """The settings as they are now: they apply from the next batch (:meth:`Dispatcher.repump` to look again)."""
         self.runner.stall_limit = stall_limit
-        runner = self.runner
-        runner.recovery = None if runner.is_stream else recovery
+        self.runner.recover_with(recovery)
         self.feedback.configure(
             None if recovery is None else recovery.retry, None if recovery is None else recovery.split
         )
-        self.batch_limit, self.slot_limit, self.weight_limit = batch_limit, slot_limit, weight_limit
+        dispatcher = self.dispatcher
+        dispatcher.batch_limit, dispatcher.slot_limit, dispatcher.weight_limit = batch_limit, slot_limit, weight_limit
         self.room.set_limit(room_limit, queue_size, queue_weight_limit)
-        self.priority_wait = priority_wait
-        if policy is not self.policy:
-            policy.bind(self)  # (before it is switched in: one whose bind() raises is not)
-            old, self.policy = self.policy, policy
+        dispatcher.priority_wait = priority_wait
+        if policy is not dispatcher.policy:
+            policy.bind(dispatcher)  # (before it is switched in: one whose bind() raises is not)
+            old, dispatcher.policy = dispatcher.policy, policy
             try:
                 if not keeps(policy, old):  # (one the new policy wraps goes on)
                     old.replaced(policy, self.queue.lanes.values(), self.loop.time())
             except Exception as exc:  # (the new policy is in place: the batcher serves on)
                 message = f"{self.name}: {type(old).__name__}.replaced() raised"
                 self.loop.call_exception_handler({"message": message, "exception": exc})
-        if weighted and not self.queue.weighted:
-            self.queue.keep_weights()
         if self.room.putters:
             self.room.wake()
 
     # ------------------------------------------------------------------ coming in
 
     def put(self, item: Any) -> Entry | None:
-        """Queue ``item`` in the default lane at priority 0 and return its entry, whose ``sink`` its caller awaits;
-        ``None`` if it must wait for room (or be refused). The common case, kept short: the queue's own steps
-        (:meth:`Queue.push`, :meth:`arrived`) written out for the one lane and level it touches."""
+        """Queue ``item`` in the default lane at priority 0, tell the dispatcher, and return its entry, whose ``sink``
+        its caller awaits; ``None`` if it must wait for room (or be refused). The common case, kept short: the
+        queue's own steps (:meth:`Queue.push`) written out for the one lane and level it touches, and the dispatcher
+        told only when it may act (a slot free, no pump to come)."""
         queue = self.queue
         room = self.room
         if queue.waiting + room.reserved >= room.limit or room.putters:
@@ -225,10 +192,11 @@ class Engine(Dispatch):
         queue.fifo0.append(entry)
         lane.count += 1
         queue.waiting += 1
-        if self.in_flight < self.slot_limit:
-            if self.pump_handle is None and (self.timer is None or lane.count >= lane.trigger):
+        dispatcher = self.dispatcher
+        if dispatcher.in_flight < dispatcher.slot_limit:
+            if dispatcher.pump_handle is None:  # (else the pump to come looks at it)
                 try:
-                    self._wake(lane)
+                    dispatcher.arrived(lane)
                 except RuntimeError:  # its loop is closed: as if the item had never come (the long path starts anew)
                     self.unsubmit(entry)
                     return None
@@ -237,48 +205,24 @@ class Engine(Dispatch):
         return entry
 
     def put_entry(self, entry: Entry, priority: float) -> None:
-        """Queue a single item's entry (any lane, weight, priority) and wake the dispatcher if it may be due."""
+        """Queue a single item's entry (any lane, weight, priority) and tell the dispatcher."""
         self.queue.push(entry, priority)
-        self.arrived(entry.lane)  # type: ignore[arg-type]
+        self.dispatcher.arrived(entry.lane)  # type: ignore[arg-type]
 
     def put_bulk(self, bulk: Bulk, priority: float) -> None:
-        """Queue a ``process_many`` call: one entry of the default lane, or an entry per item in its lane."""
+        """Queue a ``process_many`` call: one entry of the default lane, or an entry per item in its lane; tell the
+        dispatcher."""
         if bulk.entries is None:
             self.queue.push_bulk(bulk, priority)
-            self.arrived(self.queue.lane0)
+            self.dispatcher.arrived(self.queue.lane0)
             return
         for entry in bulk.entries:
             self.queue.push(entry, priority)
         for lane in dict.fromkeys(entry.lane for entry in bulk.entries):
-            self.arrived(lane)  # type: ignore[arg-type]
+            self.dispatcher.arrived(lane)  # type: ignore[arg-type]
 
     def lane(self, key: Hashable) -> Lane:
         return self.queue.lane(key)
-
-    def arrived(self, lane: Lane) -> None:
-        """Items joined ``lane``: wake the dispatcher if a batch may now be due: nothing else would (no timer), the
-        policy's size is reached, or the lane's weight is full; a lane that was empty is looked at (its deadline may
-        come before the timer's)."""
-        if self.pump_handle is not None or self.in_flight >= self.slot_limit:
-            return  # the dispatcher is coming already, or no batch can go before one ends (which pumps)
-        if self.timer is None or lane.count >= lane.trigger or lane.weight >= self.weight_limit:
-            self._wake(lane)
-
-    def _wake(self, lane: Lane) -> None:
-        """Schedule the pump for an arrival into a free slot: at once, unless the policy asked to see this lane's
-        next arrival and lets the loop turn first (:meth:`DispatchPolicy.arrival`)."""
-        turns = 0
-        if lane.watch:
-            lane.watch = False
-            try:
-                turns = self.policy.arrival(lane, self.clock())
-            except Exception as exc:  # (raised to the caller, it would leave its item queued, sent to no one)
-                self.internal_error(exc)
-                return
-        if turns:
-            self._turn(turns)
-        else:
-            self.pump_handle = self.loop.call_soon(self._scheduled_pump)
 
     # ------------------------------------------------------------------ leaving without a batch
 
@@ -286,7 +230,7 @@ class Engine(Dispatch):
         """The caller of ``entry`` was cancelled: if its future was (its own cancellation, not an error of
         ``process_batch``), it counts as cancelled, and its item is withdrawn if it has not been sent."""
         if entry.sink.cancelled():
-            self.recorder.cancelled += 1
+            self.recorder.resolved(1, CANCELLED)
             self.withdraw(entry)
 
     def withdraw(self, entry: Entry) -> None:
@@ -303,16 +247,13 @@ class Engine(Dispatch):
         """Take back an item :meth:`put` queued on a loop that turned out not to be the running one: as if it had
         never been submitted (it is submitted again, on the long path)."""
         if self.queue.withdraw(entry):
-            self.recorder.exited -= 1
+            self.recorder.returned(1)
 
     def _withdrawn(self) -> None:
-        # Items left without a batch: room for those in line, and perhaps the end of a drain.
+        # Items left without a batch: room for those in line, the dispatcher told, and perhaps the end of a drain.
         if self.room.putters:
             self.room.wake()
-        if not self.queue.waiting:
-            self._cancel_timer()  # nothing waits: an idle engine keeps no wake-up
-        elif self.timer is not None:
-            self.repump()  # a hold's wake-up count (Lane.trigger) counts the items left: look again
+        self.dispatcher.withdrawn()
         self.check_drained()
 
     def expire_late(self, entry: Any) -> None:
@@ -322,11 +263,11 @@ class Engine(Dispatch):
         if bulk is None:
             sink = entry.sink
             if not sink.done():
-                self.recorder.timed_out += 1
+                self.recorder.resolved(1, TIMED_OUT)
                 sink.set_exception(TimeoutError(f"{self.name}: no result within the timeout"))
             return
         if not bulk.future.done():
-            self.recorder.timed_out += len(bulk.items)
+            self.recorder.resolved(len(bulk.items), TIMED_OUT)
             bulk.future.set_exception(TimeoutError(f"{self.name}: no results within the timeout"))
         self.queue.withdraw_bulk(bulk)
 
@@ -336,15 +277,34 @@ class Engine(Dispatch):
         if not self.inside_own_batch():
             return
         self.queue.withdraw(entry)
-        self.recorder.failed += 1
+        self.recorder.resolved(1, FAILED)
         entry.sink.set_exception(self.reentrant_error())
 
     def inside_own_batch(self) -> bool:
+        """Whether the running code is inside one of this run's batches still in flight (its task, or its
+        thread's)."""
         inside = current_batch.get()
-        return inside is not None and inside.owner is self and inside.is_live()
+        return inside is not None and inside.owner is self.dispatcher and inside.is_live()
+
+    def waits_for_itself(self) -> bool:
+        """Every slot is taken and the running code is inside one of this run's batches: an item it submits (or a
+        wait for room) would wait for its own batch forever."""
+        dispatcher = self.dispatcher
+        return dispatcher.in_flight >= dispatcher.slot_limit and self.inside_own_batch()
+
+    def blocks_itself(self, inside: Batch) -> bool:
+        """Every slot is taken and ``inside`` (the batch whose thread is running) is one of this run's: a blocking
+        call from there would wait for that batch forever."""
+        dispatcher = self.dispatcher
+        return inside.owner is dispatcher and dispatcher.in_flight >= dispatcher.slot_limit
+
+    def slots_named(self) -> int | None:
+        """``concurrency`` as the batcher's settings say it (``None``: no limit)."""
+        slot_limit = self.dispatcher.slot_limit
+        return None if slot_limit == UNLIMITED else slot_limit
 
     def reentrant_error(self) -> ReentrantCallError:
-        slots = "None" if self.slot_limit == UNLIMITED else self.slot_limit
+        slots = self.slots_named()
         return ReentrantCallError(
             f"{self.name}: an item submitted (process(), process_many() or stream()) from inside its own process_batch "
             f"while every slot (concurrency={slots}) is taken would wait for its own batch forever; raise "
@@ -365,7 +325,7 @@ class Engine(Dispatch):
             for entry in live:
                 entry.lane = lane
             self.queue.push_front(lane, live)
-            self.repump()
+            self.dispatcher.repump()
         elif not self.queue.waiting:
             self.check_drained()
 
@@ -375,9 +335,8 @@ class Engine(Dispatch):
         """Refuse new items and the callers in line for room (with ``exc``); send what waits without waiting for
         deadlines; call ``on_drained`` once nothing is queued or in flight."""
         self.on_drained = on_drained
-        self.state = State.STOPPING
         self.room.fail(exc)
-        self.repump()
+        self.dispatcher.drain()
         self.check_drained()
 
     def abort(self, exc: AsyncBatchException) -> None:
@@ -388,27 +347,15 @@ class Engine(Dispatch):
         fail_sinks(self.queue.clear(), exc, rec)
         fail_sinks([sink_of(entry) for entry in self.feedback.backoffs.clear()], exc, rec)
         self.room.fail(exc)
-        for batch in self.batches:
-            batch.abandoned = True
-            batch.lane.in_flight -= 1
-            fail_sinks(batch.sinks, self.runner.stopped_error(batch, exc), rec)
-            if batch.tree is not None:  # the parts of it not called yet
-                fail_sinks(batch.tree.pending_sinks(), exc, rec)
-            if isinstance(batch.handle, asyncio.Task):
-                batch.handle.cancel()
-            for _, ended in self.watchers:
-                ended(batch)
-        self.batches.clear()
-        self.in_flight = 0
-        self._cancel_timer()
+        self.dispatcher.abandon(exc)
         self.check_drained()
 
     def check_drained(self) -> None:
         """During a stop: once nothing is queued or in flight, the drain is over (the stop's ``on_drained``, once)."""
         if (
-            self.state is State.STOPPING
+            self.dispatcher.state is State.STOPPING
             and not self.queue.waiting
-            and not self.in_flight
+            and not self.dispatcher.in_flight
             and not self.feedback.backoffs.waiting
         ):
             on_drained, self.on_drained = self.on_drained, _ignore
@@ -416,15 +363,12 @@ class Engine(Dispatch):
 
     def finish(self) -> None:
         """The end of the run: no wake-up left, and the state says so."""
-        self._cancel_timer()
         self.feedback.backoffs.clear()
-        if self.pump_handle is not None:
-            self.pump_handle.cancel()  # (a stopped run is never dispatched again: a new run starts afresh)
-        self.state = State.STOPPED
+        self.dispatcher.close()  # (a stopped run is never dispatched again: a new run starts afresh)
 
     def stall_changed(self) -> None:
         """The stall timeout changed: the streaming batches waiting for a consumer look at their deadline again."""
-        for batch in self.batches:
+        for batch in self.dispatcher.batches:
             for sink in batch.sinks:
                 sink.wake_producer()
 
@@ -433,6 +377,8 @@ def violations(engine: Engine) -> list[str]:
     """The invariants of :class:`Engine` (and of its queue, room and deadlines) that do not hold now, described (for
     the tests)."""
     found = queue_violations(engine.queue) + deadline_violations(engine.deadlines) + room_violations(engine.room)
-    if engine.in_flight != len(engine.batches):
-        found.append(f"in_flight {engine.in_flight}, but {plural(len(engine.batches), 'batch', 'batches')} in flight")
+    dispatcher = engine.dispatcher
+    if dispatcher.in_flight != len(dispatcher.batches):
+        batches = plural(len(dispatcher.batches), "batch", "batches")
+        found.append(f"in_flight {dispatcher.in_flight}, but {batches} in flight")
     return found

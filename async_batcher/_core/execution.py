@@ -24,6 +24,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 from async_batcher._checks import plural
 from async_batcher._core.batch import Batch, Hooks, current_batch, thread_batch
 from async_batcher._core.ending import Ending
+from async_batcher._core.outcomes import Outcomes
 from async_batcher.exceptions import BatcherStoppedError, ProcessBatchCancelledError
 
 if TYPE_CHECKING:
@@ -59,6 +61,7 @@ class Runner(Ending):
         on_end: Callable[[Batch, int], None],
         join: Callable[[Batch], int],
         feedback: Feedback,
+        calls: list[Callable[[Batch], None]] | None = None,
     ) -> None:
         self.hooks = hooks
         self.name = hooks.name
@@ -77,15 +80,31 @@ class Runner(Ending):
         self.on_end = on_end
         # The engine's, for continuous batching: items of the batch's lane join it (how many).
         self.join = join
-        self.stall_limit = float("inf")  # stream_stall_timeout, or inf (a stream's wait for a slow consumer)
+        self.stall_limit = math.inf  # stream_stall_timeout, or inf (a stream's wait for a slow consumer)
         # on_batch_error, retry, split_on: what a failed call leads to (None: its callers get the error); and what
         # the engine is told of it.
         self.recovery: Recovery | None = None
         self.feedback = feedback
+        self.outcomes = Outcomes(self.name, recorder)  # how the callers of its batches get their outcomes
+        # Told of each call of process_batch as it begins, with what it is handed (async_batcher.testing's).
+        self.calls: list[Callable[[Batch], None]] = [] if calls is None else calls
+
+    def recover_with(self, recovery: Recovery | None) -> None:
+        """The failure settings as they are now (``None``: off; a streaming batch handles its failures itself),
+        bound to this runner's outcomes, feedback and loop."""
+        self.recovery = (
+            None if recovery is None or self.is_stream else recovery.bound(self.outcomes, self.feedback, self.loop)
+        )
 
     def start_after(self, startup: asyncio.Task[None]) -> None:
         """``on_start()`` runs as ``startup``: the batches formed before it ends wait for it, in order."""
         self.startup = startup
+
+    def calling(self, batch: Batch) -> None:
+        """A call of ``process_batch`` begins, on ``batch.items`` (those of its callers still waiting, or of a part of
+        it): tell who watches the calls."""
+        for called in self.calls:
+            called(batch)
 
     def call(self, items: list[Any]) -> Any:
         """``process_batch(batch=items)`` where its parameter is named ``batch`` (as 0.2.2 called it), else by
@@ -144,6 +163,8 @@ class Runner(Ending):
             current_batch.set(batch)
             if self.recovery is not None:
                 batch.kept = batch.items.copy()  # (process_batch may change its list: a failure needs the items)
+            if self.calls:
+                self.calling(batch)
             ran = batch.entered = True
             results = await self.call(batch.items)
         except asyncio.CancelledError as exc:
@@ -182,6 +203,8 @@ class Runner(Ending):
             return
         future.add_done_callback(partial(self.executor_done, batch))
         batch.handle = future
+        if self.calls:
+            self.calling(batch)
 
     def in_thread(self, batch: Batch) -> Any:
         """What the executor runs: ``process_batch``, unless a forced stop answered the callers before it started."""

@@ -20,10 +20,10 @@ import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 from async_batcher import _checks
-from async_batcher._core.sinks import Retry
+from async_batcher.exceptions import TransientError
 
 __all__ = [
     "ErrorMatcher",
@@ -35,6 +35,37 @@ __all__ = [
     "matches",
     "out_of_memory",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """An element of ``process_batch``'s results: this item failed for a transient reason; try it again.
+
+    With a :class:`~async_batcher.failures.RetryPolicy` (``retry=``) the item goes back to the head of its lane after
+    its backoff and joins the next batch; without one, or once it may not be tried again (its attempts, the retry
+    budget, its deadline), its caller gets ``error`` (a :class:`~async_batcher.TransientError` saying why, when
+    ``error`` is ``None``).
+
+    Args:
+        error: What its caller gets if it is not tried again: the transient error (a throttle, ``UnprocessedItems``).
+        after: The least seconds to wait before trying again (a ``Retry-After``); the backoff when longer.
+    """
+
+    error: Exception | None = None
+    after: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.error is not None and not isinstance(self.error, Exception):
+            raise TypeError(f"Retry(error=...) must be an Exception instance or None, got {self.error!r}")
+        if self.after is not None:
+            object.__setattr__(self, "after", _checks.seconds("Retry(after=...)", self.after))
+
+    def outcome(self, why: str = "no retry policy (retry=) is set") -> Exception:
+        """What its caller gets when it is not tried again."""
+        if self.error is not None:
+            return self.error
+        return TransientError(f"process_batch asked to try this item again (Retry); not tried: {why}")
+
 
 #: What classifies an error: an exception class (the error is an instance of it), or a function of the error that
 #: returns whether it matches.
@@ -281,7 +312,8 @@ class SplitOn:
     each ``grow_after`` calls in a row that succeed at the ceiling (additive increase), so that a transient spike
     does not shrink it for good; at the size that failed first the ceiling is lifted. A single item that still fails
     fails alone, with the error. The ceilings are in ``stats.ceilings``, the splits in ``stats.splits``. A key's
-    ceiling outlives its idle lane: it is kept for 1024 keys at most, the key idle longest forgotten first.
+    ceiling outlives its idle lane: it is kept for :attr:`keys_kept` keys at most, the key idle longest forgotten
+    first.
 
     Args:
         errors: Exception classes, or functions of an error, that mean "too big": ``SplitOn(torch.OutOfMemoryError,
@@ -292,6 +324,14 @@ class SplitOn:
     """
 
     __slots__ = ("errors", "grow_after", "grow_by")
+
+    #: With ``item_weight``, a call that succeeds at this share of the weight ceiling or more counts as "at the
+    #: ceiling" (toward ``grow_after``): items of every weight rarely fill it exactly. (Without, a call counts at the
+    #: ceiling's size only.)
+    full_share: ClassVar[float] = 0.75
+    #: The keys whose ceilings are kept once their idle lanes are let go (a ceiling is a safety fact, not scheduling
+    #: history): past this many, the key idle longest is forgotten first.
+    keys_kept: ClassVar[int] = 1024
 
     def __init__(self, *errors: ErrorMatcher, grow_after: int = 8, grow_by: float | None = None) -> None:
         self.errors = _matchers("SplitOn(...)", errors) if errors else (out_of_memory,)

@@ -77,7 +77,9 @@ class RunFeedback:
 
     def configure(self, retry: RetryPolicy | None, split: SplitOn | None) -> None:
         self.retry, self.split = retry, split
-        if split is None:
+        if split is not None:
+            self.queue.ceilings.limit = split.keys_kept
+        else:
             for lane in self.queue.lanes.values():  # split_on turned off: no ceiling left
                 lane.ceiling, lane.weight_ceiling, lane.capacity = UNLIMITED, math.inf, None
             self.queue.ceilings.clear()
@@ -113,7 +115,14 @@ class RunFeedback:
     def held(self, lane: Lane, size: int, weight: float) -> None:
         split = self.split
         if split is not None:
-            ceiling.held(lane, size, weight, weighted=self.queue.weighted, grow_after=split.grow_after)
+            ceiling.held(
+                lane,
+                size,
+                weight,
+                weighted=self.queue.weighted,
+                grow_after=split.grow_after,
+                full_share=split.full_share,
+            )
 
     def settled(self, lane: Lane, size: int, weight: float) -> None:
         if self.split is not None:

@@ -116,7 +116,7 @@ def take(
     if queue.weighted:
         lane.weight -= taken.weight
     queue.waiting -= n
-    queue.recorder.exited += n
+    queue.recorder.left(n)
     queue.changes += 1
     if not any(lane.order):
         lane.clean = True

@@ -63,7 +63,7 @@ class Handoff:
         would wait for itself (as :meth:`AsyncBatcher.stop <async_batcher.AsyncBatcher.stop>` checks)."""
         engine = self.life.run.engine
         task = asyncio.current_task()
-        return engine is not None and any(batch.handle is task for batch in engine.batches)
+        return engine is not None and any(batch.handle is task for batch in engine.dispatcher.batches)
 
     def watch(
         self, sent: Callable[[list[Context]], None], ended: Callable[[list[Context]], None] | None = None
@@ -84,14 +84,15 @@ class Handoff:
                 ended(_contexts(batch))
 
         pair = (on_sent, on_ended if ended is not None else _ignore)
-        engine.watchers.append(pair)
-        engine.joiners.append(sent)
+        dispatcher = engine.dispatcher
+        dispatcher.watchers.append(pair)
+        dispatcher.joiners.append(sent)
 
         def unwatch() -> None:
-            if pair in engine.watchers:
-                engine.watchers.remove(pair)
-            if sent in engine.joiners:
-                engine.joiners.remove(sent)
+            if pair in dispatcher.watchers:
+                dispatcher.watchers.remove(pair)
+            if sent in dispatcher.joiners:
+                dispatcher.joiners.remove(sent)
 
         return unwatch
 

@@ -7,17 +7,17 @@ freed slot for the callers a batch answered, but only while the lane's traffic s
 batch held all its callers (*alone*: far fewer items arrived in the lane while it ran than the lane's rate would
 have brought). Independent arrivals keep coming while a batch runs: the hold stays off for them, and a slot goes
 the moment it is free. While it is off, it is tried (a *probe*), for a cohort of ``cohort`` callers or more, at most
-once every ``probe_every`` seconds, and half as often after each probe that did not gather its lane's callers (up to
-``probe_at_most``): a closed loop that is split shows itself only once gathered. A hold ends when its callers are all
-back, after ``max_hold_time``, or once the lane has had no arrival for ``quiet`` of the time the batch it follows
-took: callers that come back together come back close together.
+once every ``probe_every`` seconds, and ``probe_backoff`` times less often after each probe that did not gather its
+lane's callers (up to ``probe_at_most``): a closed loop that is split shows itself only once gathered. A hold ends
+when its callers are all back, after ``max_hold_time``, or once the lane has had no arrival for ``quiet`` of the time
+the batch it follows took: callers that come back together come back close together.
 """
 
 from __future__ import annotations
 
 import math
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from async_batcher import _checks
 from async_batcher._core.layers import Layer
@@ -51,6 +51,15 @@ class ClosedLoopHold(Layer):
     """A freed slot waits up to ``max_hold_time`` for the callers its batch answered to come back, while the
     lane's traffic is a closed loop (see the module's docstring); over ``inner``'s rule (a
     :class:`~async_batcher.policies.Deadline` by default), which applies whenever no hold does."""
+
+    #: A lane's last batch held all its callers (*alone*) if items arrived in the lane while it ran at this share of
+    #: the lane's rate or less...
+    alone_share: ClassVar[float] = 0.25
+    #: ... the lane's rate bringing this many items or more while it ran (fewer tell nothing).
+    alone_least: ClassVar[float] = 2.0
+    #: A probe that did not gather its lane's callers multiplies the wait for the next by this (up to
+    #: ``probe_at_most``); one that did brings it back to ``probe_every``.
+    probe_backoff: ClassVar[float] = 2.0
 
     def __init__(
         self,
@@ -138,15 +147,16 @@ class ClosedLoopHold(Layer):
         watch = self.inner.ended(lane, batch, callers, now)
         hold = self._hold(lane)
         ran, rate, during = rate_since_end(lane, batch, now)
-        # It held them all if items arrived in the lane while it ran at a quarter of the lane's rate or less, that
-        # rate bringing two or more (fewer tell nothing).
-        hold.alone = rate * ran >= 2 and during * 4 <= rate * ran
-        if batch.tag:  # a probe that gathered them: the next may come soon; one that did not waits twice as long
+        # It held them all if items arrived in the lane while it ran at a share of the lane's rate or less, that rate
+        # bringing a few or more (fewer tell nothing).
+        expected = rate * ran
+        hold.alone = expected >= self.alone_least and during <= self.alone_share * expected
+        if batch.tag:  # a probe that gathered them: the next may come soon; one that did not waits longer
             if hold.alone:
                 hold.probe_wait = self.probe_every
                 hold.probe_at = min(hold.probe_at, now + self.probe_every)
             else:
-                hold.probe_wait = min(2 * hold.probe_wait, self.probe_at_most)
+                hold.probe_wait = min(self.probe_backoff * hold.probe_wait, self.probe_at_most)
         if not self.max_hold_time or not callers:
             return watch
         if self._holding(lane, hold, now):

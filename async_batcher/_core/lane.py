@@ -14,10 +14,11 @@ place in its call; so is an item with a deadline (its caller's ``timeout``), or 
 from __future__ import annotations
 
 import math
-import sys
 from collections import deque
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any
+
+from async_batcher._core.state import UNLIMITED
 
 if TYPE_CHECKING:
     from async_batcher._core.queue import Queue
@@ -80,13 +81,14 @@ class Lane:
     every item that ever arrived in it. The engine's: ``served``, the dispatch count of its last batch (never
     served: just before the count when it came): the due lane served longest ago goes first; ``in_flight``, its
     batches in flight;
-    ``ended`` and ``arrived_at_end``, when its last batch ended and its arrivals then; ``trigger``, the count at
-    which an arrival makes it due at once (the policy's, as the dispatcher last asked it); ``watch``, whether the
+    ``ended`` and ``arrived_at_end``, when its last batch ended and its arrivals then; ``trigger`` and
+    ``trigger_weight``, the count and the weight at which an arrival makes it due at once (as the dispatcher's last
+    decision for it found them: :meth:`~async_batcher._core.dispatcher.Dispatcher.decide`); ``watch``, whether the
     policy asked to see its next arrival. ``memo`` is the dispatch policy's own record of the lane, opaque here.
 
     ``ceiling`` and ``weight_ceiling``: the most items, and weight, its batches take while an out-of-memory split has
-    lowered them (``split_on``; ``sys.maxsize`` and ``inf`` otherwise); ``capacity``, what the split learned
-    (:class:`~async_batcher._core.ceiling.Capacity`), or ``None``.
+    lowered them (``split_on``; :data:`~async_batcher._core.state.UNLIMITED` and ``inf`` otherwise); ``capacity``,
+    what the split learned (:class:`~async_batcher._core.ceiling.Capacity`), or ``None``.
     """
 
     __slots__ = (
@@ -105,6 +107,7 @@ class Lane:
         "queue",
         "served",
         "trigger",
+        "trigger_weight",
         "watch",
         "weight",
         "weight_ceiling",
@@ -126,9 +129,10 @@ class Lane:
         self.ended = -math.inf
         self.arrived_at_end = 0
         self.trigger = 1
+        self.trigger_weight = math.inf
         self.watch = False
         self.memo: Any = None
-        self.ceiling = sys.maxsize  # (policy.UNLIMITED)
+        self.ceiling = UNLIMITED
         self.weight_ceiling = math.inf
         self.capacity: Any = None
 

@@ -18,13 +18,13 @@ come. (Past saturation that is what limits a batch: it closes, in effect, when t
 one late, and the items after that are refused until it goes.)
 
 **The margin.** A batch's time strays from the fit (jitter, a busy loop), the more the longer it is; the prediction
-is a sum of a few batch times. The margin is ``Z`` standard deviations of the prediction, the batches' errors taken
+is a sum of a few batch times. The margin is ``margin`` standard deviations of the prediction, the batches' errors taken
 as independent, each the measured relative spread of the batches' times about the fit, times that batch's time.
 
 **Safeguards** (the pitfalls of BentoML's fitted dispatcher, which cancelled requests while doing no work): the fit
 is never negative (:meth:`AdaptiveWait.model`) and is bounded by what was seen (its cost per batch by the longest of
 the recent batches, its cost per item by the dearest of them per item: one stall does not make every prediction
-wild), nothing is refused before :data:`WARMUP` batches were measured, and an item that finds the batcher idle
+wild), nothing is refused before ``warmup`` batches were measured, and an item that finds the batcher idle
 (nothing queued, nothing in flight) is never refused: the head of the queue is always served, so batches keep going
 and keep the fit true even if it went wild. (An item that finds the queue empty but a batch in flight is judged: it
 waits for that batch.)
@@ -43,20 +43,10 @@ from async_batcher._core.policy import UNLIMITED
 from async_batcher.adaptive import AdaptiveWait
 
 if TYPE_CHECKING:
-    from async_batcher._core.engine import Engine
+    from async_batcher._core.dispatcher import Dispatcher
+    from async_batcher._core.values import RefuseLate
 
 __all__: list[str] = []
-
-#: Batches measured before anything is refused.
-WARMUP = 8
-#: The margin, in standard deviations of the prediction. Three, not 2.33 (1 % of a normal error): the errors come
-#: in groups (a batch that runs long makes every item behind it late together); on the virtual clock, with a model of
-#: 20 % jitter at twice its capacity, 2.33 let 1 % of the answers through late, 3 let 0.3 %, for 1 % less goodput.
-Z = 3.0
-#: The recent batches that bound the fit.
-RECENT = 64
-#: Weight of the newest batch in the relative spread (as in the fit: about the last 20 batches count).
-_DECAY = 0.05
 
 
 class Prediction:
@@ -97,18 +87,27 @@ class Prediction:
 class Lateness:
     """What one batcher measures of its batches to predict when an item would be answered (module docstring)."""
 
-    __slots__ = ("fit", "recent", "seen", "spread2", "tail_deadline")
+    __slots__ = ("fit", "recent", "rule", "seen", "spread2", "tail_deadline")
 
-    def __init__(self) -> None:
+    def __init__(self, rule: RefuseLate) -> None:
+        self.rule = rule  # the constants of the prediction (its warm-up, margin, recent batches, spread's decay)
         self.fit = AdaptiveWait(1.0)  # (its fit only: the budget is not used)
-        self.recent: deque[tuple[int, float]] = deque(maxlen=RECENT)
+        self.recent: deque[tuple[int, float]] = deque(maxlen=rule.recent)
         self.spread2 = 0.0  # the mean square of the batches' relative errors about the fit, as it stood before each
         self.tail_deadline = math.inf  # the earliest deadline of the items of the queue's last batch
-        # What tail_deadline was computed for: the queue's changes, the batch size (which items make the last batch)
-        # and the latency budget. Arrivals keep it up to date; when items leave (cancelled, timed out, sent: their
-        # batch taken, or cut to a preferred size), come back, or their deadlines move, or max_batch_size is set
-        # live, it is computed again from the items queued.
-        self.seen: tuple[int, int, float] | None = None
+        # What tail_deadline was computed for: the queue (a run's), its changes, the batch size (which items make the
+        # last batch) and the latency budget. Arrivals keep it up to date; when items leave (cancelled, timed out,
+        # sent: their batch taken, or cut to a preferred size), come back, or their deadlines move, or
+        # max_batch_size is set live, it is computed again from the items of the last batch (at most
+        # max_batch_size of them). When the last batch is the whole queue, the queue keeps its earliest deadline.
+        self.seen: tuple[object, int, int, float] | None = None
+
+    def use(self, rule: RefuseLate) -> None:
+        """The setting's constants as they are now (what was measured is kept)."""
+        if rule is not self.rule:
+            self.rule = rule
+            if self.recent.maxlen != rule.recent:
+                self.recent = deque(self.recent, maxlen=rule.recent)
 
     def observe(self, size: int, waited: float, elapsed: float) -> None:
         """A batch of ``size`` items ended, ``elapsed`` seconds after it went (a batch observer of the recorder)."""
@@ -118,7 +117,8 @@ class Lateness:
             a, b = self.model()
             predicted = b + a * size
             error = (elapsed - predicted) / predicted if predicted > 0 else 0.0
-            self.spread2 += _DECAY * (min(error * error, 100.0) - self.spread2)  # (one stall counts, boundedly)
+            decay = self.rule.spread_decay
+            self.spread2 += decay * (min(error * error, 100.0) - self.spread2)  # (one stall counts, boundedly)
         self.fit.observe(size, elapsed)
         self.recent.append((size, elapsed))
 
@@ -131,61 +131,64 @@ class Lateness:
         dearest = max(t / n for n, t in self.recent)
         return min(a, dearest), min(b, longest)
 
-    def tail(self, engine: Engine, latency: float) -> float:
+    def tail(self, dispatcher: Dispatcher, latency: float) -> float:
         """The earliest deadline of the items of the queue's last batch (``latency``: the latency budget, ``inf``
-        if none), computed again if the queue changed otherwise than by arrivals, or the batch size changed, since it
-        was last."""
-        queue = engine.queue
-        seen = (queue.changes, engine.batch_limit, latency)
+        if none): the whole queue's, which the queue keeps as items come and go, when the last batch is all of it;
+        else computed again from its items if the queue changed otherwise than by arrivals, or the batch size
+        changed, since it was last."""
+        queue = dispatcher.queue
+        size = dispatcher.batch_limit
+        rest = queue.waiting % size
+        if rest == queue.waiting:
+            return queue.earliest_due_of_all(latency) if rest else math.inf
+        seen = (queue, queue.changes, size, latency)
         if self.seen != seen:
-            size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
-            rest = queue.waiting % size
-            self.tail_deadline = queue.earliest_due(int(rest), latency) if rest else math.inf
+            self.tail_deadline = queue.earliest_due(rest, latency)
             self.seen = seen
         return self.tail_deadline
 
-    def predict(self, engine: Engine, now: float, count: int = 1, latency: float = math.inf) -> Prediction | None:
+    def predict(
+        self, dispatcher: Dispatcher, now: float, count: int = 1, latency: float = math.inf
+    ) -> Prediction | None:
         """When the last of ``count`` items (a call's) that arrive now would be answered, and by when their batch
         must be, for the items already in it (``latency``: the latency budget, ``inf`` if none); ``None``: admit
         them without asking (the warm-up, or an idle batcher: the head of the queue is always served)."""
-        waiting = engine.queue.waiting
-        if (not waiting and not engine.in_flight) or self.fit.observations < WARMUP:
+        waiting = dispatcher.queue.waiting
+        if (not waiting and not dispatcher.in_flight) or self.fit.observations < self.rule.warmup:
             return None
         a, b = self.model()
-        size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
-        slots = math.inf if engine.slot_limit == UNLIMITED else engine.slot_limit
+        size = dispatcher.batch_limit  # (UNLIMITED: one batch takes them all)
+        slots = dispatcher.slot_limit
         wait = 0.0  # until its batch goes
         squares = 0.0  # the squares of the batch times it adds up (for the margin)
-        if engine.in_flight >= slots and engine.batches:
-            first = min(engine.batches, key=lambda batch: batch.started + b + a * batch.size)
+        if dispatcher.in_flight >= slots and dispatcher.batches:
+            first = min(dispatcher.batches, key=lambda batch: batch.started + b + a * batch.size)
             took = b + a * first.size
             wait = max(0.0, first.started + took - now)
             squares += took * took
         total = waiting + count  # the items up to its last, in order
-        ahead = 0  # full batches before its last one's
-        own = total
-        if size < math.inf:
-            ahead = (total - 1) // int(size)
-            own = total - ahead * int(size)
+        ahead = (total - 1) // size  # full batches before its last one's
+        own = total - ahead * size
         if ahead:
-            rounds = ahead / slots
+            rounds = 0.0 if slots == UNLIMITED else ahead / slots  # (with no limit they run beside its own)
             took = b + a * size
             wait += rounds * took
             squares += math.ceil(rounds) * took * took
         took = b + a * own
-        tail = self.tail(engine, latency) if waiting % size else math.inf  # (a tail batch of items already queued)
-        margin = Z * math.sqrt(self.spread2 * (squares + took * took))
+        tail = self.tail(dispatcher, latency) if waiting % size else math.inf  # (a tail batch of items already queued)
+        margin = self.rule.margin * math.sqrt(self.spread2 * (squares + took * took))
         others = own - min(own, count)  # the items of its batch ahead of its own
         drained = wait + (b + a * others if others else 0.0)
         return Prediction(wait + took, margin, tail, drained, b + a * min(own, count), wait)
 
-    def admitted(self, engine: Engine, count: int, deadline: float) -> None:
+    def admitted(self, dispatcher: Dispatcher, count: int, deadline: float) -> None:
         """``count`` items (a call's) are admitted, to be answered by ``deadline`` (``inf``: whenever): the earliest
         deadline of the tail batch, as it will be with them."""
-        if self.seen is None or self.seen[:2] != (engine.queue.changes, engine.batch_limit):
+        queue = dispatcher.queue
+        if self.seen is None or self.seen[:3] != (queue, queue.changes, dispatcher.batch_limit):
             return  # (the queue or the batch size changed since the last prediction: the next computes it again)
-        size = math.inf if engine.batch_limit == UNLIMITED else engine.batch_limit
-        rest = engine.queue.waiting % size
+        size = dispatcher.batch_limit
+        rest = queue.waiting % size
         if not rest or rest + count > size:  # they start a tail batch of their own
             self.tail_deadline = deadline
         elif deadline < self.tail_deadline:

@@ -29,7 +29,7 @@ class Layer(DispatchPolicy):
 
     def wrap(self, inner: DispatchPolicy) -> None:
         """Wrap ``inner`` (a layer's inner policy may be replaced: the batcher's keywords rebuild its policy); a
-        layer already bound binds it to the same engine. A layer that would wrap itself (``inner`` is it, or wraps
+        layer already bound binds it to the same dispatcher. A layer that would wrap itself (``inner`` is it, or wraps
         it) is a ``ValueError``: each question would go round for ever."""
         if keeps(inner, self):
             raise ValueError(
@@ -39,6 +39,7 @@ class Layer(DispatchPolicy):
         self.inner = inner
         self.turns = inner.turns
         self.hard_deadline = inner.hard_deadline
+        self.keep_idle = inner.keep_idle
         signals = getattr(self, "signals", None)
         if signals is not None:
             inner.bind(signals)

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable
 from functools import partial
 from threading import get_ident
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from async_batcher._checks import plural
 from async_batcher._core.batch import current_batch
@@ -31,11 +31,14 @@ from async_batcher._core.state import State
 from async_batcher._core.stopping import Stopping, in_hook, run_hook
 from async_batcher._core.streaming import StreamRunner
 from async_batcher.exceptions import BatcherStoppedError, ReentrantCallError
+from async_batcher.stats import FAILED
 
 if TYPE_CHECKING:
-    from async_batcher._core.batch import Hooks, Watcher
+    from collections.abc import Callable
+
+    from async_batcher._core.batch import Batch, Hooks, Watcher
     from async_batcher._core.settings import Settings
-    from async_batcher.stats import _Recorder
+    from async_batcher.stats import BatcherStats, _Recorder
 
 __all__: list[str] = []
 
@@ -65,10 +68,30 @@ class Run:
         return State.NEW if self.engine is None else self.engine.state
 
 
+class RunningOwner(Protocol):
+    """What :class:`Running` asks of the batcher it is read on."""
+
+    def _running(self) -> bool: ...
+
+
+class Running:
+    """``batcher.running``: computed at each read. Not a property: a non-data descriptor, so that a subclass that
+    sets an attribute of its own named ``running`` (a name 0.2.2's subclasses were free to use) keeps working."""
+
+    @overload
+    def __get__(self, batcher: None, owner: type[Any]) -> Running: ...
+
+    @overload
+    def __get__(self, batcher: RunningOwner, owner: type[Any]) -> bool: ...
+
+    def __get__(self, batcher: RunningOwner | None, owner: type[Any]) -> bool | Running:
+        return self if batcher is None else batcher._running()
+
+
 class Lifecycle(Stopping):
     """A batcher's runs, one after the other: the current one (``run``), how it starts and how it stops."""
 
-    __slots__ = ("hooks", "overridden", "recorder", "run", "settings", "watchers")
+    __slots__ = ("calls", "hooks", "overridden", "recorder", "run", "settings", "watchers")
 
     def __init__(self, hooks: Hooks, settings: Settings, recorder: _Recorder, overridden: frozenset[str]) -> None:
         self.hooks = hooks
@@ -77,10 +100,26 @@ class Lifecycle(Stopping):
         self.overridden = overridden  # the hooks the batcher's class overrides: the others are never called
         self.run = Run(None)
         self.watchers: list[Watcher] = []  # told of the batches of every run (async_batcher.testing's)
+        # Told of each call of process_batch of every run as it begins, with what it is handed (record_batches').
+        self.calls: list[Callable[[Batch], None]] = []
 
     @property
     def name(self) -> str:
         return self.hooks.name
+
+    def stats(self) -> BatcherStats:
+        """A frozen snapshot of the counters (the batcher's, over its runs) and of the current run's state."""
+        engine = self.run.engine
+        if engine is None:
+            return self.recorder.snapshot(self.name, queued=0, awaiting_room=0, in_flight=0)
+        return self.recorder.snapshot(
+            self.name,
+            queued=engine.queue.waiting,
+            awaiting_room=engine.room.awaiting,
+            in_flight=engine.dispatcher.in_flight,
+            ceilings=engine.feedback.ceilings(),
+            queue_weight=engine.room.held,
+        )
 
     # ------------------------------------------------------------------ starting
 
@@ -90,7 +129,7 @@ class Lifecycle(Stopping):
         if run.loop is loop and run.state is State.RUNNING:
             startup = run.startup
             if startup is not None and not startup.done() and self.inside_hook(run, "on_start"):
-                self.recorder.reject(n, "reentrant")
+                self.recorder.rejected(n, "reentrant")
                 raise ReentrantCallError(
                     f"{self.name}: an item submitted from inside on_start() would wait for on_start() forever (the "
                     "first batch waits for it); warm up by calling process_batch() directly"
@@ -98,7 +137,7 @@ class Lifecycle(Stopping):
             return run
         if run.state is State.NEW or run.state is State.RUNNING:
             return self.bind(loop)  # (which refuses another loop that still runs)
-        self.recorder.reject(n, "stopped")
+        self.recorder.rejected(n, "stopped")
         raise BatcherStoppedError(f"{self.name} is {run.state.value}; start() it again to submit items")
 
     def inside_hook(self, run: Run, hook: str) -> bool:
@@ -151,12 +190,12 @@ class Lifecycle(Stopping):
         engine = Engine(
             loop,
             self.recorder,
-            partial(cls, self.hooks, loop, self.recorder, run.context),
+            partial(cls, self.hooks, loop, self.recorder, run.context, calls=self.calls),
             settings.policy,
             name=self.name,
             # The hooks cost a call per item: they are only called when overridden (or weights are limited).
             keyed="batch_key" in self.overridden,
-            weighted="item_weight" in self.overridden or settings.weighted,
+            weighted="item_weight" in self.overridden,  # (a weight limit needs the hook)
             watchers=self.watchers,
         )
         if started is not None:
@@ -168,7 +207,7 @@ class Lifecycle(Stopping):
         self.run = run
         return run
 
-    def settings_changed(self, *, weights: bool = False, room: bool = False, stall: bool = False) -> None:
+    def settings_changed(self, *, room: bool = False, stall: bool = False) -> None:
         """A setting changed on a live batcher: it applies from the next batch (the stall timeout, from now)."""
         run = self.run
         if run.state not in (State.RUNNING, State.STOPPING):
@@ -177,7 +216,7 @@ class Lifecycle(Stopping):
         assert run.engine is not None
         if stall:
             run.engine.stall_changed()
-        run.engine.repump()
+        run.engine.dispatcher.repump()
 
     def _configure(self, run: Run) -> None:
         engine = run.engine
@@ -193,7 +232,6 @@ class Lifecycle(Stopping):
             weight_limit=settings.weight_limit,
             priority_wait=settings.max_priority_wait,
             policy=settings.policy,
-            weighted=settings.weighted,
             recovery=settings.recovery,
         )
         self.choose_fast_path(run)
@@ -230,9 +268,9 @@ class Lifecycle(Stopping):
         assert engine is not None
         rec = self.recorder
         lost = engine.queue.waiting + engine.room.awaiting
-        rec.exited += lost
-        lost += sum(len(batch.items) for batch in engine.batches)
-        rec.failed += lost
+        rec.left(lost)
+        lost += sum(len(batch.items) for batch in engine.dispatcher.batches)
+        rec.resolved(lost, FAILED)
         return lost
 
     def _startup_done(self, run: Run, task: asyncio.Task[None]) -> None:

@@ -10,6 +10,7 @@ group (or a layer of the policy) it stands for. A keyword and its group together
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
@@ -21,14 +22,16 @@ from async_batcher._core.failures import ErrorMatcher, Isolate, RetryPolicy, Spl
 from async_batcher._core.policy import DispatchPolicy
 from async_batcher._core.settings import (
     DISPATCH_KEYWORDS,
+    LAYER_OFF,
     Limits,
+    RefuseLate,
     ResultCache,
     Settings,
     Streaming,
     build_policy,
     find,
 )
-from async_batcher._core.waits import LatencyBudget
+from async_batcher._core.waits import MAX_QUEUE_TIME, LatencyBudget
 from async_batcher.adaptive import AdaptiveWaitState
 
 if TYPE_CHECKING:
@@ -40,11 +43,14 @@ V = TypeVar("V")
 
 
 class BatcherOptions(TypedDict, total=False):
-    """The keyword arguments of :class:`~async_batcher.AsyncBatcher` (and of ``@batch``), all optional."""
+    """The keyword arguments of :class:`~async_batcher.AsyncBatcher` (and of ``@batch``), all optional. Their
+    defaults are in the signature of :class:`~async_batcher.AsyncBatcher` (``help(AsyncBatcher)``,
+    ``inspect.signature(AsyncBatcher)``), taken from where each is made: the values' own (:class:`Limits`,
+    :class:`Streaming`), the policy's (:class:`~async_batcher.policies.Deadline`), the settings'."""
 
     #: How much it takes at once: per batch, in flight, waiting (``None``: no limit). Default ``Limits()``.
     limits: Limits
-    #: When a batch goes: a :class:`~async_batcher.policies.DispatchPolicy`. Default ``Deadline(0.01)``.
+    #: When a batch goes: a :class:`~async_batcher.policies.DispatchPolicy`. Default ``Deadline()``.
     policy: DispatchPolicy
     #: How a streaming ``process_batch`` waits for its consumers. Default ``Streaming()``.
     streaming: Streaming
@@ -54,14 +60,14 @@ class BatcherOptions(TypedDict, total=False):
     wait_when_full: bool
     #: Refuse at admission an item predicted to be answered after its deadline (its ``timeout``, ``default_timeout``
     #: or ``max_latency``), with :class:`~async_batcher.LateRefusalError`; a call with none of them is a
-    #: ``ValueError``. Default False.
-    refuse_late: bool
+    #: ``ValueError``. ``True``, or a :class:`~async_batcher.RefuseLate` that says how it predicts. Default False.
+    refuse_late: bool | RefuseLate
     #: Keep the results of deduplicated items (the ``dedup_key`` hook, which it needs) for a while:
     #: :class:`~async_batcher.ResultCache`. Default ``None``: nothing is kept once a row resolves.
     result_cache: ResultCache | None
     #: Seconds every item may take at most (waiting for room included) when its call gives no ``timeout=``.
     default_timeout: float | None
-    #: The most seconds an item is passed over for items of a better priority. Default 1.
+    #: The most seconds an item is passed over for items of a better priority.
     max_priority_wait: float
     #: A name for logs, statistics and metrics; the class name by default.
     name: str | None
@@ -80,7 +86,7 @@ class BatcherOptions(TypedDict, total=False):
     max_batch_size: int | None
     #: ``Limits.max_batch_weight``, given alone: the most total ``item_weight`` in one batch (``None``: no limit).
     max_batch_weight: float | None
-    #: ``Limits.concurrency``, given alone: the most batches processed at once (``None``: no limit). Default 1.
+    #: ``Limits.concurrency``, given alone: the most batches processed at once (``None``: no limit).
     concurrency: int | None
     #: ``Limits.max_queue_size``, given alone: the most items waiting for a batch (``None``: no limit).
     max_queue_size: int | None
@@ -88,21 +94,20 @@ class BatcherOptions(TypedDict, total=False):
     #: until each call resolves (``None``: no limit); it needs the ``item_weight`` hook.
     max_queue_weight: float | None
     #: The policy's wait, a :class:`~async_batcher.policies.Deadline`: the most seconds the oldest item waits for
-    #: its batch to fill once a slot is free. Default 0.01.
+    #: its batch to fill once a slot is free.
     max_queue_time: float
     #: The policy's wait, a :class:`~async_batcher.policies.LatencyBudget` (the adaptive wait) instead of the
     #: ``Deadline``: each item's latency budget, arrival to result, in seconds. Default ``None``: the ``Deadline``.
     max_latency: float | None
     #: A :class:`~async_batcher.policies.ClosedLoopHold` over the policy: the most seconds a freed slot waits for
-    #: the callers its batch answered. Default 0: no hold.
+    #: the callers its batch answered (0: no hold).
     max_hold_time: float
     #: :class:`~async_batcher.policies.PreferredSizes` over the wait: the batch sizes the model runs best at.
     #: Default none: any size.
     preferred_batch_sizes: Iterable[int]
-    #: ``Streaming.buffer``, given alone: the most parts a stream buffers for its consumer. Default 16.
+    #: ``Streaming.buffer``, given alone: the most parts a stream buffers for its consumer.
     stream_buffer: int
     #: ``Streaming.stall_timeout``, given alone: the most seconds a step waits for a consumer whose buffer is full.
-    #: Default 10.
     stream_stall_timeout: float | None
     # -- async-batcher 0.2.2's, deprecated.
     #: Deprecated (async-batcher 0.2.2): ``max_batch_size``, with a ``DeprecationWarning``.
@@ -116,6 +121,51 @@ class BatcherOptions(TypedDict, total=False):
 OPTIONS = frozenset(BatcherOptions.__annotations__)
 _LIMITS = ("max_batch_size", "max_batch_weight", "concurrency", "max_queue_size", "max_queue_weight")
 _STREAMING = {"stream_buffer": "buffer", "stream_stall_timeout": "stall_timeout"}
+
+
+#: async-batcher 0.2.2's keywords, deprecated: accepted (with a warning), not shown in the signature.
+DEPRECATED = ("batch_size", "sleep_time", "buffering_time")
+
+
+def signature() -> inspect.Signature:
+    """The signature of ``AsyncBatcher.__init__`` as ``help()`` and ``inspect.signature`` show it: every keyword of
+    :class:`BatcherOptions` but the deprecated ones, keyword-only, each with its default as it is made (a fresh
+    :class:`Settings`: the values' own, the policy's, the settings')."""
+    settings = Settings()
+    limits, streaming = settings.limits, settings.streaming
+    defaults: dict[str, Any] = {
+        "limits": limits,
+        "policy": settings.policy,
+        "streaming": streaming,
+        "executor": settings.executor,
+        "wait_when_full": settings.wait_when_full,
+        "refuse_late": settings.refuse_late,
+        "result_cache": settings.result_cache,
+        "default_timeout": settings.default_timeout,
+        "max_priority_wait": settings.max_priority_wait,
+        "name": None,  # (the class's name)
+        "retry": settings.retry,
+        "on_batch_error": settings.on_batch_error,
+        "split_on": settings.split_on,
+        **{key: getattr(limits, key) for key in _LIMITS},
+        "max_queue_time": settings.max_queue_time,
+        **LAYER_OFF,
+        **{key: getattr(streaming, field) for key, field in _STREAMING.items()},
+    }
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    annotations = BatcherOptions.__annotations__
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    parameters += [
+        inspect.Parameter(key, keyword, default=defaults[key], annotation=_named(annotations[key]))
+        for key in annotations
+        if key not in DEPRECATED
+    ]
+    return inspect.Signature(parameters, return_annotation=None)
+
+
+def _named(annotation: Any) -> Any:
+    """An annotation of :class:`BatcherOptions` as written (the ``TypedDict`` keeps a ``ForwardRef`` of it)."""
+    return getattr(annotation, "__forward_arg__", annotation)
 
 
 def settings_from(
@@ -136,10 +186,10 @@ def settings_from(
         both = [key for key in fields if key in options]
         if group in options and both:
             raise TypeError(f"{where}: pass {group}= or {', '.join(f'{key}=' for key in both)}, not both")
-    settings.executor = _checks.executor(options.get("executor"))
-    settings.wait_when_full = _checks.flag("wait_when_full", options.get("wait_when_full", False))
-    settings.refuse_late = _checks.flag("refuse_late", options.get("refuse_late", False))
-    settings.set_result_cache(options.get("result_cache"))
+    settings.executor = _checks.executor(options.get("executor", settings.executor))
+    settings.wait_when_full = _checks.flag("wait_when_full", options.get("wait_when_full", settings.wait_when_full))
+    settings.refuse_late = _refuse_late(options.get("refuse_late", settings.refuse_late))
+    settings.set_result_cache(options.get("result_cache", settings.result_cache))
     limits = options.get("limits")
     if limits is None:
         limits = Limits(**{key: options[key] for key in _LIMITS if key in options})
@@ -153,22 +203,26 @@ def settings_from(
                 f"{where}: pass max_queue_time= or max_latency=, not both: with max_latency the latency budget "
                 "chooses the wait, and max_queue_time would be ignored"
             )
-        settings.max_queue_time = _checks.seconds("max_queue_time", options.get("max_queue_time", 0.01))
+        settings.max_queue_time = _checks.seconds("max_queue_time", options.get("max_queue_time", MAX_QUEUE_TIME))
         policy = build_policy(
-            max_queue_time=settings.max_queue_time,
-            max_latency=options.get("max_latency"),
-            max_hold_time=options.get("max_hold_time", 0.0),
-            preferred_batch_sizes=options.get("preferred_batch_sizes", ()),
+            max_queue_time=settings.max_queue_time, **{key: options.get(key, off) for key, off in LAYER_OFF.items()}
         )
     settings.set_limits(limits)
     settings.set_streaming(streaming)
     settings.set_policy(policy, from_keywords="policy" not in options)
-    settings.max_priority_wait = _checks.seconds("max_priority_wait", options.get("max_priority_wait", 1.0))
-    settings.set_timeout(options.get("default_timeout"))
-    settings.set_retry(options.get("retry"))
-    settings.set_on_batch_error(options.get("on_batch_error"))
-    settings.set_split_on(options.get("split_on"))
+    wait = options.get("max_priority_wait", settings.max_priority_wait)
+    settings.max_priority_wait = _checks.seconds("max_priority_wait", wait)
+    settings.set_timeout(options.get("default_timeout", settings.default_timeout))
+    settings.set_retry(options.get("retry", settings.retry))
+    settings.set_on_batch_error(options.get("on_batch_error", settings.on_batch_error))
+    settings.set_split_on(options.get("split_on", settings.split_on))
     return settings, options.get("name")
+
+
+def _refuse_late(value: object) -> bool | RefuseLate:
+    """``refuse_late=`` as given (checked): ``True``, ``False`` or a :class:`RefuseLate`."""
+    RefuseLate.of(value)
+    return value  # type: ignore[return-value]
 
 
 def _deprecated(options: dict[str, Any]) -> None:
@@ -280,9 +334,9 @@ class SettingsView:
     wait_when_full: _Setting[bool] = _plain(
         "wait_when_full", lambda v: _checks.flag("wait_when_full", v), "On a full queue, wait for room (else raise)."
     )
-    refuse_late: _Setting[bool] = _plain(
+    refuse_late: _Setting[bool | RefuseLate] = _plain(
         "refuse_late",
-        lambda v: _checks.flag("refuse_late", v),
+        _refuse_late,
         "Refuse at admission an item predicted to miss its deadline (:class:`~async_batcher.LateRefusalError`).",
     )
     result_cache: _Setting[ResultCache | None] = _Setting(
@@ -316,5 +370,4 @@ class SettingsView:
         budget: LatencyBudget | None = find(self._settings.policy, LatencyBudget)
         if budget is None:
             return None
-        slots = self._settings.limits.concurrency
-        return budget.adaptive.state(-1 if slots is None else slots)
+        return budget.adaptive.state(self._settings.slot_limit)

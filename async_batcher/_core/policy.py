@@ -1,7 +1,7 @@
 """The dispatch policy's interface: when a lane's next batch goes, how many items it takes, and what the policy
 remembers as batches go and end (public through :mod:`async_batcher.policies`).
 
-The engine (:mod:`~async_batcher._core.engine`) owns the queue, the slots and the timer; it asks its policy, while a
+The dispatcher (:mod:`~async_batcher._core.dispatcher`) owns the slots and the timer; it asks its policy, while a
 slot is free and items of a lane wait, when that lane's batch is due. Two things never ask: a full batch
 (``max_batch_size`` items or ``max_batch_weight``) and a stop (the drain) go at once. The words of the rule are in
 the glossary of the documentation (docs/glossary.md).
@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import enum
 import math
-import sys
 from collections.abc import Iterable
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
+
+from async_batcher._core.state import UNLIMITED
 
 __all__ = ["UNLIMITED", "BatchFacts", "DispatchPolicy", "LaneView", "Reason", "Signals"]
-
-#: "No limit" as a count the hot path compares without a branch.
-UNLIMITED: Final = sys.maxsize
 
 
 class Reason(enum.StrEnum):
@@ -44,7 +42,7 @@ class Reason(enum.StrEnum):
 
 
 class Signals(Protocol):
-    """What a policy may read of the engine that asks it (a run's): its limits as they are now, and its pressure."""
+    """What a policy may read of the dispatcher that asks it (a run's): its limits as they are now, and its pressure."""
 
     @property
     def batch_limit(self) -> int:
@@ -157,11 +155,15 @@ class DispatchPolicy:
     turns: int = 0
     #: A deadline of this policy bounds a hold too (a latency budget does; ``max_queue_time`` does not).
     hard_deadline: bool = False
+    #: The idle lanes (batch keys with nothing queued and no batch in flight) kept for their history, those whose
+    #: last batch ended last: when their last batch ended, their arrivals then, this policy's memo of them. A key
+    #: used again finds its lane's history; a stream of new keys (one a user) keeps no more than this many.
+    keep_idle: int = 16
 
     signals: Signals
 
     def bind(self, signals: Signals) -> None:
-        """A run begins (the batcher starts): the engine that will ask this policy."""
+        """A run begins (the batcher starts): the dispatcher that will ask this policy."""
         self.signals = signals
 
     def changed(self) -> None:
@@ -178,7 +180,7 @@ class DispatchPolicy:
         raise NotImplementedError
 
     def full_at(self, lane: LaneView, now: float) -> int:
-        """How many items make the lane's batch go at once, before :meth:`due` (the engine also wakes for the
+        """How many items make the lane's batch go at once, before :meth:`due` (the dispatcher also wakes for the
         arrival that reaches it); :data:`UNLIMITED`: only a full batch."""
         return UNLIMITED
 
@@ -195,7 +197,7 @@ class DispatchPolicy:
         return Reason.DEADLINE
 
     def pumping(self, now: float) -> None:
-        """The engine is about to look at the lanes (once per pass, however many lanes)."""
+        """The dispatcher is about to look at the lanes (once per pass, however many lanes)."""
 
     def dispatched(self, lane: LaneView, batch: BatchFacts, now: float) -> None:
         """A batch of ``lane`` goes."""

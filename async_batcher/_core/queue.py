@@ -8,6 +8,7 @@ Batches are formed from the queue by :mod:`~async_batcher._core.forming`.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -26,10 +27,6 @@ __all__: list[str] = []
 
 # The key of every item when batch_key is not overridden.
 DEFAULT_KEY: Hashable = object()
-
-# The idle lanes (empty, no batch in flight) kept for their history when keys come and go: a service's keys (a
-# model, a length bucket) are usually fewer; a stream of new keys (one a user) keeps no more than this.
-KEEP_IDLE = 16
 
 _ended = attrgetter("ended")
 _first = itemgetter(0)
@@ -53,12 +50,17 @@ class Queue:
     ``changes`` counts the changes of the queued items other than arrivals at the ends of their levels (items that
     left, items put back at the head, a queued item's deadline that moved): what is computed over the queued items
     in their order (the deadline of the last batch, :meth:`earliest_due`) is computed again when it has changed.
+    Over the whole queue it is kept as items come and go instead (:meth:`earliest_due_of_all`): a heap of each
+    item's due, whose entries that left, or whose due moved, are dropped as they reach its top.
     """
 
     __slots__ = (
         "ceilings",
         "changes",
         "dispatches",
+        "dues",
+        "dues_latency",
+        "dues_seq",
         "expire",
         "fifo0",
         "lane0",
@@ -82,8 +84,13 @@ class Queue:
         self.recorder = recorder
         # The engine's: an entry (or a plain bulk call) whose deadline passed has left the queue: fail its caller.
         self.expire: Callable[[Any], None] = _ignore
-        # The out-of-memory ceilings (split_on) of keys whose idle lanes were let go: kept beyond KEEP_IDLE.
+        # The out-of-memory ceilings (split_on) of keys whose idle lanes were let go: kept beyond the idle lanes.
         self.ceilings = Kept()
+        # Each queued item's due, (due, seq, entry), from the first time the whole queue's earliest is asked (a late
+        # refusal's), with the latency budget it was computed for; seq: the tie-break (entries are never compared).
+        self.dues: list[tuple[float, int, Any]] | None = None
+        self.dues_latency = math.inf
+        self.dues_seq = 0
 
     # ------------------------------------------------------------------ entering
 
@@ -111,6 +118,8 @@ class Queue:
         self.waiting += 1
         if entry.deadline < math.inf:
             self.tracked = True
+        if self.dues is not None:
+            self._note_due(entry)
 
     def push_front(self, lane: Lane, entries: Sequence[Entry]) -> None:
         """Put items tried again back at the head of their lane (its best priority, in their order): they join its
@@ -123,9 +132,12 @@ class Queue:
         if self.weighted:
             lane.weight += sum(entry.weight for entry in entries)
         self.waiting += n
-        self.recorder.exited -= n
+        self.recorder.returned(n)
         self.tracked = True
         self.changes += 1
+        if self.dues is not None:
+            for entry in entries:
+                self._note_due(entry)
 
     def push_bulk(self, bulk: Bulk, priority: float) -> None:
         """Queue a plain ``process_many`` call as one entry of the default lane."""
@@ -141,6 +153,8 @@ class Queue:
         self.waiting += n
         if bulk.deadline < math.inf:
             self.tracked = True
+        if self.dues is not None:
+            self._note_due(bulk)
 
     # ------------------------------------------------------------------ leaving without a batch
 
@@ -156,7 +170,7 @@ class Queue:
         if self.weighted:
             lane.weight -= entry.weight
         self.waiting -= 1
-        self.recorder.exited += 1
+        self.recorder.left(1)
         self.changes += 1
         return True
 
@@ -174,7 +188,7 @@ class Queue:
             if self.weighted:
                 lane.weight -= unsent
             self.waiting -= unsent
-            self.recorder.exited += unsent
+            self.recorder.left(unsent)
             self.changes += 1
         return unsent
 
@@ -197,11 +211,15 @@ class Queue:
             lane.clean = True
         self.lanes = {self.lane0.key: self.lane0}
         self.changes += 1
+        if self.dues is not None:
+            self.dues.clear()
         return sinks
 
-    def deadline_moved(self) -> None:
+    def deadline_moved(self, entry: Entry) -> None:
         """A queued item's deadline moved (a shared row's callers came or left)."""
         self.changes += 1
+        if self.dues is not None:
+            self._note_due(entry)
 
     # ------------------------------------------------------------------ looking
 
@@ -252,6 +270,41 @@ class Queue:
                 oldest = min(oldest, head.arrival)
         return oldest
 
+    def earliest_due_of_all(self, latency: float) -> float:
+        """The earliest deadline of every item queued (:meth:`earliest_due` of them all), from the heap of dues kept
+        as items come: entries that left, or whose due moved, are dropped as they reach its top, so that departures
+        cost no look at the rest of the queue. The heap is made (again) at the first call, for a new latency budget,
+        and when it holds more than twice what is queued."""
+        dues = self.dues
+        if dues is None or latency != self.dues_latency or len(dues) > 2 * self.waiting + 64:
+            dues = self._dues_made(latency)
+        while dues:
+            due, _, entry = dues[0]
+            now_due, n = due_of(entry, latency)
+            if not n:  # it left (sent, withdrawn)
+                heapq.heappop(dues)
+            elif now_due != due:  # its caller left, or a shared row's deadline moved
+                self.dues_seq += 1
+                heapq.heapreplace(dues, (now_due, self.dues_seq, entry))
+            else:
+                return due
+        return math.inf
+
+    def _dues_made(self, latency: float) -> list[tuple[float, int, Any]]:
+        self.dues, self.dues_latency = [], latency
+        for lane in self.lanes.values():
+            if lane.count:
+                for entry in lane.entries():
+                    self._note_due(entry)
+        heapq.heapify(self.dues)
+        return self.dues
+
+    def _note_due(self, entry: Any) -> None:
+        due, n = due_of(entry, self.dues_latency)
+        if n and self.dues is not None:
+            self.dues_seq += 1
+            heapq.heappush(self.dues, (due, self.dues_seq, entry))
+
     def earliest_due(self, count: int, latency: float) -> float:
         """The earliest deadline of the last ``count`` items queued (by arrival, the whole queue seen as one line),
         each item due by its caller's deadline (a shared row's: its callers' now) or ``latency`` seconds after its
@@ -265,15 +318,9 @@ class Queue:
                 for entry in reversed(fifo):
                     if seen >= count:
                         break
-                    if entry.__class__ is Bulk:
-                        n = len(entry.items) - entry.pos if entry.lane is not None else 0
-                        deadline = math.inf if entry.future.done() else entry.deadline
-                    else:
-                        n = 0 if entry.lane is None else 1
-                        sink = entry.sink
-                        deadline = math.inf if sink.done() else deadline_of(sink, entry.deadline)
+                    due, n = due_of(entry, latency)
                     if n:
-                        found.append((entry.arrival, min(deadline, entry.arrival + latency), n))
+                        found.append((entry.arrival, due, n))
                         seen += n
         found.sort(key=_first, reverse=True)  # (stable: of equal arrivals, the later in its level first)
         due = math.inf
@@ -284,9 +331,10 @@ class Queue:
             count -= n
         return due
 
-    def drop_empty_lanes(self) -> None:
+    def drop_empty_lanes(self, keep: int) -> None:
         """Keys come and go: forget the lanes that hold nothing and have no batch in flight, all but the
-        :data:`KEEP_IDLE` whose last batch ended last; the default lane stays. A key used again finds its lane's
+        ``keep`` (:attr:`DispatchPolicy.keep_idle <async_batcher.policies.DispatchPolicy.keep_idle>`) whose last
+        batch ended last; the default lane stays. A key used again finds its lane's
         history (when its last batch ended, the rate since, the policy's memo), as the default lane's callers do; a
         stream of new keys keeps at most that many idle lanes. A lane's out-of-memory ceiling is kept longer, in
         :attr:`ceilings` (:class:`~async_batcher._core.ceiling.Kept`): a key used again finds it, however many keys
@@ -304,10 +352,10 @@ class Queue:
                 lane.order = []
                 lane.clean = True
             idle.append(lane)
-        if len(idle) > KEEP_IDLE:
+        if len(idle) > keep:
             idle.sort(key=_ended)
             lanes = self.lanes
-            for lane in idle[: len(idle) - KEEP_IDLE]:
+            for lane in idle[: len(idle) - keep]:
                 # (A key whose hash changes, against the contract of a dict key, may find its lane, another or none,
                 # at each look: a lane found that is not this one goes back, so that the pump never fails and no
                 # lane that holds items is lost.)
@@ -318,16 +366,19 @@ class Queue:
                     elif lane.capacity is not None:
                         self.ceilings.park(lane)  # (its ceiling outlives it: Kept)
 
-    def keep_weights(self) -> None:
-        """Weights come into play on a running batcher: count the queued items' weights from now on."""
-        self.weighted = True
-        for lane in self.lanes.values():
-            lane.weight = 0.0
-            for entry in lane.entries():
-                if entry.__class__ is not Bulk:
-                    lane.weight += entry.weight if entry.lane is not None else 0.0
-                elif entry.lane is not None:
-                    lane.weight += len(entry.items) - entry.pos
+
+def due_of(entry: Any, latency: float) -> tuple[float, int]:
+    """A queued entry's due (its caller's deadline, a shared row's callers' now, or ``latency`` seconds after its
+    arrival, whichever comes first; a caller that has left has no deadline) and how many items of it are queued (0:
+    it left)."""
+    if entry.__class__ is Bulk:
+        n = len(entry.items) - entry.pos if entry.lane is not None else 0
+        deadline = math.inf if entry.future.done() else entry.deadline
+    else:
+        n = 0 if entry.lane is None else 1
+        sink = entry.sink
+        deadline = math.inf if sink.done() else deadline_of(sink, entry.deadline)
+    return min(deadline, entry.arrival + latency), n
 
 
 def violations(queue: Queue) -> list[str]:

@@ -30,10 +30,14 @@ from async_batcher._core.lane import WeightedEntry
 from async_batcher._core.parts import Part, Tree
 from async_batcher._core.policy import Reason
 from async_batcher._core.sinks import as_results, deadline_of, deliver, fail_sinks
+from async_batcher.stats import TIMED_OUT
 
 if TYPE_CHECKING:
+    import asyncio
+
     from async_batcher._core.batch import Batch
-    from async_batcher._core.ending import Ending
+    from async_batcher._core.feedback import Feedback
+    from async_batcher._core.outcomes import Outcomes
 
 __all__: list[str] = []
 
@@ -47,7 +51,7 @@ def _done(sink: Any) -> bool:
 class Recovery:
     """A batcher's failure settings as its runner applies them (see the module's docstring)."""
 
-    __slots__ = ("isolate", "retry", "sizes", "split")
+    __slots__ = ("feedback", "isolate", "loop", "outcomes", "retry", "sizes", "split")
 
     def __init__(
         self,
@@ -61,22 +65,33 @@ class Recovery:
         self.retry = retry
         self.split = split
         self.sizes = sizes  # preferred_batch_sizes: the size of a split's parts (a bisection cuts halves)
+        # A runner's, once bound (:meth:`bound`): how its callers get their outcomes, what the engine is told, the loop.
+        self.outcomes: Outcomes
+        self.feedback: Feedback
+        self.loop: asyncio.AbstractEventLoop
+
+    def bound(self, outcomes: Outcomes, feedback: Feedback, loop: asyncio.AbstractEventLoop) -> Recovery:
+        """These settings as a runner applies them: its outcomes, its feedback, its loop."""
+        recovery = Recovery(isolate=self.isolate, retry=self.retry, split=self.split, sizes=self.sizes)
+        recovery.outcomes, recovery.feedback, recovery.loop = outcomes, feedback, loop
+        return recovery
 
     # ------------------------------------------------------------------ the end of a call
 
-    def settle(self, runner: Ending, batch: Batch, results: Any, error: BaseException | None, *, ran: bool) -> bool:
+    def settle(self, batch: Batch, results: Any, error: BaseException | None, *, ran: bool) -> bool:
         """A call of ``batch`` (of a part of it) has ended: answer, fail, or hand on each of its items. True if the
-        batch goes on (the next part is on its way, in its slot); False: it is over, and frees its slot."""
+        batch goes on (its next part is installed: the runner calls it, in its slot); False: it is over, and frees
+        its slot."""
         if not ran:  # not called: its callers had all left, or its executor refused it
             if error is None:
-                self._add(batch, runner.answer(batch, results))
+                self._add(batch, self.outcomes.answer(batch, results))
             else:
-                self._fail(runner, batch, error)
+                self._fail(batch, error)
         elif error is None:
-            self._answered(runner, batch, results)
+            self._answered(batch, results)
         else:
-            self._failed(runner, batch, error)
-        return self._next(runner, batch)
+            self._failed(batch, error)
+        return self._next(batch)
 
     def _add(self, batch: Batch, answered: int) -> None:
         if batch.tree is not None:
@@ -84,16 +99,16 @@ class Recovery:
         else:
             batch.answered += answered
 
-    def _fail(self, runner: Ending, batch: Batch, error: BaseException) -> None:
-        self._add(batch, runner.fail(batch, error, cut_off=False))
+    def _fail(self, batch: Batch, error: BaseException) -> None:
+        self._add(batch, self.outcomes.fail(batch, error, cut_off=False))
 
-    def _answered(self, runner: Ending, batch: Batch, results: Any) -> None:
-        recorder = runner.recorder
+    def _answered(self, batch: Batch, results: Any) -> None:
+        recorder = self.outcomes.recorder
         try:
             checked = as_results(results, batch.size)
         except Exception as exc:  # the wrong number of results, or not a sequence: every caller of the call gets why
-            logger.warning("%s: %s", runner.name, exc)
-            recorder.processed += batch.size
+            logger.warning("%s: %s", self.outcomes.name, exc)
+            recorder.processed(batch.size)
             self._add(batch, fail_sinks(batch.sinks, exc, recorder))
             return
         tree = batch.tree
@@ -101,48 +116,48 @@ class Recovery:
         if self.split is not None:
             weight = _weight_of(batch)
             if tree is None:  # (a batch's own call; the parts of a split say what fits now: settled at its end)
-                runner.feedback.held(batch.lane, size, weight)
+                self.feedback.held(batch.lane, size, weight)
             else:
                 tree.ok_size, tree.ok_weight = max(tree.ok_size, size), max(tree.ok_weight, weight)
         if tree is not None and tree.part.sibling is not None:
             tree.part.sibling.presumed = True  # this half of a failed part succeeded: the other holds the fault
         if Retry not in set(map(type, checked)):
-            recorder.processed += size
+            recorder.processed(size)
             if self.retry is not None and self.retry.budget is not None:
-                runner.feedback.retries_earned(size)
+                self.feedback.retries_earned(size)
             self._add(batch, deliver(batch.sinks, checked, recorder, futures_only=batch.futures_only))
             return
         tree = self._tree(batch)
         index = tree.part.index
         kept = [k for k, result in enumerate(checked) if result.__class__ is not Retry]
         if kept:
-            recorder.processed += len(kept)
+            recorder.processed(len(kept))
             if self.retry is not None and self.retry.budget is not None:
-                runner.feedback.retries_earned(len(kept))
+                self.feedback.retries_earned(len(kept))
             sinks = [tree.sinks[index[k]] for k in kept]
             tree.answered += deliver(sinks, [checked[k] for k in kept], recorder, futures_only=tree.futures_only)
         again = [k for k, result in enumerate(checked) if result.__class__ is Retry]
-        self._again(runner, batch, [index[k] for k in again], [checked[k] for k in again], progress=bool(kept))
+        self._again(batch, [index[k] for k in again], [checked[k] for k in again], progress=bool(kept))
 
-    def _failed(self, runner: Ending, batch: Batch, error: BaseException) -> None:
+    def _failed(self, batch: Batch, error: BaseException) -> None:
         size = batch.size
         if not isinstance(error, Exception):  # cancelled, interrupted: every item left fails with it
             self.fold(batch)
-            runner.recorder.processed += batch.size
-            self._fail(runner, batch, error)
+            self.outcomes.recorder.processed(batch.size)
+            self._fail(batch, error)
             return
         split, retry, isolate = self.split, self.retry, self.isolate
         if split is not None and matches(error, split.errors):
             if size > 1:
-                runner.recorder.count("splits")
+                self.outcomes.recorder.count("splits")
                 tree = self._tree(batch)
                 weighted = tree.weights is not None
-                ceiling = runner.feedback.lowered(batch.lane, size, tree.weight(tree.part.index))
+                ceiling = self.feedback.lowered(batch.lane, size, tree.weight(tree.part.index))
                 parts = self._pieces(tree, tree.part.index, ceiling, weighted=weighted)
                 tree.pending.extendleft(reversed([Part(piece, error) for piece in parts]))
                 logger.info(
                     "%s: a call of %s ran out of memory (%s): split into %s; ceiling now %g%s",
-                    runner.name,
+                    self.outcomes.name,
                     plural(size, "item"),
                     type(error).__name__,
                     plural(len(parts), "part"),
@@ -152,7 +167,7 @@ class Recovery:
                 return
         elif retry is not None and matches(error, retry.retry_on):
             tree = self._tree(batch)
-            self._again(runner, batch, list(tree.part.index), [error] * size, progress=False)
+            self._again(batch, list(tree.part.index), [error] * size, progress=False)
             return
         elif isolate is not None:
             tree = self._tree(batch)
@@ -168,18 +183,18 @@ class Recovery:
                 tree.pending.extendleft((second, first))
                 logger.debug(
                     "%s: process_batch raised %s on %s: bisecting",
-                    runner.name,
+                    self.outcomes.name,
                     type(error).__name__,
                     plural(size, "item"),
                 )
                 return
-            self._poison(runner, batch, error)
-        runner.recorder.processed += size
-        self._fail(runner, batch, error)
+            self._poison(batch, error)
+        self.outcomes.recorder.processed(size)
+        self._fail(batch, error)
 
-    def _poison(self, runner: Ending, batch: Batch, error: BaseException) -> None:
+    def _poison(self, batch: Batch, error: BaseException) -> None:
         """An item failed alone: it is at fault. Its caller gets the error after ``on_poison`` has seen it."""
-        runner.recorder.count("isolated")
+        self.outcomes.recorder.count("isolated")
         isolate = self.isolate
         hook = None if isolate is None else isolate.on_poison
         if hook is None:
@@ -194,29 +209,32 @@ class Recovery:
         try:
             context.copy().run(hook, item, error)
         except Exception as exc:
-            runner.loop.call_exception_handler(
-                {"message": f"{runner.name}: on_poison() failed; the item's caller gets its error", "exception": exc}
+            self.loop.call_exception_handler(
+                {
+                    "message": f"{self.outcomes.name}: on_poison() failed; the item's caller gets its error",
+                    "exception": exc,
+                }
             )
 
     # ------------------------------------------------------------------ tried again
 
-    def _again(self, runner: Ending, batch: Batch, index: list[int], outcomes: list[Any], *, progress: bool) -> None:
+    def _again(self, batch: Batch, index: list[int], outcomes: list[Any], *, progress: bool) -> None:
         """The items at ``index`` of the tree failed transiently (``outcomes``: a :class:`Retry` each, or the error
         raised): back to the engine for another try, or failed now if they may not be tried again."""
         tree = batch.tree
         assert tree is not None
-        recorder = runner.recorder
+        recorder = self.outcomes.recorder
         policy = self.retry
         errors = [outcome.error if outcome.__class__ is Retry else outcome for outcome in outcomes]
         if policy is None:
-            self._give_up(runner, tree, index, errors, "no retry policy (retry=) is set")
+            self._give_up(tree, index, errors, "no retry policy (retry=) is set")
             return
-        now = runner.loop.time()
+        now = self.loop.time()
         try:
             share = policy.draw()
         except Exception as exc:
-            runner.loop.call_exception_handler(
-                {"message": f"{runner.name}: RetryPolicy.jitter failed", "exception": exc}
+            self.loop.call_exception_handler(
+                {"message": f"{self.outcomes.name}: RetryPolicy.jitter failed", "exception": exc}
             )
             share = 1.0
         error_of = dict(zip(index, errors, strict=True))
@@ -228,29 +246,29 @@ class Recovery:
             attempts = tree.attempts[i] + (0 if progress and tree.tries[i] else 1)
             tries = tree.tries[i] + 1
             if attempts >= policy.attempts or tries >= policy.tries_limit:
-                self._give_up(runner, tree, [i], [error], f"tried {plural(tries, 'time')}")
+                self._give_up(tree, [i], [error], f"tried {plural(tries, 'time')}")
                 continue
             delay = share * policy.bound(attempts)
             if outcome.__class__ is Retry and outcome.after is not None:
                 delay = max(delay, outcome.after)
             if now + delay >= deadline_of(tree.sinks[i], tree.deadlines[i]):
-                self._give_up(runner, tree, [i], [error], "its deadline comes before its next try")
+                self._give_up(tree, [i], [error], "its deadline comes before its next try")
                 continue
             going.append((i, delay, attempts, tries))
         if going and policy.budget is not None:
-            allowed = runner.feedback.retries_allowed(len(going))
+            allowed = self.feedback.retries_allowed(len(going))
             if allowed < len(going):
                 late = going[allowed:]
                 going = going[:allowed]
                 recorder.count("retries_refused", len(late))
                 places = [g[0] for g in late]
-                self._give_up(runner, tree, places, [error_of[i] for i in places], "the retry budget is spent")
+                self._give_up(tree, places, [error_of[i] for i in places], "the retry budget is spent")
         groups: dict[float, list[WeightedEntry]] = {}
         for i, delay, attempts, tries in going:
             groups.setdefault(delay, []).append(self._entry(batch, tree, i, attempts, tries))
         for delay, entries in groups.items():
             recorder.count("retried", len(entries))
-            runner.feedback.retry_later(batch.lane.key, entries, delay)
+            self.feedback.retry_later(batch.lane.key, entries, delay)
 
     def _entry(self, batch: Batch, tree: Tree, i: int, attempts: int, tries: int) -> WeightedEntry:
         sink = tree.sinks[i]
@@ -270,13 +288,13 @@ class Recovery:
             tries=tries,
         )
 
-    def _give_up(self, runner: Ending, tree: Tree, index: list[int], errors: list[Any], why: str) -> None:
+    def _give_up(self, tree: Tree, index: list[int], errors: list[Any], why: str) -> None:
         """Items that failed transiently and are not tried again: each caller gets its error."""
-        runner.recorder.processed += len(index)
+        self.outcomes.recorder.processed(len(index))
         for i, error in zip(index, errors, strict=True):
             if error is None:
                 error = Retry().outcome(why)
-            tree.answered += fail_sinks([tree.sinks[i]], error, runner.recorder)
+            tree.answered += fail_sinks([tree.sinks[i]], error, self.outcomes.recorder)
 
     # ------------------------------------------------------------------ the parts
 
@@ -287,12 +305,12 @@ class Recovery:
             tree.answered = batch.answered
         return tree
 
-    def _next(self, runner: Ending, batch: Batch) -> bool:
+    def _next(self, batch: Batch) -> bool:
         """Call the next part of the batch, if any is left: True. Else the batch is over: False."""
         tree = batch.tree
         if tree is None:
             return False
-        now = runner.loop.time()
+        now = self.loop.time()
         while tree.pending:
             part = tree.pending.popleft()
             live = []
@@ -301,7 +319,7 @@ class Recovery:
                 if _done(sink):
                     continue  # its caller left (or its process_many call failed): it is not sent
                 if tree.deadlines[i] <= now:
-                    tree.answered += _expire(runner, sink)
+                    tree.answered += _expire(self.outcomes, sink)
                     continue
                 live.append(i)
             if not live:
@@ -323,17 +341,16 @@ class Recovery:
             if part.isolating:
                 if tree.extra_left <= 0:  # the isolation's calls are spent: its items get the error that covers them
                     assert part.error is not None
-                    runner.recorder.processed += len(live)
-                    tree.answered += fail_sinks([tree.sinks[i] for i in live], part.error, runner.recorder)
+                    self.outcomes.recorder.processed(len(live))
+                    tree.answered += fail_sinks([tree.sinks[i] for i in live], part.error, self.outcomes.recorder)
                     continue
                 tree.extra_left -= 1
-            self._install(runner, batch, tree, part)
-            runner.recorder.count("extra_calls")
-            runner.feedback.calling(batch)
-            runner.launch(batch)
+            self._install(batch, tree, part)
+            self.outcomes.recorder.count("extra_calls")
+            self.feedback.calling(batch)
             return True
         if self.split is not None and tree.ok_size:
-            runner.feedback.settled(batch.lane, tree.ok_size, tree.ok_weight)
+            self.feedback.settled(batch.lane, tree.ok_size, tree.ok_weight)
         batch.answered = tree.answered
         batch.tree = None
         batch.size = len(tree.items)
@@ -341,7 +358,7 @@ class Recovery:
         batch.entered = False
         return False
 
-    def _install(self, runner: Ending, batch: Batch, tree: Tree, part: Part) -> None:
+    def _install(self, batch: Batch, tree: Tree, part: Part) -> None:
         """Make ``part`` the batch's: what its call of ``process_batch`` is given, and what answers its callers."""
         index = part.index
         tree.part = part
@@ -358,7 +375,7 @@ class Recovery:
         batch.futures_only = tree.futures_only
         batch.entered = False
         batch.reason = Reason.SPLIT
-        batch.called = runner.loop.time()
+        batch.called = self.loop.time()
 
     def fold(self, batch: Batch) -> None:
         """Make every item left (the part called, and those not called yet) the batch's, to fail them at once."""
@@ -409,19 +426,19 @@ def _weight_of(batch: Batch) -> float:
     return float(batch.size) if batch.weights is None else sum(batch.weights)
 
 
-def _expire(runner: Ending, sink: Any) -> int:
+def _expire(outcomes: Outcomes, sink: Any) -> int:
     """An item whose deadline passed before its part's call: it is never sent; its caller gets ``TimeoutError`` (a
     ``process_many`` call's: the whole call). Returns the calls that resolved."""
-    recorder = runner.recorder
+    recorder = outcomes.recorder
     if sink.__class__ is tuple:
         bulk = sink[0]
         if bulk.future.done():
             return 0
-        recorder.timed_out += len(bulk.items)
-        bulk.future.set_exception(TimeoutError(f"{runner.name}: no results within the timeout"))
+        recorder.resolved(len(bulk.items), TIMED_OUT)
+        bulk.future.set_exception(TimeoutError(f"{outcomes.name}: no results within the timeout"))
         return 1
     if sink.done():
         return 0
-    recorder.timed_out += 1
-    sink.set_exception(TimeoutError(f"{runner.name}: no result within the timeout"))
+    recorder.resolved(1, TIMED_OUT)
+    sink.set_exception(TimeoutError(f"{outcomes.name}: no result within the timeout"))
     return 1

@@ -14,10 +14,10 @@ from async_batcher._core.late import Lateness
 from async_batcher._core.settings import find
 from async_batcher._core.waits import LatencyBudget
 from async_batcher.exceptions import LateRefusalError
+from async_batcher.stats import FAILED
 
 if TYPE_CHECKING:
-    from async_batcher._core.engine import Engine
-    from async_batcher._core.lifecycle import Lifecycle
+    from async_batcher._core.dispatcher import Dispatcher
     from async_batcher._core.settings import Settings
     from async_batcher.stats import _Recorder
 
@@ -27,24 +27,25 @@ __all__ = ["LateRefusal"]
 class LateRefusal:
     """The refusal of the late for one batcher, under its settings as they are now."""
 
-    __slots__ = ("lateness", "life", "recorder", "settings")
+    __slots__ = ("lateness", "name", "recorder", "settings")
 
-    def __init__(self, life: Lifecycle, settings: Settings, recorder: _Recorder) -> None:
-        self.life = life
+    def __init__(self, name: str, settings: Settings, recorder: _Recorder) -> None:
+        self.name = name
         self.settings = settings
         self.recorder = recorder
         self.lateness: Lateness | None = None  # what is measured, from the first time refuse_late is on
         self.measure_lateness()
 
-    @property
-    def name(self) -> str:
-        return self.life.name
-
     def measure_lateness(self) -> Lateness | None:
-        """With ``refuse_late`` on: what is measured of the batches to predict an item's answer, from now on."""
-        if self.lateness is None and self.settings.refuse_late:
-            self.lateness = Lateness()
-            self.recorder.add_observer(self.lateness.observe)
+        """With ``refuse_late`` on: what is measured of the batches to predict an item's answer, from now on, under
+        the setting's constants as they are now."""
+        rule = self.settings.late
+        if rule is not None:
+            if self.lateness is None:
+                self.lateness = Lateness(rule)
+                self.recorder.add_observer(self.lateness.observe)
+            else:
+                self.lateness.use(rule)
         return self.lateness
 
     def latency(self) -> float:
@@ -62,7 +63,9 @@ class LateRefusal:
                 "default_timeout= or max_latency= on the batcher (a generous timeout for the calls that may wait)"
             )
 
-    def refuse_if_late(self, engine: Engine, n: int, deadline: float | None, *, waited: bool = False) -> float | None:
+    def refuse_if_late(
+        self, dispatcher: Dispatcher, n: int, deadline: float | None, *, waited: bool = False
+    ) -> float | None:
         """With ``refuse_late``: refuse ``n`` items (a call's) predicted to be answered after their deadline, or to
         make the items ahead of them in their batch late (:class:`LateRefusalError`, with when to try again); else
         return their deadline (``inf``: none), to note once they are admitted. ``waited``: they waited in line for
@@ -71,17 +74,17 @@ class LateRefusal:
             return None
         lateness = self.measure_lateness()
         assert lateness is not None
-        now = engine.loop.time()
+        now = dispatcher.loop.time()
         latency = self.latency()
         due = min(math.inf if deadline is None else deadline, now + latency)
-        prediction = None if due == math.inf else lateness.predict(engine, now, n, latency)
+        prediction = None if due == math.inf else lateness.predict(dispatcher, now, n, latency)
         if prediction is None or prediction.late_by(now, due) <= 0:
             return due
         if waited:
-            self.recorder.exited += n
-            self.recorder.failed += n
+            self.recorder.left(n)
+            self.recorder.resolved(n, FAILED)
         else:
-            self.recorder.reject(n, "late")
+            self.recorder.rejected(n, "late")
         late = prediction.late_by(now, due)
         held = due > prediction.tail
         whose = "the deadline of the items ahead of it in its batch" if held else "its deadline"
@@ -89,7 +92,7 @@ class LateRefusal:
         retry = prediction.retry(due - now, held=held)
         raise LateRefusalError(
             f"{self.name}: refused: predicted to be answered in {prediction.seconds * 1e3:.1f} ms (margin "
-            f"{prediction.margin * 1e3:.1f} ms; {_checks.plural(engine.queue.waiting, 'item')} queued ahead), "
+            f"{prediction.margin * 1e3:.1f} ms; {_checks.plural(dispatcher.queue.waiting, 'item')} queued ahead), "
             f"{late * 1e3:.1f} ms past {whose}; retry after {retry:.3f} s",
             predicted=prediction.seconds,
             margin=prediction.margin,
@@ -97,7 +100,7 @@ class LateRefusal:
             retry_after=retry,
         )
 
-    def admitted(self, engine: Engine, n: int, due: float) -> None:
+    def admitted(self, dispatcher: Dispatcher, n: int, due: float) -> None:
         """``n`` items due by ``due`` were admitted now: the tail they join is held to their deadline."""
         if self.lateness is not None:
-            self.lateness.admitted(engine, n, due)
+            self.lateness.admitted(dispatcher, n, due)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from async_batcher._checks import plural
+from async_batcher._core.state import UNLIMITED
 from async_batcher.exceptions import OversizedItemError, QueueFullException
+from async_batcher.stats import CANCELLED, FAILED, TIMED_OUT
 
 if TYPE_CHECKING:
     from async_batcher._core.deadlines import Deadlines
@@ -58,7 +59,7 @@ class Room:
     def __init__(self, queue: Queue, name: str) -> None:
         self.queue = queue
         self.name = name
-        self.limit = sys.maxsize  # max_queue_size as the queue compares it (sys.maxsize: none)
+        self.limit = UNLIMITED  # max_queue_size as the queue compares it
         self.size: int | None = None  # max_queue_size as the user gave it (for messages)
         self.weight_limit = math.inf  # max_queue_weight (inf: none); set by the engine
         self.putters: deque[tuple[asyncio.Future[None], int, float]] = deque()  # (waiter, items, weight)
@@ -165,13 +166,13 @@ class Room:
                 self.reserved -= n
                 self.reserved_weight -= weight
             self.awaiting -= n
-            recorder.exited += n
+            recorder.left(n)
             if isinstance(exc, asyncio.CancelledError):
-                recorder.cancelled += n
+                recorder.resolved(n, CANCELLED)
             elif isinstance(exc, TimeoutError):
-                recorder.timed_out += n
+                recorder.resolved(n, TIMED_OUT)
             else:
-                recorder.failed += n
+                recorder.resolved(n, FAILED)
             self.wake()  # it may have been the head of the line, holding smaller requests back
             raise
         finally:

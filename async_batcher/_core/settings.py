@@ -21,10 +21,10 @@ from async_batcher._core.hold import ClosedLoopHold
 from async_batcher._core.layers import Layer, PreferredSizes, preferred_sizes
 from async_batcher._core.policy import UNLIMITED, DispatchPolicy
 from async_batcher._core.recovery import Recovery
-from async_batcher._core.values import Limits, ResultCache, Streaming
-from async_batcher._core.waits import Deadline, LatencyBudget
+from async_batcher._core.values import Limits, RefuseLate, ResultCache, Streaming
+from async_batcher._core.waits import MAX_QUEUE_TIME, Deadline, LatencyBudget
 
-__all__ = ["Limits", "ResultCache", "Streaming"]
+__all__ = ["Limits", "RefuseLate", "ResultCache", "Streaming"]
 
 
 # The batcher (its settings) each policy serves: one policy serves one batcher. (A policy that can be neither a
@@ -51,6 +51,8 @@ def _set_owner(policy: DispatchPolicy, owner: weakref.ref[Settings] | None) -> N
 
 #: The dispatch keywords of the constructor: each builds (a layer of) the policy.
 DISPATCH_KEYWORDS = ("max_queue_time", "max_latency", "max_hold_time", "preferred_batch_sizes")
+#: What the dispatch keywords of a layer read when the policy has no such layer (and build none): off.
+LAYER_OFF: dict[str, Any] = {"max_latency": None, "max_hold_time": 0.0, "preferred_batch_sizes": ()}
 
 
 def layers(policy: DispatchPolicy) -> list[DispatchPolicy]:
@@ -82,9 +84,10 @@ class Settings:
         self.streaming = Streaming()
         self.policy: DispatchPolicy = Deadline()
         self.from_keywords = True  # the policy was built from the dispatch keywords (not given as policy=)
-        self.max_queue_time = 0.01  # what max_queue_time says when the policy has no Deadline (a latency budget)
+        self.max_queue_time = MAX_QUEUE_TIME  # what max_queue_time says when the policy has no Deadline
         self.wait_when_full = False
-        self.refuse_late = False  # refuse at admission an item predicted to miss its deadline
+        # Refuse at admission an item predicted to miss its deadline: False, True or a RefuseLate, as given.
+        self.refuse_late: bool | RefuseLate = False
         self.result_cache: ResultCache | None = None
         self.default_timeout: float | None = None
         self.max_priority_wait = 1.0
@@ -127,10 +130,9 @@ class Settings:
         return math.inf if weight is None else weight
 
     @property
-    def weighted(self) -> bool:
-        """Items have weights to keep: a weight limit is set (``item_weight`` overridden is the lifecycle's to
-        know)."""
-        return self.limits.max_batch_weight is not None or self.limits.max_queue_weight is not None
+    def late(self) -> RefuseLate | None:
+        """How ``refuse_late`` predicts (``None``: off)."""
+        return RefuseLate.of(self.refuse_late)
 
     @property
     def stall_limit(self) -> float:
@@ -198,13 +200,20 @@ class Settings:
                 "weight",
                 "every item would weigh 1 (max_queue_size bounds their number)",
             )
+        if limits.max_batch_weight is not None:
+            self._needs_hook(
+                "max_batch_weight",
+                limits.max_batch_weight,
+                "item_weight",
+                "weight",
+                "every item would weigh 1 (max_batch_size bounds their number)",
+            )
         old = self.limits
-        weights = (limits.max_batch_weight, limits.max_queue_weight) != (None, None) and not self.weighted
         room = (limits.max_queue_size or UNLIMITED) > (old.max_queue_size or UNLIMITED) or (
             limits.max_queue_weight or math.inf
         ) > (old.max_queue_weight or math.inf)
         self.limits = limits
-        self.changed(weights=weights, room=room)
+        self.changed(room=room)
 
     def set_limit(self, name: str, value: Any) -> None:
         self.set_limits(replace(self.limits, **{name: value}))
@@ -273,12 +282,12 @@ class Settings:
             return self.max_queue_time if deadline is None else deadline.max_queue_time
         if name == "max_latency":
             budget = find(policy, LatencyBudget)
-            return None if budget is None else budget.max_latency
+            return LAYER_OFF[name] if budget is None else budget.max_latency
         if name == "max_hold_time":
             hold = find(policy, ClosedLoopHold)
-            return 0.0 if hold is None else hold.max_hold_time
+            return LAYER_OFF[name] if hold is None else hold.max_hold_time
         sizes = find(policy, PreferredSizes)
-        return () if sizes is None else sizes.sizes
+        return LAYER_OFF[name] if sizes is None else sizes.sizes
 
     def set_dispatch_keyword(self, name: str, value: Any) -> None:
         """A dispatch keyword set on a live batcher: the parameter of its layer of the policy, in place (what the

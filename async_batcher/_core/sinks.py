@@ -13,12 +13,12 @@ import inspect
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Final
 
-from async_batcher import _checks
-from async_batcher.exceptions import BatchSizeMismatchError, TransientError
+from async_batcher._core.failures import Retry
+from async_batcher.exceptions import BatchSizeMismatchError
+from async_batcher.stats import FAILED, SUCCEEDED
 
 if TYPE_CHECKING:
     from async_batcher._core.lane import Lane, WeightedEntry
@@ -61,36 +61,6 @@ def deadline_of(sink: Any, recorded: float) -> float:
     """An item's deadline (``inf``: none): the one ``recorded`` as it was queued (its caller's), or, for a shared
     row, its callers' now."""
     return sink.deadline() if isinstance(sink, SharedSink) else recorded
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """An element of ``process_batch``'s results: this item failed for a transient reason; try it again.
-
-    With a :class:`~async_batcher.failures.RetryPolicy` (``retry=``) the item goes back to the head of its lane after
-    its backoff and joins the next batch; without one, or once it may not be tried again (its attempts, the retry
-    budget, its deadline), its caller gets ``error`` (a :class:`~async_batcher.TransientError` saying why, when
-    ``error`` is ``None``).
-
-    Args:
-        error: What its caller gets if it is not tried again: the transient error (a throttle, ``UnprocessedItems``).
-        after: The least seconds to wait before trying again (a ``Retry-After``); the backoff when longer.
-    """
-
-    error: Exception | None = None
-    after: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.error is not None and not isinstance(self.error, Exception):
-            raise TypeError(f"Retry(error=...) must be an Exception instance or None, got {self.error!r}")
-        if self.after is not None:
-            object.__setattr__(self, "after", _checks.seconds("Retry(after=...)", self.after))
-
-    def outcome(self, why: str = "no retry policy (retry=) is set") -> Exception:
-        """What its caller gets when it is not tried again."""
-        if self.error is not None:
-            return self.error
-        return TransientError(f"process_batch asked to try this item again (Retry); not tried: {why}")
 
 
 class Bulk:
@@ -181,13 +151,13 @@ class Bulk:
         places, :meth:`fail_chunk`)."""
         if self.future.done():
             return
-        self.recorder.failed += len(self.items)
+        self.recorder.resolved(len(self.items), FAILED)
         self.future.set_exception(exc)
 
     def _succeed(self) -> None:
         failed = sum(1 for r in self.results if isinstance(r, BaseException))
-        self.recorder.failed += failed
-        self.recorder.succeeded += len(self.items) - failed
+        self.recorder.resolved(failed, FAILED)
+        self.recorder.resolved(len(self.items) - failed, SUCCEEDED)
         self.future.set_result(self.results)
 
 
@@ -270,7 +240,7 @@ def fail_sinks(sinks: list[Any], exc: BaseException, recorder: _Recorder) -> int
         elif not sink.done():
             sink.set_exception(exc)
             failed += 1
-    recorder.failed += failed
+    recorder.resolved(failed, FAILED)
     return failed + resolved
 
 
@@ -286,12 +256,12 @@ def deliver(sinks: list[Any], results: Sequence[Any], recorder: _Recorder, *, fu
                 if not sink.done():
                     sink.set_result(result)
                     settled += 1
-            recorder.succeeded += settled
+            recorder.resolved(settled, SUCCEEDED)
             return settled
         # Every caller still waits (the common case): set them all in one pass in C. Nothing can finish a
         # future meanwhile: set_result schedules its callbacks, it does not run them.
         consume(map(_set_result, sinks, results))
-        recorder.succeeded += len(sinks)
+        recorder.resolved(len(sinks), SUCCEEDED)
         return len(sinks)
     i = resolved = 0
     for sink in sinks:
@@ -311,8 +281,8 @@ def deliver(sinks: list[Any], results: Sequence[Any], recorder: _Recorder, *, fu
             result = result.outcome()
         if isinstance(result, BaseException):
             sink.set_exception(result)
-            recorder.failed += 1
+            recorder.resolved(1, FAILED)
         else:
             sink.set_result(result)
-            recorder.succeeded += 1
+            recorder.resolved(1, SUCCEEDED)
     return resolved

@@ -69,7 +69,7 @@ class Stopping:
         if loop is not asyncio.get_running_loop():
             raise RuntimeError(f"{self.name} runs on another event loop; call stop() there")
         task = asyncio.current_task()
-        if any(batch.handle is task for batch in engine.batches):
+        if any(batch.handle is task for batch in engine.dispatcher.batches):
             raise ReentrantCallError(
                 f"{self.name}: stop() awaited inside its own process_batch would wait for that batch forever; "
                 "stop it from outside the batch"
@@ -95,7 +95,7 @@ class Stopping:
                     self.name,
                     timeout,
                     loop.time() - began,
-                    plural(engine.in_flight, "batch", "batches"),
+                    plural(engine.dispatcher.in_flight, "batch", "batches"),
                     plural(engine.queue.waiting, "item"),
                 )
                 engine.abort(BatcherStoppedError(f"{self.name} was stopped: stop(timeout={timeout}) expired"))

@@ -36,8 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from async_batcher._core.batch import Batch, current_batch
 from async_batcher._core.execution import Runner
-from async_batcher._core.sinks import END, Retry, as_results
+from async_batcher._core.failures import Retry
+from async_batcher._core.sinks import END, as_results
 from async_batcher.exceptions import BatcherStoppedError
+from async_batcher.stats import FAILED, SUCCEEDED, TIMED_OUT
 
 if TYPE_CHECKING:
     from async_batcher.stats import _Recorder
@@ -74,7 +76,7 @@ class StreamSink(asyncio.Future[None]):
         """The stream is complete: its consumer gets the parts delivered, then the end."""
         if not self.done():
             self.set_result(None)
-            self._recorder.succeeded += 1
+            self._recorder.resolved(1, SUCCEEDED)
 
     def set_result(self, result: None) -> None:
         super().set_result(result)
@@ -180,6 +182,7 @@ class StreamRunner(Runner):
                 # Its size: the most items it holds at once (items join and leave a stream batch as it runs).
                 entered = batch.size = len(batch.items)
                 current_batch.set(batch)
+                self.calling(batch)
                 batch.entered = True
                 steps = self.call(batch.items)
                 async for parts in steps:
@@ -223,10 +226,10 @@ class StreamRunner(Runner):
             if part is END:
                 sink.end()
             elif part.__class__ is Retry:  # (a stream's items are not tried again: its error ends the stream)
-                self.recorder.failed += 1
+                self.recorder.resolved(1, FAILED)
                 sink.set_exception(part.outcome("a streaming process_batch is not retried"))
             elif isinstance(part, Exception):
-                self.recorder.failed += 1
+                self.recorder.resolved(1, FAILED)
                 sink.set_exception(part)
             else:
                 sink.put(part)
@@ -241,7 +244,7 @@ class StreamRunner(Runner):
                 if deadline is None:
                     deadline = partial(self._stall_deadline, self.loop.time())
                 if not await sink.room(deadline):
-                    self.recorder.timed_out += 1
+                    self.recorder.resolved(1, TIMED_OUT)
                     sink.set_exception(
                         TimeoutError(
                             f"{self.name}: the stream's consumer took none of its {sink.limit} buffered parts within "
@@ -263,7 +266,7 @@ class StreamRunner(Runner):
         if entered:
             self.record(batch)
             if not batch.abandoned:
-                self.recorder.processed += entered
+                self.recorder.processed(entered)
         self.release(batch)
 
 

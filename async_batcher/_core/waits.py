@@ -17,7 +17,7 @@ good. A caller after an idle spell goes at once.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from async_batcher import _checks
 from async_batcher._core.policy import UNLIMITED, BatchFacts, DispatchPolicy, cycle, rate_since_end
@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from async_batcher._core.policy import LaneView
 
 __all__ = ["Deadline", "LatencyBudget"]
+
+#: ``max_queue_time`` by default (:class:`Deadline`'s): the most seconds the oldest item waits for its batch to fill.
+MAX_QUEUE_TIME: Final = 0.01
+#: The loop's turns after a batch's end by default (:class:`Deadline`'s and :class:`LatencyBudget`'s).
+TURNS: Final = 4
 
 
 class _Regather:
@@ -69,7 +74,7 @@ class Deadline(_Waiting):
     during the ``turns`` after a batch's end, share it); more waits for fuller batches at the price of latency.
     """
 
-    def __init__(self, max_queue_time: float = 0.01, *, turns: int = 4, regather: bool = True) -> None:
+    def __init__(self, max_queue_time: float = MAX_QUEUE_TIME, *, turns: int = TURNS, regather: bool = True) -> None:
         super().__init__(turns=turns, regather=regather)
         self.max_queue_time = max_queue_time
 
@@ -102,7 +107,7 @@ class LatencyBudget(_Waiting):
 
     hard_deadline = True
 
-    def __init__(self, max_latency: float, *, turns: int = 4, regather: bool = True) -> None:
+    def __init__(self, max_latency: float, *, turns: int = TURNS, regather: bool = True) -> None:
         super().__init__(turns=turns, regather=regather)
         self.adaptive = AdaptiveWait(_checks.seconds("max_latency", max_latency, positive=True))
         self._trigger = 1
@@ -119,7 +124,7 @@ class LatencyBudget(_Waiting):
     def pumping(self, now: float) -> None:
         signals = self.signals
         self.adaptive.note_arrivals(signals.arrivals, now)
-        target = self.adaptive.target_size(_concurrency(signals.concurrency))
+        target = self.adaptive.target_size(signals.concurrency)
         limit = signals.batch_limit
         self._trigger = max(1, min(limit, math.ceil(target) if target < math.inf else UNLIMITED))
 
@@ -139,7 +144,3 @@ class LatencyBudget(_Waiting):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_latency={self.max_latency!r}, turns={self.turns}, regather={self.regather})"
-
-
-def _concurrency(slots: int) -> int:
-    return -1 if slots == UNLIMITED else slots

@@ -121,14 +121,14 @@ def test_a_failing_observer_is_logged_and_the_others_still_run(caplog: pytest.Lo
     recorder.add_observer(lambda *args: seen.append(args))
     recorder.add_observer(broken)  # idempotent
     assert len(recorder.observers) == 2
-    recorder.record_batch(3, 0.25, 0.5)
+    recorder.batch_ended(3, 0.25, 0.5)
     assert seen == [(3, 0.25, 0.5)]
     assert recorder.batches == 1
     assert "a batch observer raised" in caplog.text
     assert caplog.records[0].name == "async_batcher.stats"
     recorder.remove_observer(broken)
     recorder.remove_observer(broken)  # a no-op the second time
-    recorder.record_batch(1, 0.0, 0.0)
+    recorder.batch_ended(1, 0.0, 0.0)
     assert len(seen) == 2
     with pytest.raises(TypeError, match="must be callable"):
         recorder.add_observer(42)  # type: ignore[arg-type]

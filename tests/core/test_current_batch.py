@@ -63,6 +63,9 @@ async def test_keyed_and_weighted_items_keep_their_contexts_too() -> None:
         def batch_key(self, item: int) -> int:
             return item % 2
 
+        def item_weight(self, item: int) -> float:
+            return 1.0
+
     b = Keyed(max_batch_size=8, max_queue_time=0.01, max_batch_weight=100)
 
     async def many() -> list[str]:

@@ -467,7 +467,7 @@ async def held_cohort(b: Recording) -> asyncio.Future[Any]:
     for _ in range(2):
         await asyncio.gather(*(b.process(i) for i in range(4)))
     back = asyncio.ensure_future(b.process(9))
-    await until(lambda: engine_of(b).timer is not None)  # (after the regather's turns)
+    await until(lambda: engine_of(b).dispatcher.timer is not None)  # (after the regather's turns)
     assert not back.done() and b.stats.queued == 1, "not held"
     return back
 
@@ -567,7 +567,7 @@ async def test_a_policy_switched_during_the_turns_after_a_batch_keeps_the_turns_
     await turns(2)
     gate.set()
     engine = engine_of(b)
-    await until(lambda: not b.in_flight and engine.pump_handle is not None)  # its end: the turns begin
+    await until(lambda: not b.in_flight and engine.dispatcher.pump_handle is not None)  # its end: the turns begin
     b.policy = Deadline(0, turns=0)
     calls.append(asyncio.ensure_future(b.process(4)))
     assert await outcomes(calls) == [2, 4, 6, 8]
@@ -895,7 +895,7 @@ async def _moment(moment: str, gate: asyncio.Event) -> tuple[Recording, list[asy
         calls += [asyncio.ensure_future(b.process(i)) for i in range(1, 3)]
         await turns(2)
         gate.set()
-        await until(lambda: not b.in_flight and engine_of(b).pump_handle is not None)
+        await until(lambda: not b.in_flight and engine_of(b).dispatcher.pump_handle is not None)
     elif moment == "room":  # a batch in flight, the queue full, callers in line for room
         b = Recording(max_queue_time=0, gate=gate, max_batch_size=2, max_queue_size=4, wait_when_full=True)
         calls = [asyncio.ensure_future(b.process(i)) for i in range(12)]
@@ -920,7 +920,7 @@ async def _moment(moment: str, gate: asyncio.Event) -> tuple[Recording, list[asy
         b = Recording(max_queue_time=5.0, gate=gate)
         calls = [asyncio.ensure_future(b.process(i)) for i in range(3)]
         await turns(3)
-        assert engine_of(b).timer is not None
+        assert engine_of(b).dispatcher.timer is not None
     return b, calls, other
 
 
@@ -1214,7 +1214,7 @@ async def test_record_batches_ends_a_batch_cut_off_by_a_forced_stop() -> None:
     b.start()
     with record_batches(b) as log:
         call = asyncio.ensure_future(b.process(1))
-        await turns(2)
+        await until(lambda: b.batches)  # in process_batch (a batch cut off before its call is never recorded)
         await b.stop(force=True)
     (got,) = await outcomes([call])
     assert isinstance(got, BatcherStoppedError)

@@ -50,14 +50,14 @@ from typing import Any
 import pytest
 
 from async_batcher import END, AsyncBatcher, BatcherStoppedError, QueueFullException, testing
-from async_batcher.policies import ClosedLoopHold, Deadline, LaneView
+from async_batcher.policies import ClosedLoopHold, Deadline, DispatchPolicy, LaneView
 from tests.batchers import Recording, engine_of, stop_as, until
 from tests.loops import VirtualClockLoop
 
 pytestmark = pytest.mark.virtual_time
 
-# The idle lanes a batcher keeps for their history when keys come and go (async_batcher/_core/queue.py KEEP_IDLE).
-KEEP_IDLE = 16
+# The idle lanes a batcher keeps for their history when keys come and go (the policy's keep_idle).
+KEEP_IDLE = DispatchPolicy.keep_idle
 
 
 class Keyed(Recording):
@@ -99,7 +99,7 @@ def clean(b: AsyncBatcher[Any, Any]) -> None:
 def quiet(b: AsyncBatcher[Any, Any]) -> bool:
     """Nothing queued, nothing in flight, no pump to come."""
     s = b.stats
-    return not s.queued and not s.in_flight and engine_of(b).pump_handle is None
+    return not s.queued and not s.in_flight and engine_of(b).dispatcher.pump_handle is None
 
 
 def idle_without_timer(b: AsyncBatcher[Any, Any]) -> None:
@@ -1488,7 +1488,7 @@ async def test_a_stop_during_the_turns_then_a_restart(cls: type[Recording], how:
         assert await b.process(0) == 0
         for _ in range(turns):
             await asyncio.sleep(0)
-        seen.append((engine_of(b).pump_handle is not None, b.stats.queued, b.stats.in_flight))
+        seen.append((engine_of(b).dispatcher.pump_handle is not None, b.stats.queued, b.stats.in_flight))
         await stop_as(b, how, timeout=0.05)
 
     first = asyncio.ensure_future(first_then_stop())

@@ -53,7 +53,8 @@ import pytest
 
 from async_batcher import AsyncBatcher, BatcherStoppedError, testing
 from async_batcher._core.lane import Lane
-from async_batcher._core.queue import KEEP_IDLE, Queue
+from async_batcher._core.queue import Queue
+from async_batcher.policies import DispatchPolicy
 from tests.batchers import (
     AllKeyed,
     Recording,
@@ -66,6 +67,9 @@ from tests.batchers import (
     until,
     warm,
 )
+
+# The idle lanes a batcher keeps for their history (the policy's keep_idle).
+KEEP_IDLE = DispatchPolicy.keep_idle
 
 pytestmark = pytest.mark.virtual_time
 
@@ -216,7 +220,7 @@ async def test_a_lane_due_at_once_does_not_wait_for_another_lanes_hold_timer(ser
         assert await asyncio.gather(*(b.process(i) for i in range(4))) == [0, 2, 4, 6]  # the default lane's four
         back = asyncio.ensure_future(b.process(5))  # one of them back: the hold keeps it, with a timer
         await turns(3)
-        assert engine_of(b).timer is not None and not b.stats.in_flight
+        assert engine_of(b).dispatcher.timer is not None and not b.stats.in_flight
         sent = loop.time()
         assert await b.process(150) == 300  # key 1 owes nobody, and both slots are free
         assert b.started_at[b.batches.index([150])] == sent
@@ -297,8 +301,8 @@ async def test_thousands_of_keys_churning_keep_the_bound_and_release_their_keys(
     looks = [0]
     drop = Queue.drop_empty_lanes
 
-    def checked(queue: Queue) -> None:
-        drop(queue)
+    def checked(queue: Queue, keep: int) -> None:
+        drop(queue, keep)
         looks[0] += 1
         idle = [
             lane for lane in queue.lanes.values() if not lane.count and not lane.in_flight and lane is not queue.lane0
@@ -412,9 +416,13 @@ async def test_a_kept_lanes_lone_caller_after_an_idle_spell_goes_at_once() -> No
 
 async def test_weights_turned_on_live_count_right_with_kept_lanes_holding_callers_who_left() -> None:
     # Kept lanes hold withdrawn entries (callers timed out: single and process_many across keys); items wait in
-    # two lanes; max_batch_weight comes on live (Queue.keep_weights walks every lane): the counts stay right, and
-    # the batches keep the limit.
-    b = ByHundreds(delay=1.0, max_queue_time=0, concurrency=1)
+    # two lanes; max_batch_weight comes on live (items weigh 1 each: item_weight is overridden, as a weight limit
+    # needs): the counts stay right, and the batches keep the limit.
+    class Weighed(ByHundreds):
+        def item_weight(self, item: int) -> float:
+            return 1.0
+
+    b = Weighed(delay=1.0, max_queue_time=0, concurrency=1)
     async with asyncio.timeout(100):
         for x in (100, 200, 300):
             assert await b.process(x) == 2 * x

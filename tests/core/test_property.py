@@ -346,6 +346,8 @@ async def drive(
     # than they were formed in; and an item woken for room in a full queue arrives when it queues, not when called.
     world.ordered = variant != "awaitable" and not (cfg["wait_when_full"] and cfg["max_queue_size"] is not None)
     executor = Watched(asyncio.get_running_loop()) if cls.__name__.endswith("InThread") else None
+    if not keyed:
+        cfg["max_batch_weight"] = None  # (a weight limit needs item_weight, which only the keyed classes override)
     for name in ("max_batch_size", "concurrency", "max_batch_weight"):
         world.limits[name] = [cfg[name]]
     b = cls(world, kinds, executor=executor, **cfg)
@@ -416,6 +418,10 @@ async def drive(
             value = LIVE[a][c]
             if a == "max_queue_time" and b.max_latency is not None:
                 with pytest.raises(TypeError, match="does nothing while max_latency"):
+                    setattr(b, a, value)
+                continue
+            if a == "max_batch_weight" and value is not None and not keyed:
+                with pytest.raises(ValueError, match="needs the item_weight"):
                     setattr(b, a, value)
                 continue
             setattr(b, a, value)

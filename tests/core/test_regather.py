@@ -8,8 +8,8 @@ resolves every caller once. Turns, not time: the clock does not move for them. E
 The callers come back as tasks that, once answered, let ``lag`` turns of the loop pass before calling again, as the
 handlers of requests read one after another reach the batcher some turns apart.
 
-The rule (``Deadline``'s ``ended`` and ``arrival``, ``async_batcher/_core/waits.py``; ``Engine.batch_ended`` and
-``Engine._wake``): when a batch ends with nothing of its lane waiting and it answered a cohort (two callers or more,
+The rule (``Deadline``'s ``ended`` and ``arrival``, ``async_batcher/_core/waits.py``; ``Dispatcher.batch_ended`` and
+``Dispatcher._wake``): when a batch ends with nothing of its lane waiting and it answered a cohort (two callers or more,
 nothing arrived in the lane while it ran, and the lane's rate would have brought an item), the policy records in its
 memo of the lane that the regather lasts one lane cycle, and asks to see the lane's next arrival; that arrival, into a
 free slot before then, schedules the pump after the policy's ``turns`` (4) turns of the loop instead of at once
@@ -39,8 +39,7 @@ import pytest
 
 from async_batcher import END, AsyncBatcher, BatcherStoppedError, testing
 from async_batcher._core.engine import Engine
-from async_batcher._core.queue import KEEP_IDLE
-from async_batcher.policies import ClosedLoopHold, Deadline
+from async_batcher.policies import ClosedLoopHold, Deadline, DispatchPolicy
 from tests.batchers import (
     AllKeyed,
     Recording,
@@ -54,12 +53,15 @@ from tests.batchers import (
     warm,
 )
 
+# The idle lanes a batcher keeps for their history (the policy's keep_idle).
+KEEP_IDLE = DispatchPolicy.keep_idle
+
 pytestmark = pytest.mark.virtual_time
 
 
 def turn_pending(engine: Engine) -> bool:
     """A pump is scheduled (the regather's turns, while no batch has formed): ``testing.idle`` lists it too."""
-    return engine.pump_handle is not None and not engine.pump_handle.cancelled()
+    return engine.dispatcher.pump_handle is not None and not engine.dispatcher.pump_handle.cancelled()
 
 
 async def _client(b: Recording, x: int, lag: int, rounds: int) -> list[int]:
@@ -550,8 +552,8 @@ async def test_a_stop_during_the_turns_then_a_restart(how: str) -> None:
         assert turn_pending(old) and b.batches == []
         await stop_as(b, how, timeout=0.5)
         outcome = (await asyncio.gather(first, return_exceptions=True))[0]
-        assert old.timer is None and not turn_pending(old)  # nothing left scheduled on the stopped run
-        assert not old.queue.waiting and not old.in_flight and not await b.is_running()
+        assert old.dispatcher.timer is None and not turn_pending(old)  # nothing left scheduled on the stopped run
+        assert not old.queue.waiting and not old.dispatcher.in_flight and not await b.is_running()
         if how == "drain":
             assert outcome == 8 and b.batches == [[4]]
         else:

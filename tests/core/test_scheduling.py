@@ -10,8 +10,13 @@ from typing import Any
 
 import pytest
 
-from async_batcher._core.queue import KEEP_IDLE
+from async_batcher import Limits
+from async_batcher import batch as batched
+from async_batcher.policies import DispatchPolicy
 from tests.batchers import Recording, Sleepy, Tens, outcome, settled, until
+
+# The idle lanes a batcher keeps for their history (the policy's keep_idle).
+KEEP_IDLE = DispatchPolicy.keep_idle
 
 pytestmark = pytest.mark.virtual_time
 
@@ -128,11 +133,28 @@ async def test_an_item_heavier_than_the_limit_fails_alone_and_blocks_nothing() -
     await b.stop()
 
 
-async def test_max_batch_weight_alone_weighs_every_item_one() -> None:
-    b = Recording(max_batch_weight=3, max_queue_time=0)
-    await asyncio.gather(*(b.process(i) for i in range(7)))
-    assert b.batches == [[0, 1, 2], [3, 4, 5], [6]]
-    await b.stop()
+def test_max_batch_weight_without_item_weight_is_an_error_naming_the_hook_at_construction_and_live() -> None:
+    # Every item would weigh 1: a second max_batch_size, silently (it was taken so: batches of 3 for
+    # max_batch_weight=3). As max_queue_weight without the hook, refused, naming the fix.
+    needs = r"max_batch_weight=3\.0 needs the item_weight\(\) hook, which the batcher does not override"
+    with pytest.raises(ValueError, match=needs) as info:
+        Recording(max_batch_weight=3, max_queue_time=0)
+    assert "max_batch_size" in str(info.value) and "@batch: weight=" in str(info.value)
+    with pytest.raises(ValueError, match=needs):
+        Recording(limits=Limits(max_batch_weight=3))
+    b = Recording(max_batch_size=4)
+    with pytest.raises(ValueError, match=needs):
+        b.max_batch_weight = 3
+    with pytest.raises(ValueError, match=needs):
+        b.limits = Limits(max_batch_size=4, max_batch_weight=3)
+    assert b.limits == Limits(max_batch_size=4)  # the old value kept
+    with pytest.raises(ValueError, match="weight="):
+        batched(max_batch_weight=3)(_double)
+    assert batched(max_batch_weight=3, weight=len)(_double).batcher.max_batch_weight == 3.0
+
+
+async def _double(items: list[int]) -> list[int]:
+    return [x * 2 for x in items]
 
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "2"])
@@ -275,8 +297,12 @@ async def test_a_default_priority_item_goes_before_items_of_a_worse_priority_que
 
 
 async def test_a_weight_limit_set_on_a_running_batcher_counts_the_items_already_queued() -> None:
+    class Ones(Recording):
+        def item_weight(self, item: int) -> float:
+            return 1.0
+
     gate = asyncio.Event()
-    b = Recording(max_queue_time=0, gate=gate)
+    b = Ones(max_queue_time=0, gate=gate)
     first = asyncio.ensure_future(b.process(0))
     await until(lambda: b.batches)
     queued = [asyncio.ensure_future(b.process(i)) for i in range(1, 8)]

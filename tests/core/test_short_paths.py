@@ -65,6 +65,11 @@ class Keyed(Recording):
         return item // 100  # (one key for the items of these tests)
 
 
+class Weighed(Recording):
+    def item_weight(self, item: int) -> float:
+        return 1.0  # (a weight limit needs the hook)
+
+
 async def test_a_plain_batcher_takes_the_short_path_and_calls_no_hook_it_did_not_override() -> None:
     b = Recording(max_queue_time=0)
     b.start()
@@ -73,7 +78,7 @@ async def test_a_plain_batcher_takes_the_short_path_and_calls_no_hook_it_did_not
         assert await b.process_many(range(10)) == [i * 2 for i in range(10)]
     assert counted["AsyncBatcher.process"] >= 20 and counted["Admission.submit_many"] >= 1  # (the counter sees)
     assert counted["Admission.submit"] == 0  # process() never took the long path
-    assert counted["Admission.key_and_weight"] == 0  # process_many() queued one entry, not an entry per item
+    assert counted["Intake.key_and_weight"] == 0  # process_many() queued one entry, not an entry per item
     assert not [name for name in NEVER_OVERRIDDEN if counted[name]]
     await b.stop()
 
@@ -83,8 +88,8 @@ async def test_a_plain_batcher_takes_the_short_path_and_calls_no_hook_it_did_not
     [
         (lambda: Keyed(max_queue_time=0), "Keyed.batch_key", "AsyncBatcher.item_weight"),
         (
-            lambda: Recording(max_queue_time=0, max_batch_weight=10),
-            "AsyncBatcher.item_weight",
+            lambda: Weighed(max_queue_time=0, max_batch_weight=10),
+            "Weighed.item_weight",
             "AsyncBatcher.batch_key",
         ),
     ],
@@ -110,7 +115,7 @@ async def test_arrivals_wake_the_dispatcher_only_when_a_batch_may_be_due(cls: ty
         for i in range(10):  # one at a time: the first wakes the dispatcher, which arms the timer for the rest
             waiting.append(asyncio.ensure_future(b.process(i)))
             await asyncio.sleep(0)
-    assert counted["Dispatch._scheduled_pump"] == 1 and counted["Dispatch._arm_timer"] == 1
+    assert counted["Dispatcher._scheduled_pump"] == 1 and counted["Dispatcher._arm_timer"] == 1
     await asyncio.sleep(1.5)  # (on the loop's virtual clock)
     assert b.batches == [list(range(10))]  # at 1.0, every item in one batch, held at the gate: no free slot
     with calls() as counted:
@@ -118,7 +123,7 @@ async def test_arrivals_wake_the_dispatcher_only_when_a_batch_may_be_due(cls: ty
             waiting.append(asyncio.ensure_future(b.process(i)))
             await asyncio.sleep(0)
     assert (
-        counted["AsyncBatcher.process"] >= 5 and counted["Dispatch._scheduled_pump"] == 0
+        counted["AsyncBatcher.process"] >= 5 and counted["Dispatcher._scheduled_pump"] == 0
     )  # nothing may go: no wake-up
     gate.set()
     assert await asyncio.gather(*waiting) == [i * 2 for i in range(15)]
@@ -139,7 +144,7 @@ async def test_during_a_hold_only_the_caller_that_completes_the_batch_wakes_the_
             back.append(asyncio.ensure_future(b.process(c)))
             await asyncio.sleep(0.01)
     # The first back wakes it (to hold the slot for the three others, with a timer); then only the fourth.
-    assert counted["AsyncBatcher.process"] >= 4 and counted["Dispatch._scheduled_pump"] == 2
+    assert counted["AsyncBatcher.process"] >= 4 and counted["Dispatcher._scheduled_pump"] == 2
     assert await asyncio.gather(*back) == [0, 2, 4, 6] and [len(x) for x in b.batches] == [4, 4]
     await b.stop()
 
@@ -155,7 +160,7 @@ async def test_a_pump_that_takes_the_last_free_slot_arms_no_timer() -> None:
         assert await asyncio.gather(*waiting) == [0, 2, 200, 4, 6]
     assert b.batches == [[0, 1], [2, 3], [100]] and b.started_at == [0.0, 0.1, 1.0]
     assert (
-        counted["Dispatch._arm_timer"] == 1 and counted["Dispatch._on_timer"] == 1
+        counted["Dispatcher._arm_timer"] == 1 and counted["Dispatcher._on_timer"] == 1
     )  # armed at 0.2, as the slot came free
     await b.stop()
 

@@ -693,7 +693,11 @@ async def test_each_error_and_each_stall_is_counted() -> None:
 
 
 async def test_weights_come_into_play_on_a_running_continuous_batch() -> None:
-    b = Spelled(max_queue_time=0)  # each item weighs 1, once a weight limit is set
+    class Ones(Spelled):
+        def item_weight(self, item: str) -> float:
+            return 1.0
+
+    b = Ones(max_queue_time=0)  # each item weighs 1; no weight limit until one is set
     async with asyncio.timeout(WAIT):
         first = asyncio.ensure_future(joined(b.stream("aaaa")))
         await asyncio.sleep(1.5)

@@ -7,13 +7,13 @@ once.
 The callers "the loop holds" are tasks waiting on an event that ``process_batch`` sets as it returns: they are ready
 to run when the batch ends, as the handlers of requests the loop read in the same turn are. Every wait is bounded.
 
-The rule (the engine's ``batch_ended`` and ``_turn``, async_batcher/_core/dispatch.py): when a batch ends while
+The rule (the dispatcher's ``batch_ended`` and ``_turn``, async_batcher/_core/dispatcher.py): when a batch ends while
 items wait, the next batch forms the policy's ``turns`` (``Deadline().turns``: 4, ``TURNS`` below) turns of the
 event loop later, each a zero-delay timer, so that callers the loop already holds join it; the pending turn is the
-engine's ``pump_handle`` (``engine_of(b)``), so arrivals do not pump meanwhile. No turns when the waiting items fill
-the largest batch, when the run is not running (a drain goes at once), or while a caller waits for room;
-``turns=0`` forms the batch at once. The tests read the public API, the testing kit (``testing.idle``), the
-policies, and, where a rule is about the pending turn itself, the engine's ``pump_handle``. The rules the tests
+dispatcher's ``pump_handle`` (``engine_of(b).dispatcher``), so arrivals do not pump meanwhile. No turns when the
+waiting items fill the largest batch, when the run is not running (a drain goes at once), or while a caller waits for
+room; ``turns=0`` forms the batch at once. The tests read the public API, the testing kit (``testing.idle``), the
+policies, and, where a rule is about the pending turn itself, the dispatcher's ``pump_handle``. The rules the tests
 below the first few check:
 
 - turns, not time: the clock does not move for them, and they pass in exactly ``turns`` iterations, whatever
@@ -414,7 +414,7 @@ async def test_a_stop_at_each_moment_around_the_turns_resolves_every_caller_once
     turn_pending: list[bool] = []  # whether a turn was pending as the stop began
 
     async def stopper() -> None:
-        handle = engine_of(b).pump_handle
+        handle = engine_of(b).dispatcher.pump_handle
         turn_pending.append(handle is not None and not handle.cancelled())
         await b.stop(**STOPS[how])
 
@@ -480,8 +480,8 @@ async def test_a_stop_at_each_moment_around_the_turns_resolves_every_caller_once
     async with asyncio.timeout(10):
         assert await asyncio.gather(b.process(5), b.process(6)) == [10, 12]
     assert b.batches[batches:] == [[5, 6]]
-    assert old.in_flight == 0 and not old.queue.waiting  # (the old run's engine: nothing of it left)
-    assert old.pump_handle is None or old.pump_handle.cancelled()
+    assert old.dispatcher.in_flight == 0 and not old.queue.waiting  # (the old run's engine: nothing of it left)
+    assert old.dispatcher.pump_handle is None or old.dispatcher.pump_handle.cancelled()
     await b.stop()
     idle_and_clean(b)
 
@@ -622,7 +622,7 @@ async def test_a_setting_changed_during_the_turns_applies_to_the_batch_they_form
     waiting_for_room: list[asyncio.Task[Any]] = []
 
     def change_it() -> None:
-        assert engine_of(b).pump_handle is not None, "no turn pending"
+        assert engine_of(b).dispatcher.pump_handle is not None, "no turn pending"
         if change == "max_batch_size":
             b.max_batch_size = 1
         elif change == "concurrency":
@@ -884,7 +884,7 @@ async def test_a_timer_callback_that_stops_the_batcher_between_the_turns(force: 
     stopping: list[asyncio.Task[None]] = []
 
     def between() -> None:
-        assert engine_of(b).pump_handle is not None and not engine_of(b).pump_handle.cancelled()
+        assert engine_of(b).dispatcher.pump_handle is not None and not engine_of(b).dispatcher.pump_handle.cancelled()
         stopping.append(asyncio.ensure_future(b.stop(force=force)))
 
     def on_end(index: int, batch: list[int]) -> None:
@@ -1150,7 +1150,7 @@ class SecondSizeFails(Deadline):
     def size(self, lane: Any) -> int:
         self.asked += 1
         if self.asked == 2:
-            handle = self.signals.pump_handle  # type: ignore[attr-defined]  # (the engine that asks it)
+            handle = self.signals.pump_handle  # type: ignore[attr-defined]  # (the dispatcher that asks it)
             self.pending_then.append(handle is not None and not handle.cancelled())
             raise RuntimeError("bug")
         return super().size(lane)

@@ -109,6 +109,10 @@ async def test_with_weights_the_ceiling_is_a_weight() -> None:
     b = Weighted(45, max_batch_weight=160, max_queue_time=1.0, split_on=SplitOn(MemoryError))
     assert await burst(b, 16) == [2 * x for x in range(16)]
     assert b.stats.ceilings == {None: 40.0}
+    # The next batches weigh no more than the ceiling (4 items of 10): no call fails any more.
+    failures, calls = len(b.failed), len(b.sizes)
+    assert await burst(b, 16) == [2 * x for x in range(16)]
+    assert len(b.failed) == failures and max(b.sizes[calls:]) == 4
     await b.stop()
     idle_and_clean(b)
 
@@ -154,9 +158,7 @@ async def test_a_ceiling_is_kept_when_more_keys_come_and_go_than_idle_lanes_are_
 async def test_the_ceilings_of_keys_let_go_are_bounded_the_key_idle_longest_forgotten_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from async_batcher._core import ceiling
-
-    monkeypatch.setattr(ceiling, "KEEP_CEILINGS", 3)
+    monkeypatch.setattr(SplitOn, "keys_kept", 3)
 
     class Keyed(Limited):
         def batch_key(self, item: int) -> Hashable:
