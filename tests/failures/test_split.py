@@ -55,6 +55,18 @@ async def test_a_batch_out_of_memory_is_split_and_every_item_answered() -> None:
     idle_and_clean(b)
 
 
+async def test_a_lane_at_its_ceiling_is_full_and_goes_at_once() -> None:
+    b = Limited(5, max_batch_size=32, max_queue_time=1.0, split_on=SplitOn(MemoryError))
+    await burst(b, 32)
+    assert b.stats.ceilings == {None: 4.0}
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    assert await burst(b, 4, start=100) == [2 * x for x in range(100, 104)]
+    assert loop.time() - sent < 1.0  # 4 items fill a batch at the ceiling: not held for max_queue_time
+    await b.stop()
+    idle_and_clean(b)
+
+
 async def test_the_ceiling_recovers_after_a_spike() -> None:
     b = Limited(4, max_batch_size=32, max_queue_time=1.0, split_on=SplitOn(MemoryError, grow_after=2, grow_by=4))
     await burst(b, 32)
