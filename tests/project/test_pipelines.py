@@ -204,3 +204,9 @@ def test_the_pre_commit_hooks_pin_what_the_project_pins() -> None:
     assert recipe and shlex.split(recipe.group(1)) == shlex.split(hooks["mypy"]["entry"])
     version = re.search(r"^ACTIONLINT_VERSION \?= (\S+)$", (ROOT / "mk" / "release.mk").read_text(), re.MULTILINE)
     assert version and hooks["actionlint"]["additional_dependencies"] == [f"actionlint@{version.group(1)}"]
+
+
+def test_the_mutation_tests_mutate_files_that_exist() -> None:
+    """mutmut's only_mutate names the core's files; one moved or renamed would be mutated no more, silently."""
+    mutated = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["only_mutate"]
+    assert mutated and [path for path in mutated if not (ROOT / path).is_file()] == []
