@@ -227,10 +227,18 @@ class Runner(Ending):
             self.end(batch, error=cancelled, ran=False)
             return
         error = future.exception()
-        results = None if error is not None else future.result()
+        if error is not None:
+            self.end(batch, error=error, ran=True)
+            return
+        results = future.result()
+        # (A list, a tuple or None, the common answers, is neither the marker nor an awaitable: no look needed.)
+        kind = results.__class__
+        if kind is list or kind is tuple or results is None:
+            self.end(batch, results=results, ran=True)
+            return
         if results is _ABANDONED:  # it never reached process_batch: the stop answered its callers, freed its slot
             return
-        if error is None and inspect.isawaitable(results) and not batch.abandoned:
+        if inspect.isawaitable(results) and not batch.abandoned:
             # A sync process_batch that returned an awaitable: it runs on the loop (a coroutine as a task of its
             # own, which a forced stop can cancel), and its outcome is the batch's.
             try:
@@ -245,7 +253,7 @@ class Runner(Ending):
             batch.handle = awaited
             awaited.add_done_callback(partial(self._awaited_done, batch))
             return
-        self.end(batch, results=results, error=error, ran=True)
+        self.end(batch, results=results, ran=True)
 
     def _awaited_done(self, batch: Batch, future: asyncio.Future[Any]) -> None:
         """The awaitable a sync ``process_batch`` returned has ended."""
