@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from async_batcher._core import answers, forming
 from async_batcher._core.batch import Batch, Watcher
-from async_batcher._core.policy import Reason
+from async_batcher._core.policy import DispatchPolicy, Reason
 from async_batcher._core.state import DISPATCHING, UNLIMITED, State
 from async_batcher.exceptions import AsyncBatchException
 
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
     from async_batcher._core.execution import Runner
     from async_batcher._core.lane import Lane
-    from async_batcher._core.policy import DispatchPolicy
     from async_batcher._core.queue import Queue
     from async_batcher._core.room import Room
     from async_batcher.stats import _Recorder
@@ -42,6 +41,8 @@ __all__: list[str] = []
 _served = itemgetter(0)
 # Not due until something changes (an arrival, a batch's end, a setting).
 _NEVER: tuple[float, Reason | None] = (math.inf, None)
+# A policy's pumping() that does nothing (DispatchPolicy's): a pass that finds nothing waiting may be left out.
+_QUIET_PUMPING = DispatchPolicy.pumping
 
 
 class Dispatcher:
@@ -324,8 +325,18 @@ class Dispatcher:
             if self.pump_handle is not None:  # a pump to come (an arrival's, another end's turns) comes after these
                 self.pump_handle.cancel()
             self._turn(turns)
-        else:
+        elif (
+            self.queue.waiting
+            or self.state is not State.RUNNING
+            or self.flushing
+            or self.room.putters
+            or self.timer is not None
+            or len(self.queue.lanes) > 1
+            or policy.__class__.pumping is not _QUIET_PUMPING
+        ):
             self.pump_safely()
+        # else nothing waits and a pass would do nothing (no lane to send or drop, no timer, no drain to end, a
+        # policy that is not told of passes): none is made
 
     def _turn(self, left: int) -> None:
         """Pump after ``left`` more turns of the loop (zero-delay timers: the loop polls its sockets between them). The
