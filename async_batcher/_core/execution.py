@@ -21,6 +21,7 @@ start line of ``on_start()``; the batcher (its hooks, name, executor) as :class:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import inspect
 import logging
@@ -72,6 +73,9 @@ class Runner(Ending):
         self.by_keyword = _by_keyword(process_batch)  # process_batch(batch=...): its parameter's name is batch
         self.is_coroutine = inspect.iscoroutinefunction(process_batch)  # a task, else the executor
         self.is_stream = False  # its items are streamed (a StreamRunner's)
+        # The standard loop's run_in_executor adds nothing the batch needs (a loop that must know of its threads, as
+        # the testing kit's virtual clock does, has its own): a batch goes straight to a batcher's own executor.
+        self.direct = type(loop).run_in_executor is asyncio.BaseEventLoop.run_in_executor
         self.startup: asyncio.Task[None] | None = None  # on_start(): the first batch waits for it
         # The last batch in line for on_start(): set once it has passed, so that the batches formed after it,
         # which see on_start() done, still reach process_batch after it (in the order they were formed).
@@ -194,14 +198,20 @@ class Runner(Ending):
         if self.recovery is not None:
             batch.kept = batch.items.copy()  # (process_batch may change its list: a failure needs the items)
         try:
-            # Through the loop, the batcher's own executor too: a loop that must know when its threads work (the
-            # testing kit's virtual clock, which must not jump ahead of one) sees every batch's thread.
-            future = loop.run_in_executor(executor, batch.context.run, self.in_thread, batch)
+            if executor is not None and self.direct and not loop.is_closed():
+                # What the standard loop's run_in_executor does, without its asyncio future chained to the
+                # executor's (one more turn of the loop per batch): the end comes back through call_soon_threadsafe.
+                future: Any = executor.submit(batch.context.run, self.in_thread, batch)
+                future.add_done_callback(partial(_back, loop, self.executor_done, batch))
+            else:
+                # Through the loop: the loop's default executor, or a loop that must know when its threads work
+                # (the testing kit's virtual clock, which must not jump ahead of one) sees every batch's thread.
+                future = loop.run_in_executor(executor, batch.context.run, self.in_thread, batch)
+                future.add_done_callback(partial(self.executor_done, batch))
         except Exception as exc:  # the executor refused it (shut down, say): as if process_batch had raised
             # Answered from the next iteration: this may run inside the dispatcher, which must not be re-entered.
             loop.call_soon(partial(self.end, batch, error=exc, ran=False))
             return
-        future.add_done_callback(partial(self.executor_done, batch))
         batch.handle = future
         if self.calls:
             self.calling(batch)
@@ -219,14 +229,17 @@ class Runner(Ending):
             thread_batch.batch = None
 
     def executor_done(self, batch: Batch, future: Any) -> None:
-        """On the loop: a batch sent to the executor has ended."""
-        if future.cancelled():  # by the executor (shut down with cancel_futures=True) before it started
+        """On the loop: a batch sent to the executor has ended (``future``: the executor's own, or the loop's
+        asyncio future of it)."""
+        try:
+            error = future.exception()  # (each question to the executor's future takes its lock: one fewer)
+        except (asyncio.CancelledError, concurrent.futures.CancelledError):
+            # By the executor (shut down with cancel_futures=True) before it started.
             cancelled = ProcessBatchCancelledError(
                 f"{self.name}: the executor cancelled a batch of {plural(batch.size, 'item')}"
             )
             self.end(batch, error=cancelled, ran=False)
             return
-        error = future.exception()
         if error is not None:
             self.end(batch, error=error, ran=True)
             return
@@ -263,6 +276,13 @@ class Runner(Ending):
             self.end(batch, error=future.exception(), ran=True)
         else:
             self.end(batch, results=future.result(), ran=True)
+
+
+def _back(loop: asyncio.AbstractEventLoop, done: Callable[[Batch, Any], None], batch: Batch, future: Any) -> None:
+    """In the executor's thread, as a batch ends there: its end to the loop (as the standard loop's asyncio future of
+    it would be), unless the loop has closed meanwhile: no one is left to answer."""
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(done, batch, future)
 
 
 def _succeeded(task: asyncio.Task[None]) -> bool:
