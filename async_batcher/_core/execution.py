@@ -67,6 +67,7 @@ class Runner(Ending):
         self.hooks = hooks
         self.name = hooks.name
         self.loop = loop
+        self.clock: Callable[[], float] = loop.time  # the loop's clock (the engine's, in C where it can be)
         self.recorder = recorder
         self.context = context  # the run's own: every batch runs in a copy of it
         process_batch = hooks.process_batch
