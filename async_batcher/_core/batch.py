@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
+# What Batch.returned holds until a call of process_batch in a thread has returned.
+NOT_RETURNED: Any = object()
+
 # The batch whose process_batch is running, in its task (and the tasks it starts) or its thread: a call from there
 # that would wait for a slot its own batch holds is refused instead of waiting forever.
 current_batch: contextvars.ContextVar[Batch | None] = contextvars.ContextVar("async_batcher_batch", default=None)
@@ -75,6 +78,7 @@ class Batch:
         "owner",
         "reason",
         "released",
+        "returned",
         "sinks",
         "size",
         "started",
@@ -121,6 +125,9 @@ class Batch:
         # call of it has failed, what is left to do (:class:`~async_batcher._core.parts.Tree`).
         self.kept: list[Any] | None = None
         self.tree: Any = None
+        # What process_batch returned in its thread (NOT_RETURNED: not yet, or it raised), set there before its
+        # executor's future is: the loop reads it without asking the future (each question takes the future's lock).
+        self.returned: Any = NOT_RETURNED
 
     @property
     def waited(self) -> float:

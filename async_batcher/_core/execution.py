@@ -31,7 +31,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 from async_batcher._checks import plural
-from async_batcher._core.batch import Batch, Hooks, current_batch, thread_batch
+from async_batcher._core.batch import NOT_RETURNED, Batch, Hooks, current_batch, thread_batch
 from async_batcher._core.ending import Ending
 from async_batcher._core.outcomes import Outcomes
 from async_batcher.exceptions import BatcherStoppedError, ProcessBatchCancelledError
@@ -198,6 +198,7 @@ class Runner(Ending):
         executor = self.hooks.executor
         if self.recovery is not None:
             batch.kept = batch.items.copy()  # (process_batch may change its list: a failure needs the items)
+        batch.returned = NOT_RETURNED  # (a part of a failed batch goes again: not what the call before returned)
         try:
             if executor is not None and self.direct and not loop.is_closed():
                 # What the standard loop's run_in_executor does, without its asyncio future chained to the
@@ -225,31 +226,41 @@ class Runner(Ending):
         thread_batch.batch = batch
         current_batch.set(batch)  # (in the batch's context, which this thread runs in)
         try:
-            return self.call(batch.items)
+            returned = batch.returned = self.call(batch.items)
+            return returned
         finally:
             thread_batch.batch = None
 
     def executor_done(self, batch: Batch, future: Any) -> None:
         """On the loop: a batch sent to the executor has ended (``future``: the executor's own, or the loop's
         asyncio future of it)."""
-        try:
-            error = future.exception()  # (each question to the executor's future takes its lock: one fewer)
-        except (asyncio.CancelledError, concurrent.futures.CancelledError):
-            # By the executor (shut down with cancel_futures=True) before it started.
-            cancelled = ProcessBatchCancelledError(
-                f"{self.name}: the executor cancelled a batch of {plural(batch.size, 'item')}"
-            )
-            self.end(batch, error=cancelled, ran=False)
-            return
-        if error is not None:
-            self.end(batch, error=error, ran=True)
-            return
-        results = future.result()
+        results = batch.returned
+        if results is NOT_RETURNED:  # it raised, or never reached process_batch: the future says which
+            try:
+                error = future.exception()  # (each question to the executor's future takes its lock: one fewer)
+            except (asyncio.CancelledError, concurrent.futures.CancelledError):
+                # By the executor (shut down with cancel_futures=True) before it started.
+                cancelled = ProcessBatchCancelledError(
+                    f"{self.name}: the executor cancelled a batch of {plural(batch.size, 'item')}"
+                )
+                self.end(batch, error=cancelled, ran=False)
+                return
+            if error is not None:
+                self.end(batch, error=error, ran=True)
+                return
+            results = future.result()
+        else:  # process_batch returned (the common case): its future is not asked
+            batch.returned = NOT_RETURNED
         # (A list, a tuple or None, the common answers, is neither the marker nor an awaitable: no look needed.)
         kind = results.__class__
         if kind is list or kind is tuple or results is None:
             self.end(batch, results=results, ran=True)
             return
+        self.returned(batch, results)
+
+    def returned(self, batch: Batch, results: Any) -> None:
+        """:meth:`executor_done` of what is not a list, a tuple or ``None``: the marker of a batch a stop abandoned,
+        an awaitable to run on the loop, or results of another kind."""
         if results is _ABANDONED:  # it never reached process_batch: the stop answered its callers, freed its slot
             return
         if inspect.isawaitable(results) and not batch.abandoned:
