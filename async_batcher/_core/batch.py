@@ -22,10 +22,16 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
+# What Batch.returned holds until a call of process_batch in a thread has returned.
+NOT_RETURNED: Any = object()
+
 # The batch whose process_batch is running, in its task (and the tasks it starts) or its thread: a call from there
 # that would wait for a slot its own batch holds is refused instead of waiting forever.
 current_batch: contextvars.ContextVar[Batch | None] = contextvars.ContextVar("async_batcher_batch", default=None)
 thread_batch = threading.local()
+# The context of a batch not sent yet, or ended (no task or thread runs in it): one for all, as a new one per batch
+# would cost an allocation twice a batch. (A batch's own is a fresh copy of its run's, made as it goes.)
+_NO_CONTEXT = contextvars.Context()
 
 #: Told of every batch as it goes (and of each call of a part of a failed batch) and as it ends: ``(sent, ended)``
 #: (async_batcher.testing's).
@@ -75,6 +81,7 @@ class Batch:
         "owner",
         "reason",
         "released",
+        "returned",
         "sinks",
         "size",
         "started",
@@ -90,7 +97,7 @@ class Batch:
         self.items = taken.items
         self.sinks = taken.sinks
         self.contexts = taken.contexts
-        self.context: contextvars.Context = contextvars.Context()  # its own: set by the runner as it goes
+        self.context: contextvars.Context = _NO_CONTEXT  # its own: set by the runner as it goes
         self.futures_only = taken.futures_only  # every sink is a single caller's future (no bulk call)
         # As handed to process_batch, which may keep or mutate the list (a streaming batch: the most items it held
         # at once, as items join and leave it).
@@ -121,6 +128,9 @@ class Batch:
         # call of it has failed, what is left to do (:class:`~async_batcher._core.parts.Tree`).
         self.kept: list[Any] | None = None
         self.tree: Any = None
+        # What process_batch returned in its thread (NOT_RETURNED: not yet, or it raised), set there before its
+        # executor's future is: the loop reads it without asking the future (each question takes the future's lock).
+        self.returned: Any = NOT_RETURNED
 
     @property
     def waited(self) -> float:
@@ -198,4 +208,4 @@ class Batch:
         """The batch has ended: drop its task and its context, which hold it (the context's ``current_batch``), so
         that it, its items and its callers are freed at once, not when the cyclic garbage collector runs."""
         self.handle = None
-        self.context = contextvars.Context()
+        self.context = _NO_CONTEXT

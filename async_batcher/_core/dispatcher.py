@@ -11,7 +11,7 @@ or reaches the policy's size; else when the policy says. It leaves on the lane w
 (:mod:`~async_batcher._core.forming` forms the batch, the runner runs it); else it arms one timer for the earliest due
 time. A batch's end (:meth:`Dispatcher.batch_ended`, the runner's ``on_end``) lets the loop turn the policy's
 ``turns`` before the next batch forms. An idle dispatcher schedules no wake-up. It tells the engine above it through
-the callbacks it gave: ``on_idle`` (nothing waits: a drain may be over), ``on_fault`` (a bug).
+the callbacks it gave: ``on_idle`` (nothing waits as the run stops: a drain may be over), ``on_fault`` (a bug).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from async_batcher._core import answers, forming
 from async_batcher._core.batch import Batch, Watcher
-from async_batcher._core.policy import Reason
+from async_batcher._core.policy import DispatchPolicy, Reason
 from async_batcher._core.state import DISPATCHING, UNLIMITED, State
 from async_batcher.exceptions import AsyncBatchException
 
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
     from async_batcher._core.execution import Runner
     from async_batcher._core.lane import Lane
-    from async_batcher._core.policy import DispatchPolicy
     from async_batcher._core.queue import Queue
     from async_batcher._core.room import Room
     from async_batcher.stats import _Recorder
@@ -42,6 +41,11 @@ __all__: list[str] = []
 _served = itemgetter(0)
 # Not due until something changes (an arrival, a batch's end, a setting).
 _NEVER: tuple[float, Reason | None] = (math.inf, None)
+# The enum members the passes compare with, read once (an enum class's attribute is a Python-level lookup).
+_RUNNING, _STOPPING = State.RUNNING, State.STOPPING
+_FULL, _STOP, _FLUSH, _SIZE = Reason.FULL, Reason.STOP, Reason.FLUSH, Reason.SIZE
+# A policy's pumping() that does nothing (DispatchPolicy's): a pass that finds nothing waiting may be left out.
+_QUIET_PUMPING = DispatchPolicy.pumping
 
 
 class Dispatcher:
@@ -54,6 +58,7 @@ class Dispatcher:
     __slots__ = (
         "batch_limit",
         "batches",
+        "clock",
         "flushing",
         "in_flight",
         "joiners",
@@ -89,8 +94,10 @@ class Dispatcher:
         watchers: list[Watcher],
         on_idle: Callable[[], None],
         on_fault: Callable[[AsyncBatchException], None],
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.loop = loop
+        self.clock = loop.time if clock is None else clock  # the loop's clock (the engine's: in C where it can be)
         self.name = name
         self.queue = queue
         self.room = room
@@ -113,7 +120,7 @@ class Dispatcher:
         # Told of the callers' contexts of the items that join a running batch: a streaming one's new items
         # (continuous batching), or a caller joining a row in flight (dedup_key).
         self.joiners: list[Callable[[list[Any]], None]] = []
-        self.on_idle = on_idle  # the engine's: nothing waits now (a drain may be over)
+        self.on_idle = on_idle  # the engine's: nothing waits now, and the run stops (a drain may be over)
         self.on_fault = on_fault  # the engine's: fail every caller (a bug here or in the policy)
         self.policy = policy
         policy.bind(self)
@@ -140,7 +147,10 @@ class Dispatcher:
     def capacity(self, lane: Lane) -> tuple[int, float]:
         """What a full batch of ``lane`` holds: items and weight (``max_batch_size``, ``max_batch_weight``, or lower:
         the ceiling an out-of-memory split set)."""
-        return min(self.batch_limit, lane.ceiling), min(self.weight_limit, lane.weight_ceiling)
+        # (min() written out: a builtin's call costs more than the test on the hot path)
+        items, ceiling = self.batch_limit, lane.ceiling
+        weight, weight_ceiling = self.weight_limit, lane.weight_ceiling
+        return ceiling if ceiling < items else items, weight_ceiling if weight_ceiling < weight else weight
 
     def decide(self, lane: Lane, now: float) -> tuple[float, Reason | None]:
         """The one decision: when the lane's next batch goes (``now`` or earlier: at once; ``inf``: not until
@@ -152,19 +162,19 @@ class Dispatcher:
         items, weight = self.capacity(lane)
         lane.trigger_weight = weight
         if lane.count >= items or lane.weight >= weight:
-            return now, Reason.FULL
-        if self.state is State.STOPPING:
-            return now, Reason.STOP
+            return now, _FULL
+        if self.state is _STOPPING:
+            return now, _STOP
         if self.flushing and lane in self.flushing:
-            return now, Reason.FLUSH
+            return now, _FLUSH
         policy = self.policy
         full = policy.full_at(lane, now)
         try:
-            trigger = lane.trigger = min(full, items)
+            trigger = lane.trigger = items if items < full else full  # (min(full, items), NaN and all)
         except TypeError:  # (None, a string: compared with a count, or left to fail further on)
             raise answers.wrong(policy, "full_at", full, "a number of items") from None
         if lane.count >= trigger:
-            return now, Reason.SIZE
+            return now, _SIZE
         at = policy.due(lane, now)
         if at.__class__ is not float or at != at:  # (the policy's answers are checked off the common case's way)
             at = answers.due(policy, at)
@@ -219,7 +229,9 @@ class Dispatcher:
         queue = self.queue
         # A timer may fire a hair before its time by the loop's clock resolution: when it fired for a deadline, that
         # deadline is due.
-        now = max(self.loop.time(), self.timer_when)
+        now = self.clock()
+        if now < self.timer_when:
+            now = self.timer_when
         self.policy.pumping(now)
         next_at = math.inf
         while queue.waiting and self.in_flight < self.slot_limit:
@@ -232,12 +244,15 @@ class Dispatcher:
                 self._dispatch(lane, reason, now)
         if self.flushing:
             self.flushing = {}
-        queue.drop_empty_lanes(self.policy.keep_idle)
+        if len(queue.lanes) > 1:
+            queue.drop_empty_lanes(self.policy.keep_idle)
         if self.room.putters:
             self.room.wake()  # the batches just taken made room
         if not queue.waiting:
-            self._cancel_timer()  # nothing waits: an idle dispatcher has no wake-ups
-            self.on_idle()
+            if self.timer is not None:
+                self._cancel_timer()  # nothing waits: an idle dispatcher has no wake-ups
+            if self.state is _STOPPING:
+                self.on_idle()  # (a drain may be over)
         elif self.in_flight < self.slot_limit and next_at < math.inf:
             self._arm_timer(next_at)
 
@@ -267,11 +282,15 @@ class Dispatcher:
         if size.__class__ is not int or size < 1:
             size = answers.size(policy, size)
         # The capacity the decision found for this lane in this pass (decide(): its weight is left on the lane).
-        limit = min(size, self.batch_limit, lane.ceiling)
+        limit = size
+        if self.batch_limit < limit:
+            limit = self.batch_limit
+        if lane.ceiling < limit:
+            limit = lane.ceiling
         weight = lane.trigger_weight
         flushing = self.flushing
         quota = flushing.get(lane, 0) if flushing else 0  # (a flush's: what waited when it began, not what came since)
-        if quota and reason is Reason.FLUSH:
+        if quota and reason is _FLUSH:
             limit = min(limit, quota)
         watchers = self.watchers
         taken = forming.take(
@@ -308,7 +327,7 @@ class Dispatcher:
         self.in_flight -= 1
         lane = batch.lane
         lane.in_flight -= 1
-        now = self.loop.time()
+        now = self.clock()
         policy = self.policy
         try:
             lane.watch = policy.ended(lane, batch, callers, now)
@@ -320,12 +339,22 @@ class Dispatcher:
         lane.ended, lane.arrived_at_end = now, lane.arrived
         for _, ended in self.watchers:
             ended(batch)
-        if turns and self.state is State.RUNNING and not self.room.putters:
+        if turns and self.state is _RUNNING and not self.room.putters:
             if self.pump_handle is not None:  # a pump to come (an arrival's, another end's turns) comes after these
                 self.pump_handle.cancel()
             self._turn(turns)
-        else:
+        elif (
+            self.queue.waiting
+            or self.state is not _RUNNING
+            or self.flushing
+            or self.room.putters
+            or self.timer is not None
+            or len(self.queue.lanes) > 1
+            or policy.__class__.pumping is not _QUIET_PUMPING
+        ):
             self.pump_safely()
+        # else nothing waits and a pass would do nothing (no lane to send or drop, no timer, no drain to end, a
+        # policy that is not told of passes): none is made
 
     def _turn(self, left: int) -> None:
         """Pump after ``left`` more turns of the loop (zero-delay timers: the loop polls its sockets between them). The

@@ -32,6 +32,7 @@ class Ending:
     hooks: Hooks
     name: str
     loop: asyncio.AbstractEventLoop
+    clock: Callable[[], float]
     recorder: _Recorder
     on_end: Callable[[Batch, int], None]
     recovery: Recovery | None
@@ -161,4 +162,5 @@ class Ending:
 
     def record(self, batch: Batch) -> None:
         """The statistics of a call of ``process_batch`` that has ended."""
-        self.recorder.batch_ended(batch.size, batch.waited, self.loop.time() - batch.called, batch.reason)
+        # (batch.waited written out: a property is a Python call)
+        self.recorder.batch_ended(batch.size, batch.started - batch.oldest, self.clock() - batch.called, batch.reason)

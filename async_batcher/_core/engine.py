@@ -120,12 +120,14 @@ class Engine:
             watchers=[] if watchers is None else watchers,
             on_idle=self.check_drained,
             on_fault=self.abort,
+            clock=self.clock,
         )
         # How this run's batches run: made here, told of their end, of how items join a streaming batch, and of what
         # a failed call leads to (the run's feedback: retries, backoffs, ceilings).
         self.feedback = RunFeedback(loop, self.queue, self.requeue, self.dispatcher.part_sent)
         self.runner = runner(on_end=self.dispatcher.batch_ended, join=self.dispatcher.join, feedback=self.feedback)
         self.dispatcher.runner = self.runner
+        self.runner.clock = self.clock
         self.on_drained: Callable[[], None] = _ignore  # the stop's: called once, as the drain ends
 
     @property

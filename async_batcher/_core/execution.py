@@ -21,6 +21,7 @@ start line of ``on_start()``; the batcher (its hooks, name, executor) as :class:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import inspect
 import logging
@@ -30,7 +31,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 from async_batcher._checks import plural
-from async_batcher._core.batch import Batch, Hooks, current_batch, thread_batch
+from async_batcher._core.batch import NOT_RETURNED, Batch, Hooks, current_batch, thread_batch
 from async_batcher._core.ending import Ending
 from async_batcher._core.outcomes import Outcomes
 from async_batcher.exceptions import BatcherStoppedError, ProcessBatchCancelledError
@@ -66,12 +67,16 @@ class Runner(Ending):
         self.hooks = hooks
         self.name = hooks.name
         self.loop = loop
+        self.clock: Callable[[], float] = loop.time  # the loop's clock (the engine's, in C where it can be)
         self.recorder = recorder
         self.context = context  # the run's own: every batch runs in a copy of it
         process_batch = hooks.process_batch
         self.by_keyword = _by_keyword(process_batch)  # process_batch(batch=...): its parameter's name is batch
         self.is_coroutine = inspect.iscoroutinefunction(process_batch)  # a task, else the executor
         self.is_stream = False  # its items are streamed (a StreamRunner's)
+        # The standard loop's run_in_executor adds nothing the batch needs (a loop that must know of its threads, as
+        # the testing kit's virtual clock does, has its own): a batch goes straight to a batcher's own executor.
+        self.direct = type(loop).run_in_executor is asyncio.BaseEventLoop.run_in_executor
         self.startup: asyncio.Task[None] | None = None  # on_start(): the first batch waits for it
         # The last batch in line for on_start(): set once it has passed, so that the batches formed after it,
         # which see on_start() done, still reach process_batch after it (in the order they were formed).
@@ -193,15 +198,22 @@ class Runner(Ending):
         executor = self.hooks.executor
         if self.recovery is not None:
             batch.kept = batch.items.copy()  # (process_batch may change its list: a failure needs the items)
+        batch.returned = NOT_RETURNED  # (a part of a failed batch goes again: not what the call before returned)
         try:
-            # Through the loop, the batcher's own executor too: a loop that must know when its threads work (the
-            # testing kit's virtual clock, which must not jump ahead of one) sees every batch's thread.
-            future = loop.run_in_executor(executor, batch.context.run, self.in_thread, batch)
+            if executor is not None and self.direct and not loop.is_closed():
+                # What the standard loop's run_in_executor does, without its asyncio future chained to the
+                # executor's (one more turn of the loop per batch): the end comes back through call_soon_threadsafe.
+                future: Any = executor.submit(batch.context.run, self.in_thread, batch)
+                future.add_done_callback(partial(_back, loop, self.executor_done, batch))
+            else:
+                # Through the loop: the loop's default executor, or a loop that must know when its threads work
+                # (the testing kit's virtual clock, which must not jump ahead of one) sees every batch's thread.
+                future = loop.run_in_executor(executor, batch.context.run, self.in_thread, batch)
+                future.add_done_callback(partial(self.executor_done, batch))
         except Exception as exc:  # the executor refused it (shut down, say): as if process_batch had raised
             # Answered from the next iteration: this may run inside the dispatcher, which must not be re-entered.
             loop.call_soon(partial(self.end, batch, error=exc, ran=False))
             return
-        future.add_done_callback(partial(self.executor_done, batch))
         batch.handle = future
         if self.calls:
             self.calling(batch)
@@ -214,23 +226,44 @@ class Runner(Ending):
         thread_batch.batch = batch
         current_batch.set(batch)  # (in the batch's context, which this thread runs in)
         try:
-            return self.call(batch.items)
+            returned = batch.returned = self.call(batch.items)
+            return returned
         finally:
             thread_batch.batch = None
 
     def executor_done(self, batch: Batch, future: Any) -> None:
-        """On the loop: a batch sent to the executor has ended."""
-        if future.cancelled():  # by the executor (shut down with cancel_futures=True) before it started
-            cancelled = ProcessBatchCancelledError(
-                f"{self.name}: the executor cancelled a batch of {plural(batch.size, 'item')}"
-            )
-            self.end(batch, error=cancelled, ran=False)
+        """On the loop: a batch sent to the executor has ended (``future``: the executor's own, or the loop's
+        asyncio future of it)."""
+        results = batch.returned
+        if results is NOT_RETURNED:  # it raised, or never reached process_batch: the future says which
+            try:
+                error = future.exception()  # (each question to the executor's future takes its lock: one fewer)
+            except (asyncio.CancelledError, concurrent.futures.CancelledError):
+                # By the executor (shut down with cancel_futures=True) before it started.
+                cancelled = ProcessBatchCancelledError(
+                    f"{self.name}: the executor cancelled a batch of {plural(batch.size, 'item')}"
+                )
+                self.end(batch, error=cancelled, ran=False)
+                return
+            if error is not None:
+                self.end(batch, error=error, ran=True)
+                return
+            results = future.result()
+        else:  # process_batch returned (the common case): its future is not asked
+            batch.returned = NOT_RETURNED
+        # (A list, a tuple or None, the common answers, is neither the marker nor an awaitable: no look needed.)
+        kind = results.__class__
+        if kind is list or kind is tuple or results is None:
+            self.end(batch, results=results, ran=True)
             return
-        error = future.exception()
-        results = None if error is not None else future.result()
+        self.returned(batch, results)
+
+    def returned(self, batch: Batch, results: Any) -> None:
+        """:meth:`executor_done` of what is not a list, a tuple or ``None``: the marker of a batch a stop abandoned,
+        an awaitable to run on the loop, or results of another kind."""
         if results is _ABANDONED:  # it never reached process_batch: the stop answered its callers, freed its slot
             return
-        if error is None and inspect.isawaitable(results) and not batch.abandoned:
+        if inspect.isawaitable(results) and not batch.abandoned:
             # A sync process_batch that returned an awaitable: it runs on the loop (a coroutine as a task of its
             # own, which a forced stop can cancel), and its outcome is the batch's.
             try:
@@ -245,7 +278,7 @@ class Runner(Ending):
             batch.handle = awaited
             awaited.add_done_callback(partial(self._awaited_done, batch))
             return
-        self.end(batch, results=results, error=error, ran=True)
+        self.end(batch, results=results, ran=True)
 
     def _awaited_done(self, batch: Batch, future: asyncio.Future[Any]) -> None:
         """The awaitable a sync ``process_batch`` returned has ended."""
@@ -255,6 +288,13 @@ class Runner(Ending):
             self.end(batch, error=future.exception(), ran=True)
         else:
             self.end(batch, results=future.result(), ran=True)
+
+
+def _back(loop: asyncio.AbstractEventLoop, done: Callable[[Batch, Any], None], batch: Batch, future: Any) -> None:
+    """In the executor's thread, as a batch ends there: its end to the loop (as the standard loop's asyncio future of
+    it would be), unless the loop has closed meanwhile: no one is left to answer."""
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(done, batch, future)
 
 
 def _succeeded(task: asyncio.Task[None]) -> bool:

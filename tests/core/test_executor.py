@@ -336,3 +336,33 @@ async def test_a_thread_that_ran_a_batch_may_make_a_blocking_call_afterwards() -
     finally:
         one.shutdown()
     await b.stop()
+
+
+async def test_a_batch_goes_straight_to_the_batchers_own_executor_and_back_on_a_standard_loop(pool: Any) -> None:
+    # The standard loop's run_in_executor chains an asyncio future to the executor's: one more turn of the loop per
+    # batch, for nothing a batch needs. The batcher's own executor is handed the batch directly; the loop's default
+    # executor (None) still goes through the loop.
+    loop = asyncio.get_running_loop()
+    if type(loop).run_in_executor is not asyncio.BaseEventLoop.run_in_executor:
+        pytest.skip("a loop with a run_in_executor of its own is always gone through")
+    through_loop: list[Any] = []
+    run_in_executor = loop.run_in_executor
+
+    def counted(executor: Any, *args: Any) -> Any:
+        through_loop.append(executor)
+        return run_in_executor(executor, *args)
+
+    loop.run_in_executor = counted  # type: ignore[method-assign]
+    try:
+        own = Scripted(executor=pool, max_queue_time=0)
+        assert await asyncio.gather(own.process(1), own.process(2)) == [2, 4]
+        assert await own.process(3) == 6
+        assert through_loop == []
+        default = Scripted(max_queue_time=0)
+        assert await default.process(4) == 8
+        assert through_loop == [None]
+    finally:
+        del loop.run_in_executor
+    assert (own.stats.batches, own.stats.succeeded, own.stats.in_flight) == (2, 3, 0)
+    await own.stop()
+    await default.stop()
