@@ -21,7 +21,8 @@ from benchmarks.provenance import regenerated_by
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ROOT / "reports"
-MOST_FILES = 25
+# 25 until the policy ruler's paired real runs (reports/turns/: their report and its two charts) came.
+MOST_FILES = 28
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Where a report's path is named and can go stale: the pages above, the changelog and the examples' READMEs.
 NAMING = [*PAGES, ROOT / "CHANGELOG.md", *sorted((ROOT / "examples").rglob("*.md"))]
