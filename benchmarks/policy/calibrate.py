@@ -52,12 +52,12 @@ RIGS = (
         "pinned",
         HERE / "measured" / "peers-pinned.csv",
         "the server on one core, wrk on the other (`--taskset-server 1 --taskset-load 0`), 3 rounds, revision "
-        "cf7156d, 2026-11-28",
+        "01455ff, 2026-11-29",
     ),
     Rig(
         "unpinned",
         HERE / "measured" / "peers-unpinned.csv",
-        "the server and wrk on both cores (no taskset), 3 rounds, revision 92585b5, 2026-11-27",
+        "the server and wrk on both cores (no taskset), 3 rounds, revision 01455ff, 2026-11-29",
     ),
 )
 MEASURED = RIGS[0].path
