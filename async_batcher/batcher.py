@@ -261,26 +261,26 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         # (closed) or the await below fails (another loop's task), and either way the call takes the long path.)
         run = self._life.run
         engine = run.fast
+        fut: asyncio.Future[R] | None  # (an annotation: no cost at run time)
         if (
             engine is None
             or timeout is not None
             or priority is not _ZERO  # (not == 0: False == 0, and a bool is no priority; any other zero is checked)
             or get_ident() != run.ident
-            or (entry := engine.put(item)) is None  # a full queue: refuse or wait, on the long path
+            or (fut := engine.put(item)) is None  # a full queue: refuse or wait, on the long path
         ):
             return cast(R, await self._admission.submit(item, timeout=timeout, priority=priority))
-        fut: asyncio.Future[R] = entry.sink
         try:
             return await fut
         except asyncio.CancelledError:
-            engine.left(entry)
+            engine.left_sink(fut)
             raise
         except RuntimeError:
             if fut.done():
                 raise  # this item's own outcome
             # The bound loop is not the running one (it is closed, or another runs on this thread): take the item
             # back, as if it had never come, and go the long path, which starts afresh or refuses.
-            engine.unsubmit(entry)
+            engine.unsubmit(fut)
             return cast(R, await self._admission.submit(item, timeout=timeout, priority=priority))
 
     async def process_many(

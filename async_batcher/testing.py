@@ -45,6 +45,7 @@ from async_batcher._checks import plural
 from async_batcher._core.batch import Batch
 from async_batcher._core.engine import Engine
 from async_batcher._core.engine import violations as _violations
+from async_batcher._core.marks import still_queued, waiting_now
 from async_batcher._core.policy import Reason
 from async_batcher._core.queue import DEFAULT_KEY
 from async_batcher.exceptions import ReentrantCallError
@@ -205,7 +206,7 @@ async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
     if engine is None:
         return
     queue = engine.queue
-    marked = queue.waiting_now()
+    marked = waiting_now(queue.lanes.values())
     ended: asyncio.Future[None] = engine.loop.create_future()
     pending: set[Batch] = set()
     sending = True
@@ -221,10 +222,10 @@ async def flush(batcher: AsyncBatcher[Any, Any]) -> None:
 
     engine.dispatcher.watchers.append((sent, over))
     try:
-        while quota := queue.still_queued(marked):
+        while quota := still_queued(marked):
             engine.dispatcher.flush(quota)
             await asyncio.sleep(0)
-            if queue.still_queued(marked) and engine.dispatcher.in_flight >= engine.dispatcher.slot_limit:
+            if still_queued(marked) and engine.dispatcher.in_flight >= engine.dispatcher.slot_limit:
                 if engine.inside_own_batch():
                     raise ReentrantCallError(
                         f"{batcher.name}: flush() inside its own process_batch with every slot taken would wait for "

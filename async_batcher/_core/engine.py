@@ -48,9 +48,6 @@ if TYPE_CHECKING:
 __all__: list[str] = []
 
 
-_new_entry = object.__new__
-
-
 def _ignore() -> None:
     pass
 
@@ -175,23 +172,25 @@ class Engine:
 
     # ------------------------------------------------------------------ coming in
 
-    def put(self, item: Any) -> Entry | None:
-        """Queue ``item`` in the default lane at priority 0, tell the dispatcher, and return its entry, whose ``sink``
-        its caller awaits; ``None`` if it must wait for room (or be refused). The common case, kept short: the
-        queue's own steps (:meth:`Queue.push`) written out for the one lane and level it touches, and the dispatcher
-        told only when it may act (a slot free, no pump to come)."""
+    def put(self, item: Any) -> asyncio.Future[Any] | None:
+        """Queue ``item`` in the default lane at priority 0, tell the dispatcher, and return the future its caller
+        awaits (:meth:`left` if the caller leaves); ``None`` if it must wait for room (or be refused). The common
+        case, kept short: the item joins the column at the end of the default level
+        (:class:`~async_batcher._core.lane.Column`: no object of its own), and the dispatcher is told only when it
+        may act (a slot free, no pump to come)."""
         queue = self.queue
         room = self.room
-        if queue.waiting + room.reserved >= room.limit or room.putters:
+        if room.putters or (room.limited and queue.waiting + room.reserved >= room.limit):
             return None
+        col = queue.col
+        if col is None:
+            col = queue.open_column()
+        sink = self.new_future()
+        col.items.append(item)
+        col.sinks.append(sink)
+        col.contexts.append(copy_context())
+        col.arrivals.append(self.clock())
         lane = queue.lane0
-        entry = _new_entry(Entry)  # (Entry's fields set here, without a call of its __init__: the one hot path)
-        entry.item = item
-        entry.sink = self.new_future()
-        entry.arrival = self.clock()
-        entry.lane = lane
-        entry.context = copy_context()
-        queue.fifo0.append(entry)
         lane.count += 1
         queue.waiting += 1
         dispatcher = self.dispatcher
@@ -200,11 +199,11 @@ class Engine:
                 try:
                     dispatcher.arrived(lane)
                 except RuntimeError:  # its loop is closed: as if the item had never come (the long path starts anew)
-                    self.unsubmit(entry)
+                    self.unsubmit(sink)
                     return None
         elif current_batch.get() is not None:  # (even with a pump to come: it finds no free slot either)
-            self.refuse_queued_if_reentrant(entry)
-        return entry
+            self.refuse_queued_if_reentrant(sink)
+        return sink
 
     def put_entry(self, entry: Entry, priority: float) -> None:
         """Queue a single item's entry (any lane, weight, priority) and tell the dispatcher."""
@@ -235,6 +234,13 @@ class Engine:
             self.recorder.resolved(1, CANCELLED)
             self.withdraw(entry)
 
+    def left_sink(self, sink: asyncio.Future[Any]) -> None:
+        """:meth:`left` for an item :meth:`put` queued (its future, ``sink``)."""
+        if sink.cancelled():
+            self.recorder.resolved(1, CANCELLED)
+            if self.queue.withdraw_sink(sink):
+                self._withdrawn()
+
     def withdraw(self, entry: Entry) -> None:
         """Take an item out of the queue if it is still there: it will never be sent."""
         if self.queue.withdraw(entry):
@@ -245,10 +251,10 @@ class Engine:
         if self.queue.withdraw_bulk(bulk):
             self._withdrawn()
 
-    def unsubmit(self, entry: Entry) -> None:
-        """Take back an item :meth:`put` queued on a loop that turned out not to be the running one: as if it had
-        never been submitted (it is submitted again, on the long path)."""
-        if self.queue.withdraw(entry):
+    def unsubmit(self, sink: asyncio.Future[Any]) -> None:
+        """Take back an item :meth:`put` queued (its future, ``sink``) on a loop that turned out not to be the running
+        one: as if it had never been submitted (it is submitted again, on the long path)."""
+        if self.queue.withdraw_sink(sink):
             self.recorder.returned(1)
 
     def _withdrawn(self) -> None:
@@ -273,14 +279,14 @@ class Engine:
             bulk.future.set_exception(TimeoutError(f"{self.name}: no results within the timeout"))
         self.queue.withdraw_bulk(bulk)
 
-    def refuse_queued_if_reentrant(self, entry: Entry) -> None:
-        """:meth:`put` found every slot taken: an item queued from inside one of this engine's batches would wait for
-        its own batch forever. Take it back and fail it, its one outcome."""
+    def refuse_queued_if_reentrant(self, sink: asyncio.Future[Any]) -> None:
+        """:meth:`put` found every slot taken: an item queued (its future, ``sink``) from inside one of this engine's
+        batches would wait for its own batch forever. Take it back and fail it, its one outcome."""
         if not self.inside_own_batch():
             return
-        self.queue.withdraw(entry)
+        self.queue.withdraw_sink(sink)
         self.recorder.resolved(1, FAILED)
-        entry.sink.set_exception(self.reentrant_error())
+        sink.set_exception(self.reentrant_error())
 
     def inside_own_batch(self) -> bool:
         """Whether the running code is inside one of this run's batches still in flight (its task, or its

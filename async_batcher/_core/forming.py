@@ -17,7 +17,7 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
-from async_batcher._core.lane import Lane
+from async_batcher._core.lane import Column, Entry, Lane
 from async_batcher._core.queue import Queue
 from async_batcher._core.sinks import Bulk, consume, future_done
 
@@ -106,7 +106,7 @@ def take(
     """
     taken = None
     if not queue.weighted and len(lane.order) == 1:
-        taken = _take_plain(lane, limit, arrivals, now if queue.tracked else None)
+        taken = _take_plain(queue, lane, limit, arrivals, now if queue.tracked else None)
     if taken is None:
         taken = _take_each(queue, lane, limit, weight_limit, now, now - max_priority_wait, overflow, arrivals)
         if taken is None:
@@ -124,12 +124,14 @@ def take(
     return taken
 
 
-def _take_plain(lane: Lane, limit: int, arrivals: bool, tracked: float | None) -> Taken | None:
+def _take_plain(queue: Queue, lane: Lane, limit: int, arrivals: bool, tracked: float | None) -> Taken | None:
     """The common case in C-level passes: one level of single items whose callers all still wait (and, ``tracked``
     being the time now, none of whose deadlines has passed)."""
     fifo = lane.order[0]
     if not fifo:
         return None
+    if fifo[0].__class__ is Column:
+        return _take_column(queue, fifo, fifo[0], limit, arrivals, tracked)
     if len(fifo) == 1:
         return _take_one(fifo, arrivals, tracked)
     if limit >= len(fifo):
@@ -160,6 +162,73 @@ def _take_plain(lane: Lane, limit: int, arrivals: bool, tracked: float | None) -
         taken.attempts = list(map(_attempts_of, entries))
         taken.tries = list(map(_tries_of, entries))
     return taken
+
+
+def _take_column(
+    queue: Queue, fifo: deque[Any], col: Column, limit: int, arrivals: bool, tracked: float | None
+) -> Taken | None:
+    """:func:`_take_plain` from a column at the head of the level: its lists handed over as they are (or their
+    first ``limit`` items), when none of its callers has left and the batch does not reach past it."""
+    n = len(col.items)
+    if col.gone is not None or not n or (n < limit and len(fifo) > 1):
+        return None  # the general way
+    if n > limit:
+        n = limit
+        if any(map(future_done, col.sinks[:n])):
+            return None
+    elif any(map(future_done, col.sinks)):
+        return None
+    if n == len(col.items) and col.index is None:  # all of it (the common case): its lists, handed over
+        items, sinks, contexts, times = col.items, col.sinks, col.contexts, col.arrivals
+        col.items, col.sinks, col.contexts, col.arrivals = [], [], [], []
+        col.base += n
+    else:
+        items, sinks, contexts, times = col.drop_head(n)
+    if not col.items and col is not queue.col:  # (the open column stays, empty, for the next items)
+        fifo.popleft()
+        queue.close_column(col)
+    # Taken's fields set here, without a call of its __init__ (its keywords cost more than the rest of this path).
+    taken = _new(Taken)
+    taken.items, taken.sinks, taken.contexts = items, sinks, contexts
+    taken.oldest, taken.newest = times[0], times[-1]
+    taken.weight, taken.futures_only, taken.weights = n, True, None
+    taken.arrivals = times if arrivals else None
+    if tracked is None:
+        taken.deadlines = taken.attempts = taken.tries = None
+    else:  # (the short path's items have no deadline, and have not been tried)
+        taken.deadlines, taken.attempts, taken.tries = [math.inf] * n, [0] * n, [0] * n
+    return taken
+
+
+def _from_column(queue: Queue, col: Column, room: int) -> tuple[list[Any], list[Any], list[Any], list[float]]:
+    """Up to ``room`` items from the head of ``col`` whose callers wait (its items, sinks, contexts and arrivals);
+    those before them whose callers have left are dropped (withdrawn, if they were not)."""
+    gone = col.gone
+    sinks = col.sinks
+    keep: list[int] = []
+    i = 0
+    while i < len(sinks) and len(keep) < room:
+        if gone is not None and col.base + i in gone:
+            pass
+        elif sinks[i].done():
+            queue.withdrew(queue.lane0, 1.0)
+        else:
+            keep.append(i)
+        i += 1
+    items, sinks, contexts, times = col.drop_head(i)
+    if len(keep) == i:
+        return items, sinks, contexts, times
+    return [items[k] for k in keep], [sinks[k] for k in keep], [contexts[k] for k in keep], [times[k] for k in keep]
+
+
+def _explode(queue: Queue, fifo: deque[Any], col: Column, room: int) -> None:
+    """Turn up to ``room`` items at the head of ``col`` (the head of ``fifo``) into entries of their own before it."""
+    items, sinks, contexts, times = _from_column(queue, col, room)
+    if not col.items and col is not queue.col:
+        fifo.popleft()
+        queue.close_column(col)
+    lane = queue.lane0
+    fifo.extendleft(reversed(list(map(Entry, items, sinks, times, repeat(lane), contexts))))
 
 
 def _take_one(fifo: deque[Any], arrivals: bool, tracked: float | None) -> Taken | None:
@@ -217,6 +286,38 @@ def _take_each(
         fifo, entry = picked
         if tracked and entry.deadline <= now:  # its caller's deadline has passed: it is never sent
             _expire(queue, fifo, entry)
+            continue
+        if entry.__class__ is Column:
+            if len(lane.order) > 1:  # levels compete item by item (max_priority_wait): its next items become entries
+                _explode(queue, fifo, entry, limit - len(items))
+                continue
+            room = limit - len(items)
+            if weight_limit < math.inf:  # (its items weigh 1)
+                free = int(weight_limit - weight)
+                if free < 1 and (items or not overflow):
+                    break
+                room = min(room, max(free, 1))
+            got, got_sinks, got_contexts, got_times = _from_column(queue, entry, room)
+            if not entry.items:
+                fifo.popleft()
+                queue.close_column(entry)
+            if not got:
+                continue
+            k = len(got)
+            items.extend(got)
+            sinks.extend(got_sinks)
+            contexts.extend(got_contexts)
+            weight += k
+            if weights is not None:
+                weights.extend([1.0] * k)
+            oldest = min(oldest, got_times[0])
+            newest = max(newest, got_times[-1])
+            if times is not None:
+                times.extend(got_times)
+            if deadlines is not None:
+                deadlines.extend([math.inf] * k)
+                attempts.extend([0] * k)
+                tries.extend([0] * k)
             continue
         if entry.__class__ is not Bulk:
             w = entry.weight
@@ -321,8 +422,10 @@ def _next_level(queue: Queue, lane: Lane, starved_before: float) -> tuple[deque[
 
 def _regular(entries: list[Any]) -> bool:
     """Single items, all still queued, each its own caller's (no bulk call): what a clean lane holds."""
+    types = set(map(type, entries))
     return (
-        Bulk not in set(map(type, entries))
+        Bulk not in types
+        and Column not in types
         and all(map(_lane_of, entries))
         and Bulk not in set(map(type, map(_sink_of, entries)))
     )

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from async_batcher._core.admission import Admission
     from async_batcher._core.batch import Batch
     from async_batcher._core.engine import Engine
-    from async_batcher._core.lane import Entry
     from async_batcher._core.lifecycle import Lifecycle
 
 __all__: list[str] = []
@@ -51,10 +50,9 @@ class Handoff:
         run = self.life.run
         engine = run.fast
         if engine is not None and timeout is None and priority is _ZERO and get_ident() == run.ident:
-            entry = engine.put(item)
-            if entry is not None:
-                fut: asyncio.Future[Any] = entry.sink
-                fut.add_done_callback(partial(_left, engine, entry))
+            fut = engine.put(item)
+            if fut is not None:
+                fut.add_done_callback(partial(_left, engine))
                 return fut
         return asyncio.ensure_future(self.admission.submit(item, timeout=timeout, priority=priority))
 
@@ -104,9 +102,9 @@ def _contexts(batch: Batch) -> list[Context]:
     return [*contexts, *joined] if joined else contexts
 
 
-def _left(engine: Engine, entry: Entry, fut: asyncio.Future[Any]) -> None:
+def _left(engine: Engine, fut: asyncio.Future[Any]) -> None:
     if fut.cancelled():
-        engine.left(entry)
+        engine.left_sink(fut)
 
 
 def _ignore(batch: Batch) -> None:

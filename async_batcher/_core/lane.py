@@ -8,7 +8,9 @@ and a snapshot of its caller's :mod:`contextvars` context, which ``process_batch
 :func:`async_batcher.current_batch`. An entry leaves the queue exactly once. An item with a weight of its own, or one
 item of a ``process_many`` call with keys or weights, is a :class:`WeightedEntry`, which also keeps its weight and its
 place in its call; so is an item with a deadline (its caller's ``timeout``), or one that is tried again
-(:mod:`~async_batcher._core.recovery`), which keeps its tries so far.
+(:mod:`~async_batcher._core.recovery`), which keeps its tries so far. The short path's items (no key, no weight,
+no timeout, priority 0) wait in a :class:`Column` instead: parallel lists of many callers' items, sinks, contexts
+and arrivals, which forming hands to a batch as they are (no object per item: the one hot path).
 """
 
 from __future__ import annotations
@@ -70,6 +72,73 @@ class WeightedEntry(Entry):
         self.deadline = deadline
         self.attempts = attempts
         self.tries = tries
+
+
+class Column:
+    """Single items of the default lane at priority 0 queued one after the other by the short path
+    (:meth:`Engine.put <async_batcher._core.engine.Engine.put>`), kept as parallel lists instead of an :class:`Entry`
+    each: forming hands the lists to a batch as they are.
+
+    The lists hold the items of global indices ``base`` to ``base + len(items) - 1``, in arrival order; those before
+    ``base`` have left from its head (sent, or dropped as their callers had left). A caller who leaves while its item
+    is queued is withdrawn in place: its index goes into ``gone`` (the counts change then), and its item stays in the
+    lists until the head reaches it. A caller's index is found through ``index`` (sink to global index), made the
+    first time a caller leaves and extended as items come (``indexed``: the global index it reaches). ``lane``: the
+    lane while the column is in it (``None`` once it has left).
+    """
+
+    __slots__ = ("arrivals", "base", "contexts", "gone", "index", "indexed", "items", "lane", "sinks")
+    deadline = math.inf  # (its items have none: the short path takes no timeout)
+
+    def __init__(self, lane: Lane) -> None:
+        self.items: list[Any] = []
+        self.sinks: list[Any] = []
+        self.contexts: list[Any] = []
+        self.arrivals: list[float] = []
+        self.base = 0
+        self.lane: Lane | None = lane
+        self.gone: set[int] | None = None
+        self.index: dict[Any, int] | None = None
+        self.indexed = 0
+
+    @property
+    def arrival(self) -> float:
+        """The arrival of its head (``inf`` if it is empty)."""
+        return self.arrivals[0] if self.arrivals else math.inf
+
+    def find(self, sink: Any) -> int | None:
+        """The global index of ``sink``'s item if it is still in the lists (queued, or withdrawn in place)."""
+        index = self.index
+        if index is None:
+            index = self.index = {}
+            self.indexed = self.base
+        end = self.base + len(self.sinks)
+        if self.indexed < end:
+            start = self.indexed
+            index.update(zip(self.sinks[start - self.base :], range(start, end), strict=True))
+            self.indexed = end
+        i = index.get(sink)
+        return None if i is None or i < self.base else i
+
+    def drop_head(self, n: int) -> tuple[list[Any], list[Any], list[Any], list[float]]:
+        """Take the first ``n`` items out of the lists (all of them: the lists themselves); return their items, sinks,
+        contexts and arrivals. What ``gone`` and ``index`` knew of them is forgotten."""
+        if n >= len(self.items):
+            taken = self.items, self.sinks, self.contexts, self.arrivals
+            self.items, self.sinks, self.contexts, self.arrivals = [], [], [], []
+        else:
+            taken = self.items[:n], self.sinks[:n], self.contexts[:n], self.arrivals[:n]
+            del self.items[:n], self.sinks[:n], self.contexts[:n], self.arrivals[:n]
+        start, self.base = self.base, self.base + len(taken[0])
+        if self.gone is not None:
+            self.gone.difference_update(range(start, self.base))
+            if not self.gone:
+                self.gone = None
+        if self.index is not None:
+            for sink in taken[1]:
+                self.index.pop(sink, None)
+            self.indexed = max(self.indexed, self.base)
+        return taken
 
 
 class Lane:
@@ -160,5 +229,10 @@ class Lane:
         newest = -math.inf
         for fifo in self.order:
             if fifo:
-                newest = max(newest, fifo[-1].arrival)
+                last = fifo[-1]
+                if last.__class__ is Column:
+                    if last.arrivals:
+                        newest = max(newest, last.arrivals[-1])
+                else:
+                    newest = max(newest, last.arrival)
         return newest

@@ -3,21 +3,24 @@ entries as they come and leave (private). Every count changes with the one step 
 
 A plain ``process_many`` call (no keys, no weights) is one entry of its own, a
 :class:`~async_batcher._core.sinks.Bulk`, sliced into batches as they go out: ``bulk.pos`` items of it have left.
+The short path's single items (:meth:`Engine.put <async_batcher._core.engine.Engine.put>`) join a
+:class:`~async_batcher._core.lane.Column` at the end of the default level instead of an entry each; a caller who
+leaves is withdrawn from it in place (:meth:`Queue.withdraw_sink`).
 Batches are formed from the queue by :mod:`~async_batcher._core.forming`.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from async_batcher._core.ceiling import Kept
-from async_batcher._core.lane import Entry, Lane
-from async_batcher._core.sinks import Bulk, deadline_of
+from async_batcher._core.dues import Dues, earliest_due
+from async_batcher._core.lane import Column, Entry, Lane
+from async_batcher._core.sinks import Bulk
 
 if TYPE_CHECKING:
     from async_batcher.stats import _Recorder
@@ -29,7 +32,6 @@ __all__: list[str] = []
 DEFAULT_KEY: Hashable = object()
 
 _ended = attrgetter("ended")
-_first = itemgetter(0)
 
 
 def _ignore(entry: Any) -> None:
@@ -43,7 +45,9 @@ class Queue:
 
     - ``waiting == sum(lane.count for lane in lanes.values())``;
     - ``lane.count`` is the number of the lane's items still queued: its single entries whose ``lane`` is set plus
-      ``len(bulk.items) - bulk.pos`` for each of its plain bulk entries;
+      ``len(bulk.items) - bulk.pos`` for each of its plain bulk entries plus, for each of its columns (the short
+      path's items, :class:`~async_batcher._core.lane.Column`), the items in its lists not withdrawn in place;
+    - ``col``, the column the short path appends to, is the last entry of the default level (or ``None``);
     - ``lane.weight`` is their total weight, while ``weighted``;
     - ``recorder.exited`` grows by one for each item that leaves the queue (sent or withdrawn), once.
 
@@ -57,10 +61,10 @@ class Queue:
     __slots__ = (
         "ceilings",
         "changes",
+        "col",
+        "columns",
         "dispatches",
         "dues",
-        "dues_latency",
-        "dues_seq",
         "expire",
         "fifo0",
         "lane0",
@@ -76,6 +80,10 @@ class Queue:
         self.changes = 0
         self.lane0 = Lane(DEFAULT_KEY, self, 0)  # the lane of every item when batch_key is not overridden
         self.fifo0 = self.lane0.level(0)  # its priority-0 level: where the common case appends
+        # The columns of the short path's items in fifo0, in order (usually one), and the one it appends to: the
+        # last entry of fifo0, or None (the next item opens one).
+        self.columns: list[Column] = []
+        self.col: Column | None = None
         self.lanes: dict[Hashable, Lane] = {DEFAULT_KEY: self.lane0}
         self.waiting = 0
         self.weighted = weighted  # lane.weight is kept (items have weights, or a weight limit is set)
@@ -86,11 +94,8 @@ class Queue:
         self.expire: Callable[[Any], None] = _ignore
         # The out-of-memory ceilings (split_on) of keys whose idle lanes were let go: kept beyond the idle lanes.
         self.ceilings = Kept()
-        # Each queued item's due, (due, seq, entry), from the first time the whole queue's earliest is asked (a late
-        # refusal's), with the latency budget it was computed for; seq: the tie-break (entries are never compared).
-        self.dues: list[tuple[float, int, Any]] | None = None
-        self.dues_latency = math.inf
-        self.dues_seq = 0
+        # Each queued item's due, from the first time the whole queue's earliest is asked (a late refusal's).
+        self.dues: Dues | None = None
 
     # ------------------------------------------------------------------ entering
 
@@ -104,11 +109,32 @@ class Queue:
                 self.ceilings.restore(lane)
         return lane
 
+    def open_column(self) -> Column:
+        """A column at the end of the default lane's priority-0 level, for the short path's next items."""
+        lane = self.lane0
+        col = self.col = Column(lane)
+        if self.fifo0:
+            lane.clean = False  # (a column behind other entries: batches are formed entry by entry)
+        self.fifo0.append(col)
+        self.columns.append(col)
+        return col
+
+    def close_column(self, col: Column) -> None:
+        """A column has left its level (emptied)."""
+        col.lane = None
+        self.columns.remove(col)
+        if self.col is col:
+            self.col = None
+
     def push(self, entry: Entry, priority: float) -> None:
         """Queue a single item's entry (its lane and weight are in it)."""
         lane: Any = entry.lane
-        lane.level(priority).append(entry)
+        fifo = lane.level(priority)
+        fifo.append(entry)
         if entry.sink.__class__ is Bulk:
+            lane.clean = False
+        if fifo is self.fifo0 and self.columns:
+            self.col = None  # (the short path's next items queue behind this one)
             lane.clean = False
         lane.count += 1
         if lane.count == 1 and lane.served < self.dispatches:  # back after an idle spell: it counts from now
@@ -119,7 +145,7 @@ class Queue:
         if entry.deadline < math.inf:
             self.tracked = True
         if self.dues is not None:
-            self._note_due(entry)
+            self.dues.note(entry)
 
     def push_front(self, lane: Lane, entries: Sequence[Entry]) -> None:
         """Put items tried again back at the head of their lane (its best priority, in their order): they join its
@@ -137,13 +163,16 @@ class Queue:
         self.changes += 1
         if self.dues is not None:
             for entry in entries:
-                self._note_due(entry)
+                self.dues.note(entry)
 
     def push_bulk(self, bulk: Bulk, priority: float) -> None:
         """Queue a plain ``process_many`` call as one entry of the default lane."""
         lane = self.lane0
-        lane.level(priority).append(bulk)
+        fifo = lane.level(priority)
+        fifo.append(bulk)
         lane.clean = False
+        if fifo is self.fifo0:
+            self.col = None  # (the short path's next items queue behind this call)
         if not lane.count and lane.served < self.dispatches:  # back after an idle spell: it counts from now
             lane.served = self.dispatches - 0.5
         n = len(bulk.items)
@@ -154,7 +183,7 @@ class Queue:
         if bulk.deadline < math.inf:
             self.tracked = True
         if self.dues is not None:
-            self._note_due(bulk)
+            self.dues.note(bulk)
 
     # ------------------------------------------------------------------ leaving without a batch
 
@@ -165,14 +194,33 @@ class Queue:
             return False
         entry.lane = None
         lane.clean = False  # the entry stays in its level until the dispatcher reaches it
+        self.withdrew(lane, entry.weight)
+        return True
+
+    def withdraw_sink(self, sink: Any) -> bool:
+        """Take the short path's item of ``sink`` out of its column if it is still queued (withdrawn in place: it
+        stays in the column's lists until the column's head reaches it). False if it is not queued."""
+        for col in self.columns:
+            i = col.find(sink)
+            if i is not None:
+                if col.gone is None:
+                    col.gone = set()
+                elif i in col.gone:
+                    return False
+                col.gone.add(i)
+                self.withdrew(self.lane0, 1.0)
+                return True
+        return False
+
+    def withdrew(self, lane: Lane, weight: float) -> None:
+        """One item left the queue without a batch (withdrawn): the counts."""
         lane.count -= 1
         lane.left += 1
         if self.weighted:
-            lane.weight -= entry.weight
+            lane.weight -= weight
         self.waiting -= 1
         self.recorder.left(1)
         self.changes += 1
-        return True
 
     def withdraw_bulk(self, bulk: Bulk) -> int:
         """Take every item of a bulk call still queued out; return how many there were."""
@@ -197,7 +245,15 @@ class Queue:
         sinks: list[Any] = []
         for lane in self.lanes.values():
             for entry in lane.entries():
-                if entry.__class__ is not Bulk:
+                if entry.__class__ is Column:
+                    gone = entry.gone or ()
+                    for i, sink in enumerate(entry.sinks, entry.base):
+                        if i not in gone:
+                            self.withdrew(lane, 1.0)
+                            if not sink.done():
+                                sinks.append(sink)
+                    entry.lane = None
+                elif entry.__class__ is not Bulk:
                     sink = entry.sink
                     if self.withdraw(entry) and not sink.done():
                         sinks.append(sink if sink.__class__ is not Bulk else (sink, entry.index, 1))
@@ -210,16 +266,18 @@ class Queue:
                 fifo.clear()
             lane.clean = True
         self.lanes = {self.lane0.key: self.lane0}
+        self.columns.clear()
+        self.col = None
         self.changes += 1
         if self.dues is not None:
-            self.dues.clear()
+            self.dues.heap.clear()
         return sinks
 
     def deadline_moved(self, entry: Entry) -> None:
         """A queued item's deadline moved (a shared row's callers came or left)."""
         self.changes += 1
         if self.dues is not None:
-            self._note_due(entry)
+            self.dues.note(entry)
 
     # ------------------------------------------------------------------ looking
 
@@ -227,7 +285,11 @@ class Queue:
         """The first entry of a level still waiting; drops the entries before it that have left."""
         while fifo:
             entry = fifo[0]
-            if entry.__class__ is not Bulk:
+            if entry.__class__ is Column:
+                if self.drop_dead(entry):
+                    return entry
+                self.close_column(entry)
+            elif entry.__class__ is not Bulk:
                 if entry.lane is not None:
                     if not entry.sink.done():
                         return entry
@@ -241,25 +303,24 @@ class Queue:
             fifo.popleft()
         return None
 
-    def waiting_now(self) -> list[Any]:
-        """The entries queued now (a plain ``process_many`` call's one entry): what a flush sends
-        (:meth:`still_queued`)."""
-        return [entry for lane in self.lanes.values() for entry in lane.entries() if entry.lane is not None]
-
-    def still_queued(self, entries: list[Any]) -> dict[Lane, int]:
-        """Of ``entries`` (:meth:`waiting_now`), the items still queued whose callers wait, by lane."""
-        found: dict[Lane, int] = {}
-        for entry in entries:
-            lane = entry.lane
-            if lane is None:
-                continue
-            if entry.__class__ is Bulk:
-                n = 0 if entry.future.done() else len(entry.items) - entry.pos
+    def drop_dead(self, col: Column) -> bool:
+        """Drop the items at the head of ``col`` whose callers have left (withdrawing those not yet withdrawn);
+        whether an item whose caller waits remains."""
+        gone = col.gone
+        sinks = col.sinks
+        queued = len(sinks)
+        n = 0
+        for i, sink in enumerate(sinks, col.base):
+            if gone is not None and i in gone:
+                n += 1
+            elif sink.done():  # its caller was cancelled and has not run since to withdraw it: it must not be sent
+                self.withdrew(self.lane0, 1.0)
+                n += 1
             else:
-                n = 0 if entry.sink.done() else 1
-            if n > 0:
-                found[lane] = found.get(lane, 0) + n
-        return found
+                break
+        if n:
+            col.drop_head(n)
+        return n < queued
 
     def oldest(self, lane: Lane) -> float:
         """Arrival time of the lane's oldest waiting item (``inf`` if its callers all left)."""
@@ -272,64 +333,16 @@ class Queue:
 
     def earliest_due_of_all(self, latency: float) -> float:
         """The earliest deadline of every item queued (:meth:`earliest_due` of them all), from the heap of dues kept
-        as items come: entries that left, or whose due moved, are dropped as they reach its top, so that departures
-        cost no look at the rest of the queue. The heap is made (again) at the first call, for a new latency budget,
-        and when it holds more than twice what is queued."""
+        as items come (:class:`~async_batcher._core.dues.Dues`), made (again) at the first call, for a new latency
+        budget, and when it holds more than twice what is queued."""
         dues = self.dues
-        if dues is None or latency != self.dues_latency or len(dues) > 2 * self.waiting + 64:
-            dues = self._dues_made(latency)
-        while dues:
-            due, _, entry = dues[0]
-            now_due, n = due_of(entry, latency)
-            if not n:  # it left (sent, withdrawn)
-                heapq.heappop(dues)
-            elif now_due != due:  # its caller left, or a shared row's deadline moved
-                self.dues_seq += 1
-                heapq.heapreplace(dues, (now_due, self.dues_seq, entry))
-            else:
-                return due
-        return math.inf
-
-    def _dues_made(self, latency: float) -> list[tuple[float, int, Any]]:
-        self.dues, self.dues_latency = [], latency
-        for lane in self.lanes.values():
-            if lane.count:
-                for entry in lane.entries():
-                    self._note_due(entry)
-        heapq.heapify(self.dues)
-        return self.dues
-
-    def _note_due(self, entry: Any) -> None:
-        due, n = due_of(entry, self.dues_latency)
-        if n and self.dues is not None:
-            self.dues_seq += 1
-            heapq.heappush(self.dues, (due, self.dues_seq, entry))
+        if dues is None or latency != dues.latency or len(dues.heap) > 2 * self.waiting + 64:
+            dues = self.dues = Dues.made(self.lanes.values(), latency)
+        return dues.earliest()
 
     def earliest_due(self, count: int, latency: float) -> float:
-        """The earliest deadline of the last ``count`` items queued (by arrival, the whole queue seen as one line),
-        each item due by its caller's deadline (a shared row's: its callers' now) or ``latency`` seconds after its
-        arrival, whichever comes first; an item whose caller has left is due never. ``inf``: none is due."""
-        found: list[tuple[float, float, int]] = []  # (arrival, due, items) of the last entries of each level
-        for lane in self.lanes.values():
-            if not lane.count:
-                continue
-            for fifo in lane.order:
-                seen = 0
-                for entry in reversed(fifo):
-                    if seen >= count:
-                        break
-                    due, n = due_of(entry, latency)
-                    if n:
-                        found.append((entry.arrival, due, n))
-                        seen += n
-        found.sort(key=_first, reverse=True)  # (stable: of equal arrivals, the later in its level first)
-        due = math.inf
-        for _, deadline, n in found:
-            if count <= 0:
-                break
-            due = min(due, deadline)
-            count -= n
-        return due
+        """The earliest deadline of the last ``count`` items queued (:func:`~async_batcher._core.dues.earliest_due`)."""
+        return earliest_due(self.lanes.values(), count, latency)
 
     def drop_empty_lanes(self, keep: int) -> None:
         """Keys come and go: forget the lanes that hold nothing and have no batch in flight, all but the
@@ -367,20 +380,6 @@ class Queue:
                         self.ceilings.park(lane)  # (its ceiling outlives it: Kept)
 
 
-def due_of(entry: Any, latency: float) -> tuple[float, int]:
-    """A queued entry's due (its caller's deadline, a shared row's callers' now, or ``latency`` seconds after its
-    arrival, whichever comes first; a caller that has left has no deadline) and how many items of it are queued (0:
-    it left)."""
-    if entry.__class__ is Bulk:
-        n = len(entry.items) - entry.pos if entry.lane is not None else 0
-        deadline = math.inf if entry.future.done() else entry.deadline
-    else:
-        n = 0 if entry.lane is None else 1
-        sink = entry.sink
-        deadline = math.inf if sink.done() else deadline_of(sink, entry.deadline)
-    return min(deadline, entry.arrival + latency), n
-
-
 def violations(queue: Queue) -> list[str]:
     """The invariants of :class:`Queue` that do not hold now, described (for the tests)."""
     found: list[str] = []
@@ -389,7 +388,16 @@ def violations(queue: Queue) -> list[str]:
         count = 0
         weight = 0.0
         for entry in lane.entries():
-            if entry.__class__ is not Bulk:
+            if entry.__class__ is Column:
+                gone = entry.gone or set()
+                if entry.lane is not lane or entry not in queue.columns:
+                    held = plural(len(entry.items), "item")
+                    found.append(f"lane {key!r}: a column out of place (lane {entry.lane!r}, holding {held})")
+                if any(i < entry.base or i >= entry.base + len(entry.items) for i in gone):
+                    found.append(f"lane {key!r}: a column's withdrawn index out of its lists")
+                count += len(entry.items) - len(gone)
+                weight += len(entry.items) - len(gone)
+            elif entry.__class__ is not Bulk:
                 if entry.lane is not None:
                     count += 1
                     weight += entry.weight
@@ -405,4 +413,6 @@ def violations(queue: Queue) -> list[str]:
         total += lane.count
     if total != queue.waiting:
         found.append(f"waiting {queue.waiting}, but the lanes hold {total}")
+    if queue.col is not None and (not queue.fifo0 or queue.fifo0[-1] is not queue.col):
+        found.append("the open column is not the last entry of the default level")
     return found

@@ -47,6 +47,7 @@ class Room:
         "awaiting",
         "held",
         "limit",
+        "limited",
         "name",
         "putters",
         "queue",
@@ -60,6 +61,7 @@ class Room:
         self.queue = queue
         self.name = name
         self.limit = UNLIMITED  # max_queue_size as the queue compares it
+        self.limited = False  # whether it is below UNLIMITED
         self.size: int | None = None  # max_queue_size as the user gave it (for messages)
         self.weight_limit = math.inf  # max_queue_weight (inf: none); set by the engine
         self.putters: deque[tuple[asyncio.Future[None], int, float]] = deque()  # (waiter, items, weight)
@@ -72,6 +74,7 @@ class Room:
         """``max_queue_size`` and ``max_queue_weight`` as they are now: ``limit`` to compare against, ``size`` as
         given (``None``: no limit), and the weight (``inf``: no limit)."""
         self.limit, self.size, self.weight_limit = limit, size, weight_limit
+        self.limited = limit < UNLIMITED
 
     def no_room(self, n: int, weight: float = 0.0) -> bool:
         """Whether ``n`` items of ``weight`` must wait for room: the queue is full, its weight is, or others wait
