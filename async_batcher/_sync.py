@@ -1,19 +1,22 @@
-"""Blocking calls from threads: which loop each goes to, handed over under one lock (private).
+"""Blocking calls from threads: :class:`~async_batcher.AsyncBatcher`'s methods for sync code, and which loop each goes
+to, handed over under one lock (private; below the public class, which is a :class:`BlockingCalls`).
 
-``process_sync``, ``process_many_sync`` and ``stop_sync`` choose the loop a call runs on, and hand the call over to
-it, under the lock of the batcher's :class:`~async_batcher._threads.Gate`; a ``stop_sync`` marks the gate first, so
-that a blocking call that comes while it runs is refused at once instead of reaching a loop that is about to end.
-Together with
-:class:`~async_batcher._threads.LoopThread`'s rule (a call handed to its loop runs, or is failed when the loop
-ends), no thread is left waiting.
+``process_sync``, ``process_many_sync`` and ``stop_sync`` (:class:`BlockingCalls`) choose the loop a call runs on
+(:class:`Blocking`), and hand the call over to it, under the lock of the batcher's
+:class:`~async_batcher._threads.Gate`; a ``stop_sync`` marks the gate first, so that a blocking call that comes while
+it runs is refused at once instead of reaching a loop that is about to end. Together with
+:class:`~async_batcher._threads.LoopThread`'s rule (a call handed to its loop runs, or is failed when the loop ends),
+no thread is left waiting.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import weakref
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Coroutine, Iterable
+from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from async_batcher import _checks
 from async_batcher._core.batch import thread_batch
@@ -28,6 +31,8 @@ if TYPE_CHECKING:
 __all__: list[str] = []
 
 S = TypeVar("S")
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Blocking:
@@ -122,3 +127,52 @@ class Blocking:
                 f"{self.name}: a blocking call from inside its own process_batch while every slot (concurrency="
                 f"{engine.slots_named()}) is taken would wait for that batch forever"
             )
+
+
+class BlockingCalls(Generic[T, R]):
+    """:class:`~async_batcher.AsyncBatcher`'s calls for sync code (a private base: the reference shows them as the
+    batcher's own). Each blocks its thread on a call of the batcher's async methods, handed to its loop by
+    :class:`Blocking`."""
+
+    _sync: Blocking
+
+    if TYPE_CHECKING:  # (the batcher's)
+
+        async def process(self, item: T, *, timeout: float | None = None, priority: float = 0) -> R: ...
+
+        async def process_many(
+            self,
+            items: Iterable[T],
+            *,
+            timeout: float | None = None,
+            priority: float = 0,
+            return_exceptions: bool = False,
+        ) -> list[R]: ...
+
+    def process_sync(self, item: T, *, timeout: float | None = None, priority: float = 0) -> R:
+        """:meth:`process` for sync code: blocks the calling thread until the result (or ``timeout``).
+
+        The item goes to the event loop the batcher runs on, in another thread; a batcher not bound to a live
+        loop starts one on a daemon thread of its own, which :meth:`stop` or :meth:`stop_sync` ends. On timeout
+        an item not yet sent is withdrawn and ``TimeoutError`` raised. Called from a thread that runs an event
+        loop it raises ``RuntimeError`` (it would block that loop): await :meth:`process` there.
+        """
+        return self._sync.call(self.process(item, priority=priority), n=1, timeout=timeout, what="process_sync()")
+
+    def process_many_sync(
+        self, items: Iterable[T], *, timeout: float | None = None, priority: float = 0, return_exceptions: bool = False
+    ) -> list[R]:
+        """:meth:`process_many` for sync code, as :meth:`process_sync`."""
+        batch = list(items)
+        call = self.process_many(batch, priority=priority, return_exceptions=return_exceptions)
+        return self._sync.call(call, n=len(batch), timeout=timeout, what="process_many_sync()")
+
+    def stop_sync(self, force: bool = False, timeout: float | None = None) -> None:
+        """:meth:`stop` for sync code: blocks until the batcher is stopped; ends the loop thread it started."""
+        self._sync.stop(force=_checks.flag("force", force), timeout=_checks.timeout(timeout))
+
+    async def _stop_loop_thread(self, force: bool, timeout: float | None) -> None:
+        """:meth:`stop`'s first step: where blocking calls started a loop thread for this batcher (and this is not
+        it), the stop runs there (:meth:`stop_sync`), then the thread ends."""
+        if self._sync.has_other_thread():
+            await asyncio.get_running_loop().run_in_executor(None, partial(self.stop_sync, force, timeout))

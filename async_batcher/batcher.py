@@ -8,7 +8,6 @@ import copy
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
 from contextvars import Context, copy_context
-from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, ClassVar, Final, Generic, TypeVar, cast
 
@@ -21,6 +20,7 @@ from async_batcher._core.options import BatcherOptions, SettingsView, settings_f
 from async_batcher._core.options import signature as options_signature
 from async_batcher._core.queue import DEFAULT_KEY
 from async_batcher._core.state import State
+from async_batcher._sync import BlockingCalls
 from async_batcher.stats import BatcherStats, _Recorder
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ R = TypeVar("R")
 _ZERO: Final = 0
 
 
-class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
+class AsyncBatcher(SettingsView, BlockingCalls[T, R], abc.ABC, Generic[T, R]):
     """Collects the items of concurrent :meth:`process` calls and hands them to :meth:`process_batch` in batches.
 
     Subclass it and implement :meth:`process_batch`; then ``await batcher.process(item)`` from any number of
@@ -375,9 +375,7 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         """
         force = _checks.flag("force", force)
         timeout = _checks.timeout(timeout)
-        if self._sync.has_other_thread():
-            # Blocking calls started a loop thread for this batcher: the stop runs there, then the thread ends.
-            await asyncio.get_running_loop().run_in_executor(None, partial(self.stop_sync, force, timeout))
+        await self._stop_loop_thread(force, timeout)
         await self._life.stop(force=force, timeout=timeout)
 
     async def __aenter__(self) -> Self:
@@ -395,30 +393,6 @@ class AsyncBatcher(SettingsView, abc.ABC, Generic[T, R]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
-
-    # ------------------------------------------------------------------ callers from threads
-
-    def process_sync(self, item: T, *, timeout: float | None = None, priority: float = 0) -> R:
-        """:meth:`process` for sync code: blocks the calling thread until the result (or ``timeout``).
-
-        The item goes to the event loop the batcher runs on, in another thread; a batcher not bound to a live
-        loop starts one on a daemon thread of its own, which :meth:`stop` or :meth:`stop_sync` ends. On timeout
-        an item not yet sent is withdrawn and ``TimeoutError`` raised. Called from a thread that runs an event
-        loop it raises ``RuntimeError`` (it would block that loop): await :meth:`process` there.
-        """
-        return self._sync.call(self.process(item, priority=priority), n=1, timeout=timeout, what="process_sync()")
-
-    def process_many_sync(
-        self, items: Iterable[T], *, timeout: float | None = None, priority: float = 0, return_exceptions: bool = False
-    ) -> list[R]:
-        """:meth:`process_many` for sync code, as :meth:`process_sync`."""
-        batch = list(items)
-        call = self.process_many(batch, priority=priority, return_exceptions=return_exceptions)
-        return self._sync.call(call, n=len(batch), timeout=timeout, what="process_many_sync()")
-
-    def stop_sync(self, force: bool = False, timeout: float | None = None) -> None:
-        """:meth:`stop` for sync code: blocks until the batcher is stopped; ends the loop thread it started."""
-        self._sync.stop(force=_checks.flag("force", force), timeout=_checks.timeout(timeout))
 
     # ------------------------------------------------------------------ statistics
 

@@ -343,8 +343,8 @@ def idle(batcher: AsyncBatcher[Any, Any]) -> list[str]:
         found.append(f"{queued} queued, {flying} in flight")
     if engine.room.awaiting:
         found.append(f"{plural(engine.room.awaiting, 'item')} of callers in line for room")
-    if engine.dispatcher.timer is not None:
-        found.append(f"a timer for {engine.dispatcher.timer_at}")
+    if engine.dispatcher.wakeup.handle is not None:
+        found.append(f"a timer for {engine.dispatcher.wakeup.at}")
     if engine.dispatcher.pump_handle is not None and not engine.dispatcher.pump_handle.cancelled():
         found.append(f"a pending wake-up {engine.dispatcher.pump_handle!r}")
     if engine.deadlines.timer is not None:

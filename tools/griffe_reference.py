@@ -5,7 +5,8 @@ The docstrings are written for ``help()`` and editors; on the site:
 - a reStructuredText literal block (a paragraph ending in ``::``, or ``.. code-block:: python``, then indented
   code) becomes a fenced Python block, so that it is highlighted like the guides' code;
 - a class's bases leave out the package's private classes (``async_batcher._settings.Settings``): a user can
-  neither import nor subclass them;
+  neither import nor subclass them; but the methods of those in ``SHOWN_AS_OWN`` are shown as the class's own, after
+  its own (``AsyncBatcher``'s calls for sync code, written in ``async_batcher._sync``);
 - ``AsyncBatcher``'s numbered contract, the rules before its parameters in ``help()``, is one line linking to
   the guarantees page, which states each rule with an example (tests/docs/test_pages.py checks that the two agree);
 - an attribute documented by ``#:`` comments right above it (Sphinx's convention, which the package's modules
@@ -29,6 +30,9 @@ _LITERAL = re.compile(
 _CONTRACT = re.compile(r"The contract:\n\n1\. .*?(?=\n\n[A-Z]\w*:\n|\Z)", re.DOTALL)
 CONTRACT_LINK = "Its contract, {n} rules each tested, is on [the guarantees page][guarantees]."
 _RULE = re.compile(r"^\d+\. ", re.MULTILINE)
+# Private bases whose public methods are the class's own to a user (written apart for the size of the class's
+# module): shown after the class's own methods.
+SHOWN_AS_OWN = frozenset({"async_batcher._sync.BlockingCalls"})
 
 
 def fence_literal_blocks(text: str) -> str:
@@ -73,5 +77,24 @@ class ReferencePages(griffe.Extension):
             if obj.path == "async_batcher.batcher.AsyncBatcher":
                 text = _CONTRACT.sub(lambda m: CONTRACT_LINK.format(n=len(_RULE.findall(m.group()))), text)
             obj.docstring.value = text
-        if isinstance(obj, griffe.Class):
-            obj.bases = [base for base in obj.bases if not is_private(str(getattr(base, "canonical_path", base)))]
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        # (Once the whole package is loaded, so that a private base in another module is there to read.)
+        for cls in classes(pkg):
+            for base in cls.resolved_bases:
+                if base.path in SHOWN_AS_OWN:
+                    for name, member in base.members.items():
+                        if member.kind is griffe.Kind.FUNCTION and not name.startswith("_") and name not in cls.members:
+                            cls.set_member(name, griffe.Alias(name, member, parent=cls, inherited=True))
+            cls.bases = [base for base in cls.bases if not is_private(str(getattr(base, "canonical_path", base)))]
+
+
+def classes(obj: griffe.Object) -> list[griffe.Class]:
+    """The classes defined in ``obj`` (a module, a class), at any depth."""
+    found: list[griffe.Class] = []
+    for member in obj.members.values():
+        if not member.is_alias and isinstance(member, (griffe.Module, griffe.Class)):
+            if isinstance(member, griffe.Class):
+                found.append(member)
+            found.extend(classes(member))
+    return found

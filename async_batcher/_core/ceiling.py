@@ -4,7 +4,7 @@ lanes, and changes a lane's ceiling only as the runner reports a call's end thro
 A call of ``n`` items that runs out of memory lowers its lane's ceiling to ``n // 2`` (multiplicative decrease);
 ``grow_after`` calls in a row that succeed at the ceiling raise it by a step (additive increase), and once it
 reaches the size that failed it is lifted. With ``item_weight``, the same in weight units. What the ceiling is
-compared with, as a batch forms: :meth:`~async_batcher._core.dispatcher.Dispatcher.capacity`. A lane let go while idle
+compared with, as a batch forms: :meth:`~async_batcher._core.decision.Decision.capacity`. A lane let go while idle
 leaves its ceiling in the queue's :class:`Kept`, where its key finds it again.
 """
 

@@ -1,30 +1,31 @@
 """When batches go: the :class:`Dispatcher` of one run owns the slots, the pump, the one timer, the turns and the
-flush, and asks the run's :class:`~async_batcher._core.policy.DispatchPolicy` (private; the dispatch layer, above
-execution, below the engine that composes it).
+flush, and applies the decision it is (:class:`~async_batcher._core.decision.Decision`: ``(when, reason)`` per lane,
+asking the run's :class:`~async_batcher._core.policy.DispatchPolicy`) (private; the dispatch layer, above execution,
+below the engine that composes it).
 
-**The decision**, in one place, once per lane and pass (:meth:`Dispatcher.decide`): ``(when, reason)``; at once when
-the lane is full (``max_batch_size``, ``max_batch_weight``, or an out-of-memory split's ceiling), drains, is flushed,
-or reaches the policy's size; else when the policy says. It leaves on the lane what an arrival compares with
-(``Lane.trigger``, ``Lane.trigger_weight``): :meth:`Dispatcher.arrived` wakes the pump only then, or with no timer.
+**Arrivals** (:meth:`Dispatcher.arrived`) wake the pump only when the lane reached what its last decision left on it
+(``Lane.trigger``, ``Lane.trigger_weight``), or with no timer.
 
 **The pump** (:meth:`Dispatcher.pump`) sends every due lane while slots are free, the one served longest ago first
-(:mod:`~async_batcher._core.forming` forms the batch, the runner runs it); else it arms one timer for the earliest due
-time. A batch's end (:meth:`Dispatcher.batch_ended`, the runner's ``on_end``) lets the loop turn the policy's
-``turns`` before the next batch forms. An idle dispatcher schedules no wake-up. It tells the engine above it through
-the callbacks it gave: ``on_idle`` (nothing waits as the run stops: a drain may be over), ``on_fault`` (a bug).
+(:mod:`~async_batcher._core.forming` forms the batch, the runner runs it); else it arms the one
+:class:`~async_batcher._core.timer.Timer` for the earliest due time. A batch's end (:meth:`Dispatcher.batch_ended`,
+the runner's ``on_end``) lets the loop turn the policy's ``turns`` before the next batch forms. An idle dispatcher
+schedules no wake-up. It tells the engine above it through the callbacks it gave: ``on_idle`` (nothing waits as the
+run stops: a drain may be over), ``on_fault`` (a bug).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from async_batcher._core import answers, forming
 from async_batcher._core.batch import Batch, Watcher
+from async_batcher._core.decision import Decision
 from async_batcher._core.policy import DispatchPolicy, Reason
 from async_batcher._core.state import DISPATCHING, UNLIMITED, State
+from async_batcher._core.timer import Timer
 from async_batcher.exceptions import AsyncBatchException
 
 if TYPE_CHECKING:
@@ -38,17 +39,13 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
-_served = itemgetter(0)
-# Not due until something changes (an arrival, a batch's end, a setting).
-_NEVER: tuple[float, Reason | None] = (math.inf, None)
 # The enum members the passes compare with, read once (an enum class's attribute is a Python-level lookup).
-_RUNNING, _STOPPING = State.RUNNING, State.STOPPING
-_FULL, _STOP, _FLUSH, _SIZE = Reason.FULL, Reason.STOP, Reason.FLUSH, Reason.SIZE
+_RUNNING, _STOPPING, _FLUSH = State.RUNNING, State.STOPPING, Reason.FLUSH
 # A policy's pumping() that does nothing (DispatchPolicy's): a pass that finds nothing waiting may be left out.
 _QUIET_PUMPING = DispatchPolicy.pumping
 
 
-class Dispatcher:
+class Dispatcher(Decision):
     """The slots, the pump, the policy's decisions applied, the turns, the flush and the one timer of a run (see the
     module's docstring). It is the :class:`~async_batcher._core.policy.Signals` its policy reads.
 
@@ -56,30 +53,22 @@ class Dispatcher:
     """
 
     __slots__ = (
-        "batch_limit",
         "batches",
         "clock",
-        "flushing",
         "in_flight",
         "joiners",
         "loop",
         "name",
         "on_fault",
         "on_idle",
-        "policy",
         "priority_wait",
         "pump_handle",
-        "queue",
         "recorder",
         "room",
         "runner",
         "slot_limit",
-        "state",
-        "timer",
-        "timer_at",
-        "timer_when",
+        "wakeup",
         "watchers",
-        "weight_limit",
     )
 
     def __init__(
@@ -96,25 +85,19 @@ class Dispatcher:
         on_fault: Callable[[AsyncBatchException], None],
         clock: Callable[[], float] | None = None,
     ) -> None:
+        super().__init__(queue, policy)
         self.loop = loop
         self.clock = loop.time if clock is None else clock  # the loop's clock (the engine's: in C where it can be)
         self.name = name
-        self.queue = queue
         self.room = room
         self.recorder = recorder
         self.runner: Runner  # (the engine's, given once made: it is told of each batch's end by this dispatcher)
-        self.state = State.RUNNING
         self.batches: dict[Batch, None] = {}
         self.in_flight = 0
-        self.batch_limit = self.slot_limit = UNLIMITED
-        self.weight_limit = math.inf
+        self.slot_limit = UNLIMITED
         self.priority_wait = 1.0
         self.pump_handle: asyncio.Handle | None = None  # the pump to come (one at a time), or the turns before it
-        # The timer's deadline is kept here: for a time already past, uvloop's call_at gives a plain Handle.
-        self.timer: asyncio.Handle | None = None
-        self.timer_at = 0.0
-        self.timer_when = 0.0  # the deadline of the last timer that fired
-        self.flushing: dict[Lane, int] = {}  # a flush: so many items of these lanes go whatever the policy says
+        self.wakeup = Timer(loop, self.pump_safely)  # for the earliest due time, while a slot is free
         # Told of every batch as it goes and as it ends (async_batcher.testing): the batcher's, over its runs.
         self.watchers = watchers
         # Told of the callers' contexts of the items that join a running batch: a streaming one's new items
@@ -122,7 +105,6 @@ class Dispatcher:
         self.joiners: list[Callable[[list[Any]], None]] = []
         self.on_idle = on_idle  # the engine's: nothing waits now, and the run stops (a drain may be over)
         self.on_fault = on_fault  # the engine's: fail every caller (a bug here or in the policy)
-        self.policy = policy
         policy.bind(self)
 
     # ------------------------------------------------------------------ what the policy may read (Signals)
@@ -142,47 +124,6 @@ class Dispatcher:
     def count(self, name: str, n: int = 1) -> None:  # (Signals.count)
         self.recorder.count(name, n)
 
-    # ------------------------------------------------------------------ the decision
-
-    def capacity(self, lane: Lane) -> tuple[int, float]:
-        """What a full batch of ``lane`` holds: items and weight (``max_batch_size``, ``max_batch_weight``, or lower:
-        the ceiling an out-of-memory split set)."""
-        # (min() written out: a builtin's call costs more than the test on the hot path)
-        items, ceiling = self.batch_limit, lane.ceiling
-        weight, weight_ceiling = self.weight_limit, lane.weight_ceiling
-        return ceiling if ceiling < items else items, weight_ceiling if weight_ceiling < weight else weight
-
-    def decide(self, lane: Lane, now: float) -> tuple[float, Reason | None]:
-        """The one decision: when the lane's next batch goes (``now`` or earlier: at once; ``inf``: not until
-        something changes) and, if it is due, why. It leaves on the lane what makes an arrival look again
-        (:meth:`arrived`)."""
-        if not lane.count:
-            lane.trigger = 1  # an arrival into an empty lane is looked at
-            return _NEVER
-        items, weight = self.capacity(lane)
-        lane.trigger_weight = weight
-        if lane.count >= items or lane.weight >= weight:
-            return now, _FULL
-        if self.state is _STOPPING:
-            return now, _STOP
-        if self.flushing and lane in self.flushing:
-            return now, _FLUSH
-        policy = self.policy
-        full = policy.full_at(lane, now)
-        try:
-            trigger = lane.trigger = items if items < full else full  # (min(full, items), NaN and all)
-        except TypeError:  # (None, a string: compared with a count, or left to fail further on)
-            raise answers.wrong(policy, "full_at", full, "a number of items") from None
-        if lane.count >= trigger:
-            return now, _SIZE
-        at = policy.due(lane, now)
-        if at.__class__ is not float or at != at:  # (the policy's answers are checked off the common case's way)
-            at = answers.due(policy, at)
-        if at > now:
-            return at, None
-        reason = policy.reason(lane, now)
-        return at, reason if reason.__class__ is Reason else answers.reason(policy, reason)
-
     # ------------------------------------------------------------------ told of arrivals
 
     def arrived(self, lane: Lane) -> bool:
@@ -191,7 +132,7 @@ class Dispatcher:
         if self.in_flight >= self.slot_limit:
             return False
         if self.pump_handle is None and (
-            self.timer is None or lane.count >= lane.trigger or lane.weight >= lane.trigger_weight
+            self.wakeup.handle is None or lane.count >= lane.trigger or lane.weight >= lane.trigger_weight
         ):
             self._wake(lane)
         return True
@@ -216,8 +157,8 @@ class Dispatcher:
         """Items left the queue without a batch: with nothing left, no wake-up; else a hold's count
         (``Lane.trigger``) counts the items that left: look again if a timer waits."""
         if not self.queue.waiting:
-            self._cancel_timer()
-        elif self.timer is not None:
+            self.wakeup.cancel()
+        elif self.wakeup.handle is not None:
             self.repump()
 
     # ------------------------------------------------------------------ sending batches out
@@ -226,16 +167,16 @@ class Dispatcher:
         """Send every batch that is due while slots are free; else arm one timer for the next deadline."""
         if self.state not in DISPATCHING:
             return
-        queue = self.queue
+        queue, wakeup = self.queue, self.wakeup
         # A timer may fire a hair before its time by the loop's clock resolution: when it fired for a deadline, that
         # deadline is due.
         now = self.clock()
-        if now < self.timer_when:
-            now = self.timer_when
+        if now < wakeup.fired_for:
+            now = wakeup.fired_for
         self.policy.pumping(now)
         next_at = math.inf
         while queue.waiting and self.in_flight < self.slot_limit:
-            due, next_at = self._due_lanes(now)
+            due, next_at = self.due_lanes(now)
             if not due:
                 break
             for _, lane, reason in due:  # (each as if chosen again: one sent has the highest served count)
@@ -249,28 +190,12 @@ class Dispatcher:
         if self.room.putters:
             self.room.wake()  # the batches just taken made room
         if not queue.waiting:
-            if self.timer is not None:
-                self._cancel_timer()  # nothing waits: an idle dispatcher has no wake-ups
+            if wakeup.handle is not None:
+                wakeup.cancel()  # nothing waits: an idle dispatcher has no wake-ups
             if self.state is _STOPPING:
                 self.on_idle()  # (a drain may be over)
         elif self.in_flight < self.slot_limit and next_at < math.inf:
-            self._arm_timer(next_at)
-
-    def _due_lanes(self, now: float) -> tuple[list[tuple[float, Lane, Reason]], float]:
-        """The lanes due now with why, the one served longest ago first (a lane never served, or back after an idle
-        spell, counts from when it came), so that keys take turns when slots are scarce; and, of the others, the
-        earliest time one will be. One decision per lane, however many are due."""
-        due: list[tuple[float, Lane, Reason]] = []
-        next_at = math.inf
-        for lane in self.queue.lanes.values():
-            at, reason = self.decide(lane, now)
-            if reason is not None:
-                due.append((lane.served, lane, reason))
-            elif at < next_at:
-                next_at = at
-        if len(due) > 1:
-            due.sort(key=_served)
-        return due, next_at
+            wakeup.arm(next_at)
 
     def _dispatch(self, lane: Lane, reason: Reason, now: float) -> None:
         """Form the lane's batch and send it on its way; it takes a slot until it ends (:meth:`batch_ended`)."""
@@ -348,7 +273,7 @@ class Dispatcher:
             or self.state is not _RUNNING
             or self.flushing
             or self.room.putters
-            or self.timer is not None
+            or self.wakeup.handle is not None
             or len(self.queue.lanes) > 1
             or policy.__class__.pumping is not _QUIET_PUMPING
         ):
@@ -401,7 +326,7 @@ class Dispatcher:
                 ended(batch)
         self.batches.clear()
         self.in_flight = 0
-        self._cancel_timer()
+        self.wakeup.cancel()
 
     def drain(self) -> None:
         """The run stops: what waits goes without waiting for deadlines."""
@@ -410,7 +335,7 @@ class Dispatcher:
 
     def close(self) -> None:
         """The end of the run: no wake-up left, and no batch is dispatched again (a new run starts afresh)."""
-        self._cancel_timer()
+        self.wakeup.cancel()
         if self.pump_handle is not None:
             self.pump_handle.cancel()
         self.state = State.STOPPED
@@ -425,7 +350,7 @@ class Dispatcher:
     def room_wanted_now(self) -> None:
         """A caller waits for room in the queue: a hold never keeps it waiting (the batch it keeps back makes room),
         so let the dispatcher look again if its timer may be a hold's."""
-        if self.timer is not None:
+        if self.wakeup.handle is not None:
             self.repump()
 
     def flush(self, quota: dict[Lane, int]) -> None:
@@ -456,24 +381,3 @@ class Dispatcher:
         what = answers.fault(exc)
         self.loop.call_exception_handler({"message": f"{self.name}: {what}", "exception": exc})
         self.on_fault(AsyncBatchException(f"{self.name}: {what}: {exc!r}"))
-
-    # ------------------------------------------------------------------ the timer
-
-    def _arm_timer(self, deadline: float) -> None:
-        """Make sure the pump runs at ``deadline``: one timer, for the earliest deadline."""
-        if self.timer is not None:
-            if self.timer_at <= deadline:
-                return  # it fires first and will look again
-            self.timer.cancel()
-        self.timer = self.loop.call_at(deadline, self._on_timer, deadline)
-        self.timer_at = deadline
-
-    def _cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _on_timer(self, when: float) -> None:
-        self.timer = None
-        self.timer_when = when
-        self.pump_safely()

@@ -467,7 +467,7 @@ async def held_cohort(b: Recording) -> asyncio.Future[Any]:
     for _ in range(2):
         await asyncio.gather(*(b.process(i) for i in range(4)))
     back = asyncio.ensure_future(b.process(9))
-    await until(lambda: engine_of(b).dispatcher.timer is not None)  # (after the regather's turns)
+    await until(lambda: engine_of(b).dispatcher.wakeup.handle is not None)  # (after the regather's turns)
     assert not back.done() and b.stats.queued == 1, "not held"
     return back
 
@@ -920,7 +920,7 @@ async def _moment(moment: str, gate: asyncio.Event) -> tuple[Recording, list[asy
         b = Recording(max_queue_time=5.0, gate=gate)
         calls = [asyncio.ensure_future(b.process(i)) for i in range(3)]
         await turns(3)
-        assert engine_of(b).dispatcher.timer is not None
+        assert engine_of(b).dispatcher.wakeup.handle is not None
     return b, calls, other
 
 

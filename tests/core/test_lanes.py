@@ -220,7 +220,7 @@ async def test_a_lane_due_at_once_does_not_wait_for_another_lanes_hold_timer(ser
         assert await asyncio.gather(*(b.process(i) for i in range(4))) == [0, 2, 4, 6]  # the default lane's four
         back = asyncio.ensure_future(b.process(5))  # one of them back: the hold keeps it, with a timer
         await turns(3)
-        assert engine_of(b).dispatcher.timer is not None and not b.stats.in_flight
+        assert engine_of(b).dispatcher.wakeup.handle is not None and not b.stats.in_flight
         sent = loop.time()
         assert await b.process(150) == 300  # key 1 owes nobody, and both slots are free
         assert b.started_at[b.batches.index([150])] == sent

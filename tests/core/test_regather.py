@@ -552,7 +552,7 @@ async def test_a_stop_during_the_turns_then_a_restart(how: str) -> None:
         assert turn_pending(old) and b.batches == []
         await stop_as(b, how, timeout=0.5)
         outcome = (await asyncio.gather(first, return_exceptions=True))[0]
-        assert old.dispatcher.timer is None and not turn_pending(old)  # nothing left scheduled on the stopped run
+        assert old.dispatcher.wakeup.handle is None and not turn_pending(old)  # nothing left scheduled: the run stopped
         assert not old.queue.waiting and not old.dispatcher.in_flight and not await b.is_running()
         if how == "drain":
             assert outcome == 8 and b.batches == [[4]]

@@ -115,7 +115,7 @@ async def test_arrivals_wake_the_dispatcher_only_when_a_batch_may_be_due(cls: ty
         for i in range(10):  # one at a time: the first wakes the dispatcher, which arms the timer for the rest
             waiting.append(asyncio.ensure_future(b.process(i)))
             await asyncio.sleep(0)
-    assert counted["Dispatcher._scheduled_pump"] == 1 and counted["Dispatcher._arm_timer"] == 1
+    assert counted["Dispatcher._scheduled_pump"] == 1 and counted["Timer.arm"] == 1
     await asyncio.sleep(1.5)  # (on the loop's virtual clock)
     assert b.batches == [list(range(10))]  # at 1.0, every item in one batch, held at the gate: no free slot
     with calls() as counted:
@@ -159,9 +159,7 @@ async def test_a_pump_that_takes_the_last_free_slot_arms_no_timer() -> None:
         waiting = [asyncio.ensure_future(b.process(x)) for x in (0, 1, 100, 2, 3)]
         assert await asyncio.gather(*waiting) == [0, 2, 200, 4, 6]
     assert b.batches == [[0, 1], [2, 3], [100]] and b.started_at == [0.0, 0.1, 1.0]
-    assert (
-        counted["Dispatcher._arm_timer"] == 1 and counted["Dispatcher._on_timer"] == 1
-    )  # armed at 0.2, as the slot came free
+    assert counted["Timer.arm"] == 1 and counted["Timer._fire"] == 1  # armed at 0.2, as the slot came free
     await b.stop()
 
 
