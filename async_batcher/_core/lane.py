@@ -152,7 +152,7 @@ class Lane:
     batches in flight;
     ``ended`` and ``arrived_at_end``, when its last batch ended and its arrivals then; ``trigger`` and
     ``trigger_weight``, the count and the weight at which an arrival makes it due at once (as the dispatcher's last
-    decision for it found them: :meth:`~async_batcher._core.dispatcher.Dispatcher.decide`); ``watch``, whether the
+    decision for it found them: :meth:`~async_batcher._core.decision.Decision.decide`); ``watch``, whether the
     policy asked to see its next arrival. ``memo`` is the dispatch policy's own record of the lane, opaque here.
 
     ``ceiling`` and ``weight_ceiling``: the most items, and weight, its batches take while an out-of-memory split has
