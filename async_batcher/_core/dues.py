@@ -103,7 +103,7 @@ def _column_dues(col: Column, latency: float, count: int, found: list[tuple[floa
     ``found``; how many."""
     gone = col.gone or ()
     seen = 0
-    for i in range(len(col.items) - 1, -1, -1):
+    for i in range(len(col.items) - 1, col.start - 1, -1):
         if seen >= count:
             break
         if col.base + i not in gone:
@@ -119,8 +119,9 @@ def due_of(entry: Any, latency: float) -> tuple[float, int]:
     it left). A column's: its first queued item's (its items have no deadline of their own)."""
     if entry.__class__ is Column:
         gone = entry.gone or ()
-        n = len(entry.items) - len(gone) if entry.lane is not None else 0
-        first = next((a for i, a in enumerate(entry.arrivals, entry.base) if i not in gone), math.inf)
+        start = entry.start
+        n = len(entry.items) - start - len(gone) if entry.lane is not None else 0
+        first = next((a for i, a in enumerate(entry.arrivals[start:], entry.base + start) if i not in gone), math.inf)
         return (first + latency if n else math.inf), n
     if entry.__class__ is Bulk:
         n = len(entry.items) - entry.pos if entry.lane is not None else 0

@@ -169,22 +169,26 @@ def _take_column(
 ) -> Taken | None:
     """:func:`_take_plain` from a column at the head of the level: its lists handed over as they are (or their
     first ``limit`` items), when none of its callers has left and the batch does not reach past it."""
-    n = len(col.items)
+    start = col.start
+    n = len(col.items) - start
     if col.gone is not None or not n or (n < limit and len(fifo) > 1):
         return None  # the general way
     if n > limit:
         n = limit
-        if any(map(future_done, col.sinks[:n])):
+        if any(map(future_done, col.sinks[start : start + n])):
             return None
-    elif any(map(future_done, col.sinks)):
+    elif n == 1:
+        if col.sinks[start].done():
+            return None
+    elif any(map(future_done, col.sinks if not start else col.sinks[start:])):
         return None
-    if n == len(col.items) and col.index is None:  # all of it (the common case): its lists, handed over
+    if not start and n == len(col.items) and col.index is None:  # all of it (the common case): its lists
         items, sinks, contexts, times = col.items, col.sinks, col.contexts, col.arrivals
         col.items, col.sinks, col.contexts, col.arrivals = [], [], [], []
         col.base += n
     else:
         items, sinks, contexts, times = col.drop_head(n)
-    if not col.items and col is not queue.col:  # (the open column stays, empty, for the next items)
+    if col.start == len(col.items) and col is not queue.col:  # (the open column stays, empty, for its next items)
         fifo.popleft()
         queue.close_column(col)
     # Taken's fields set here, without a call of its __init__ (its keywords cost more than the rest of this path).
@@ -205,12 +209,13 @@ def _from_column(queue: Queue, col: Column, room: int) -> tuple[list[Any], list[
     those before them whose callers have left are dropped (withdrawn, if they were not)."""
     gone = col.gone
     sinks = col.sinks
-    keep: list[int] = []
+    start = col.start
+    keep: list[int] = []  # (places after its head)
     i = 0
-    while i < len(sinks) and len(keep) < room:
-        if gone is not None and col.base + i in gone:
+    while start + i < len(sinks) and len(keep) < room:
+        if gone is not None and col.base + start + i in gone:
             pass
-        elif sinks[i].done():
+        elif sinks[start + i].done():
             queue.withdrew(queue.lane0, 1.0)
         else:
             keep.append(i)
@@ -224,7 +229,7 @@ def _from_column(queue: Queue, col: Column, room: int) -> tuple[list[Any], list[
 def _explode(queue: Queue, fifo: deque[Any], col: Column, room: int) -> None:
     """Turn up to ``room`` items at the head of ``col`` (the head of ``fifo``) into entries of their own before it."""
     items, sinks, contexts, times = _from_column(queue, col, room)
-    if not col.items and col is not queue.col:
+    if col.start == len(col.items) and col is not queue.col:
         fifo.popleft()
         queue.close_column(col)
     lane = queue.lane0
@@ -298,7 +303,7 @@ def _take_each(
                     break
                 room = min(room, max(free, 1))
             got, got_sinks, got_contexts, got_times = _from_column(queue, entry, room)
-            if not entry.items:
+            if entry.start == len(entry.items):
                 fifo.popleft()
                 queue.close_column(entry)
             if not got:

@@ -79,15 +79,17 @@ class Column:
     (:meth:`Engine.put <async_batcher._core.engine.Engine.put>`), kept as parallel lists instead of an :class:`Entry`
     each: forming hands the lists to a batch as they are.
 
-    The lists hold the items of global indices ``base`` to ``base + len(items) - 1``, in arrival order; those before
-    ``base`` have left from its head (sent, or dropped as their callers had left). A caller who leaves while its item
-    is queued is withdrawn in place: its index goes into ``gone`` (the counts change then), and its item stays in the
-    lists until the head reaches it. A caller's index is found through ``index`` (sink to global index), made the
-    first time a caller leaves and extended as items come (``indexed``: the global index it reaches). ``lane``: the
-    lane while the column is in it (``None`` once it has left).
+    The lists hold, in arrival order, the items of global indices ``base`` onwards; those before ``start`` (a place
+    in the lists) have left from its head (sent, or dropped as their callers had left; their places hold ``None``), and
+    the lists are cut once that head is more than half of them (a batch taken from a long column costs no move of the
+    rest). A caller who
+    leaves while its item is queued is withdrawn in place: its global index goes into ``gone`` (the counts change
+    then), and its item stays in the lists until the head reaches it. A caller's index is found through ``index``
+    (sink to global index), made the first time a caller leaves and extended as items come (``indexed``: the global
+    index it reaches). ``lane``: the lane while the column is in it (``None`` once it has left).
     """
 
-    __slots__ = ("arrivals", "base", "contexts", "gone", "index", "indexed", "items", "lane", "sinks")
+    __slots__ = ("arrivals", "base", "contexts", "gone", "index", "indexed", "items", "lane", "sinks", "start")
     deadline = math.inf  # (its items have none: the short path takes no timeout)
 
     def __init__(self, lane: Lane) -> None:
@@ -96,6 +98,7 @@ class Column:
         self.contexts: list[Any] = []
         self.arrivals: list[float] = []
         self.base = 0
+        self.start = 0
         self.lane: Lane | None = lane
         self.gone: set[int] | None = None
         self.index: dict[Any, int] | None = None
@@ -104,40 +107,54 @@ class Column:
     @property
     def arrival(self) -> float:
         """The arrival of its head (``inf`` if it is empty)."""
-        return self.arrivals[0] if self.arrivals else math.inf
+        return self.arrivals[self.start] if self.start < len(self.arrivals) else math.inf
 
     def find(self, sink: Any) -> int | None:
-        """The global index of ``sink``'s item if it is still in the lists (queued, or withdrawn in place)."""
+        """The global index of ``sink``'s item if it is still in the column (queued, or withdrawn in place)."""
         index = self.index
+        base = self.base
         if index is None:
             index = self.index = {}
-            self.indexed = self.base
-        end = self.base + len(self.sinks)
+            self.indexed = base + self.start
+        end = base + len(self.sinks)
         if self.indexed < end:
             start = self.indexed
-            index.update(zip(self.sinks[start - self.base :], range(start, end), strict=True))
+            index.update(zip(self.sinks[start - base :], range(start, end), strict=True))
             self.indexed = end
         i = index.get(sink)
-        return None if i is None or i < self.base else i
+        return None if i is None or i < base + self.start else i
 
     def drop_head(self, n: int) -> tuple[list[Any], list[Any], list[Any], list[float]]:
-        """Take the first ``n`` items out of the lists (all of them: the lists themselves); return their items, sinks,
-        contexts and arrivals. What ``gone`` and ``index`` knew of them is forgotten."""
-        if n >= len(self.items):
+        """Take the first ``n`` items out of the column (all of them from the lists' start: the lists themselves);
+        return their items, sinks, contexts and arrivals. What ``gone`` and ``index`` knew of them is forgotten."""
+        start = self.start
+        end = min(start + n, len(self.items))
+        first = self.base + start
+        if start == 0 and end == len(self.items):
             taken = self.items, self.sinks, self.contexts, self.arrivals
-            self.items, self.sinks, self.contexts, self.arrivals = [], [], [], []
         else:
-            taken = self.items[:n], self.sinks[:n], self.contexts[:n], self.arrivals[:n]
-            del self.items[:n], self.sinks[:n], self.contexts[:n], self.arrivals[:n]
-        start, self.base = self.base, self.base + len(taken[0])
-        if self.gone is not None:
-            self.gone.difference_update(range(start, self.base))
-            if not self.gone:
+            taken = self.items[start:end], self.sinks[start:end], self.contexts[start:end], self.arrivals[start:end]
+        if end == len(self.items):  # all of it has left: new lists
+            self.items, self.sinks, self.contexts, self.arrivals = [], [], [], []
+            self.base += end
+            self.start = 0
+        elif 2 * end > len(self.items):  # the head is more than half the lists: cut them
+            del self.items[:end], self.sinks[:end], self.contexts[:end], self.arrivals[:end]
+            self.base += end
+            self.start = 0
+        else:  # (what has left is let go at once: a caller's future and context do not outlive its batch)
+            gap = [None] * (end - start)
+            self.items[start:end] = self.sinks[start:end] = self.contexts[start:end] = gap
+            self.start = end
+        gone = self.gone
+        if gone is not None:
+            gone.difference_update(range(first, first + end - start))
+            if not gone:
                 self.gone = None
         if self.index is not None:
             for sink in taken[1]:
                 self.index.pop(sink, None)
-            self.indexed = max(self.indexed, self.base)
+            self.indexed = max(self.indexed, self.base + self.start)
         return taken
 
 
@@ -231,7 +248,7 @@ class Lane:
             if fifo:
                 last = fifo[-1]
                 if last.__class__ is Column:
-                    if last.arrivals:
+                    if len(last.arrivals) > last.start:
                         newest = max(newest, last.arrivals[-1])
                 else:
                     newest = max(newest, last.arrival)

@@ -35,7 +35,7 @@ def still_queued(entries: list[Any]) -> dict[Lane, int]:
                 gone = col.gone or ()
                 n = sum(
                     1
-                    for i, sink in enumerate(col.sinks[: end - col.base], col.base)
+                    for i, sink in enumerate(col.sinks[col.start : end - col.base], col.base + col.start)
                     if i not in gone and not sink.done()
                 )
                 if n:

@@ -247,7 +247,8 @@ class Queue:
             for entry in lane.entries():
                 if entry.__class__ is Column:
                     gone = entry.gone or ()
-                    for i, sink in enumerate(entry.sinks, entry.base):
+                    start = entry.start
+                    for i, sink in enumerate(entry.sinks[start:], entry.base + start):
                         if i not in gone:
                             self.withdrew(lane, 1.0)
                             if not sink.done():
@@ -286,8 +287,9 @@ class Queue:
         while fifo:
             entry = fifo[0]
             if entry.__class__ is Column:
-                if self.drop_dead(entry):
-                    return entry
+                sinks, start = entry.sinks, entry.start
+                if (start < len(sinks) and entry.gone is None and not sinks[start].done()) or self.drop_dead(entry):
+                    return entry  # (its head waits: the common case, told without a call)
                 self.close_column(entry)
             elif entry.__class__ is not Bulk:
                 if entry.lane is not None:
@@ -307,10 +309,10 @@ class Queue:
         """Drop the items at the head of ``col`` whose callers have left (withdrawing those not yet withdrawn);
         whether an item whose caller waits remains."""
         gone = col.gone
-        sinks = col.sinks
-        queued = len(sinks)
+        start = col.start
+        queued = len(col.sinks) - start
         n = 0
-        for i, sink in enumerate(sinks, col.base):
+        for i, sink in enumerate(col.sinks[start:], col.base + start):
             if gone is not None and i in gone:
                 n += 1
             elif sink.done():  # its caller was cancelled and has not run since to withdraw it: it must not be sent
@@ -391,12 +393,14 @@ def violations(queue: Queue) -> list[str]:
             if entry.__class__ is Column:
                 gone = entry.gone or set()
                 if entry.lane is not lane or entry not in queue.columns:
-                    held = plural(len(entry.items), "item")
+                    held = plural(len(entry.items) - entry.start, "item")
                     found.append(f"lane {key!r}: a column out of place (lane {entry.lane!r}, holding {held})")
-                if any(i < entry.base or i >= entry.base + len(entry.items) for i in gone):
+                if any(i < entry.base + entry.start or i >= entry.base + len(entry.items) for i in gone):
                     found.append(f"lane {key!r}: a column's withdrawn index out of its lists")
-                count += len(entry.items) - len(gone)
-                weight += len(entry.items) - len(gone)
+                if not 0 <= entry.start <= len(entry.items):
+                    found.append(f"lane {key!r}: a column's head {entry.start} out of its lists")
+                count += len(entry.items) - entry.start - len(gone)
+                weight += len(entry.items) - entry.start - len(gone)
             elif entry.__class__ is not Bulk:
                 if entry.lane is not None:
                     count += 1

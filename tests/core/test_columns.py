@@ -49,17 +49,17 @@ async def test_batches_cut_a_column_anywhere_and_skip_those_who_left() -> None:
         tasks = [asyncio.ensure_future(b.process(x)) for x in range(10)]
         await turns(2)
         assert b.stats.queued == 7  # [0, 1, 2] full: sent at once; the others wait for the one slot
-        for i in (4, 8):
+        for i in (3, 4, 8):  # the head, the one after it, one further on
             tasks[i].cancel()
         await turns(1)
         clean(b)
-        assert b.stats.queued == 5
+        assert b.stats.queued == 4
         gate.set()
         done = await asyncio.gather(*tasks, return_exceptions=True)
         assert [r for r in done if not isinstance(r, asyncio.CancelledError)] == [
-            2 * x for x in range(10) if x not in (4, 8)
+            2 * x for x in range(10) if x not in (3, 4, 8)
         ]
-        assert b.batches == [[0, 1, 2], [3, 5, 6], [7, 9]]
+        assert b.batches == [[0, 1, 2], [5, 6, 7], [9]]
     idle_and_clean(b)
 
 
@@ -179,4 +179,37 @@ async def test_a_late_refusal_switched_on_live_counts_the_queued_columns() -> No
         await asyncio.gather(*tasks, late, return_exceptions=True)
         clean(b)
         assert [x for batch in b.batches for x in batch if x != 99] == list(range(10))
+    idle_and_clean(b)
+
+
+async def test_a_long_column_cut_by_many_batches_keeps_every_caller_in_its_place() -> None:
+    # Batches take a long column's head a slice at a time (its lists are cut once the head passes half of them):
+    # departures before and after a cut are found and skipped, and every batch is the next callers still waiting.
+    n, size = 5000, 700
+    b = Recording(max_batch_size=size, max_queue_time=0.0, delay=0.1)
+    async with b:
+        tasks = [asyncio.ensure_future(b.process(x)) for x in range(n)]
+        await turns(2)
+        early = set(range(1, n, 7))
+        for i in early:
+            tasks[i].cancel()
+        await turns(1)
+        clean(b)
+        await asyncio.sleep(0.35)  # a few batches went: the column's lists have been cut
+        clean(b)
+        sent = {x for batch in b.batches for x in batch}
+        late = {i for i in range(3, n, 11) if i not in sent and i not in early}
+        assert late and len(sent) > n // 2  # (past half the column: its lists were cut)
+        for i in late:
+            tasks[i].cancel()
+        await turns(1)
+        clean(b)
+        left = early | late
+        assert b.stats.queued == n - len(sent) - len(left - sent)
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert [r for i, r in enumerate(done) if i not in left] == [2 * x for x in range(n) if x not in left]
+        order = [x for batch in b.batches for x in batch]
+        assert order == [x for x in range(n) if x not in left or x in sent]
+        assert max(map(len, b.batches)) <= size
+        assert sent.isdisjoint(early)
     idle_and_clean(b)
