@@ -1,4 +1,4 @@
-"""``python -m benchmarks.overhead.instructions``: instructions per item under valgrind, a count that noise cannot move.
+"""``python -m benchmarks.overhead.instructions``: instructions per item under valgrind: noise moves it little.
 
 On a shared machine the wall clock of a 40 ms run swings by tens of percent; the number of instructions the CPU
 executes for it does not. Each implementation runs in its own interpreter under ``valgrind --tool=callgrind``,
@@ -7,7 +7,9 @@ costs. The wait is 0 (``call_soon`` everywhere), so that nothing depends on time
 times slower, and a 1 ms timer would then change what a run does (async-batcher 0.2.2's cost is in its timers:
 at a wait of 0 it takes another path). What the count leaves out: cache misses, branch
 mispredictions, the time spent waiting on a timer; it is a cross-check of pyperf's ratios, not a substitute.
-About a minute per (implementation, shape).
+Even at a wait of 0 ours reads the loop's clock (arrivals, the dispatch policy's turns): on a quiet machine its
+steady count repeats within about 1 %, on a busy one it moves by up to 7 % (a count of 24 600 read 26 400 beside
+the test suite), so count on a quiet machine, and more than once. About a minute per (implementation, shape).
 
 The executor shape (one caller at a time, each item a batch of one that a plain ``def`` handles in a
 ``ThreadPoolExecutor(1)``) counts per call, over ``--calls`` calls a run: the loop's thread and the executor's
@@ -113,7 +115,8 @@ def section(
     lines = [report.INSTRUCTIONS_BEGIN, "## Instruction counts (valgrind)", "", *header, ""]
     lines += [
         "Instructions per item under `valgrind --tool=callgrind` (both threads of the executor shape counted), a wait "
-        "of 0: a count the machine's load cannot move, though it leaves out cache misses and time spent waiting. "
+        "of 0: a count the machine's load moves little (ours reads the loop's clock: count on a quiet machine), "
+        "though it leaves out cache misses and time spent waiting. "
         + ", ".join(f"{s}: {_n(sizes[s])} {'calls' if s == 'executor' else 'items'} a run" for s in shapes)
         + f"; the difference between a process with 2 warm-up runs and one with {runs} more, over the items. "
         "÷ floor: the floor's count over the implementation's (above 1: fewer instructions than the floor).",
