@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Hashable, Iterator
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from async_batcher._core.state import UNLIMITED
@@ -84,9 +85,11 @@ class Column:
     the lists are cut once that head is more than half of them (a batch taken from a long column costs no move of the
     rest). A caller who
     leaves while its item is queued is withdrawn in place: its global index goes into ``gone`` (the counts change
-    then), and its item stays in the lists until the head reaches it. A caller's index is found through ``index``
-    (sink to global index), made the first time a caller leaves and extended as items come (``indexed``: the global
-    index it reaches). ``lane``: the lane while the column is in it (``None`` once it has left).
+    then), and its item stays in the lists until the head reaches it. A caller's column and index are found through
+    ``index``, the queue's (sink to column and global index, one for all its columns: a departure looks at no other
+    column), made the first time a caller leaves and extended as items come (``indexed``: the global index the
+    column's items reach in it; :meth:`indexed_in`). ``lane``: the lane while the column is in it (``None`` once it
+    has left).
     """
 
     __slots__ = ("arrivals", "base", "contexts", "gone", "index", "indexed", "items", "lane", "sinks", "start")
@@ -101,7 +104,7 @@ class Column:
         self.start = 0
         self.lane: Lane | None = lane
         self.gone: set[int] | None = None
-        self.index: dict[Any, int] | None = None
+        self.index: dict[Any, tuple[Column, int]] | None = None
         self.indexed = 0
 
     @property
@@ -109,20 +112,21 @@ class Column:
         """The arrival of its head (``inf`` if it is empty)."""
         return self.arrivals[self.start] if self.start < len(self.arrivals) else math.inf
 
-    def find(self, sink: Any) -> int | None:
-        """The global index of ``sink``'s item if it is still in the column (queued, or withdrawn in place)."""
-        index = self.index
+    def indexed_in(self, index: dict[Any, tuple[Column, int]]) -> bool:
+        """Put its items not yet in ``index`` (the queue's) into it; whether they were all in it already."""
         base = self.base
-        if index is None:
-            index = self.index = {}
-            self.indexed = base + self.start
         end = base + len(self.sinks)
+        if self.index is not index:
+            self.index = index
+            self.indexed = base + self.start
+            known = False
+        else:
+            known = self.indexed >= end
         if self.indexed < end:
             start = self.indexed
-            index.update(zip(self.sinks[start - base :], range(start, end), strict=True))
+            index.update(zip(self.sinks[start - base :], zip(repeat(self), range(start, end)), strict=True))
             self.indexed = end
-        i = index.get(sink)
-        return None if i is None or i < base + self.start else i
+        return known
 
     def drop_head(self, n: int) -> tuple[list[Any], list[Any], list[Any], list[float]]:
         """Take the first ``n`` items out of the column (all of them from the lists' start: the lists themselves);

@@ -67,6 +67,7 @@ class Queue:
         "dues",
         "expire",
         "fifo0",
+        "index",
         "lane0",
         "lanes",
         "recorder",
@@ -84,6 +85,9 @@ class Queue:
         # last entry of fifo0, or None (the next item opens one).
         self.columns: list[Column] = []
         self.col: Column | None = None
+        # Where a caller's item is in the columns (sink to column and global index): made the first time a caller
+        # leaves, extended as they do (Column.indexed_in); an item's entry goes as it leaves its column's head.
+        self.index: dict[Any, tuple[Column, int]] | None = None
         self.lanes: dict[Hashable, Lane] = {DEFAULT_KEY: self.lane0}
         self.waiting = 0
         self.weighted = weighted  # lane.weight is kept (items have weights, or a weight limit is set)
@@ -200,17 +204,25 @@ class Queue:
     def withdraw_sink(self, sink: Any) -> bool:
         """Take the short path's item of ``sink`` out of its column if it is still queued (withdrawn in place: it
         stays in the column's lists until the column's head reaches it). False if it is not queued."""
-        for col in self.columns:
-            i = col.find(sink)
-            if i is not None:
-                if col.gone is None:
-                    col.gone = set()
-                elif i in col.gone:
-                    return False
-                col.gone.add(i)
-                self.withdrew(self.lane0, 1.0)
-                return True
-        return False
+        index = self.index
+        if index is None:
+            index = self.index = {}
+        for col in reversed(self.columns):  # (items come only to the last: the columns before one known are known)
+            if col.indexed_in(index) and col is not self.col:
+                break
+        found = index.get(sink)
+        if found is None:
+            return False
+        col, i = found
+        if col.lane is None or i < col.base + col.start:
+            return False
+        if col.gone is None:
+            col.gone = set()
+        elif i in col.gone:
+            return False
+        col.gone.add(i)
+        self.withdrew(self.lane0, 1.0)
+        return True
 
     def withdrew(self, lane: Lane, weight: float) -> None:
         """One item left the queue without a batch (withdrawn): the counts."""
@@ -269,6 +281,7 @@ class Queue:
         self.lanes = {self.lane0.key: self.lane0}
         self.columns.clear()
         self.col = None
+        self.index = None
         self.changes += 1
         if self.dues is not None:
             self.dues.heap.clear()
@@ -309,20 +322,22 @@ class Queue:
         """Drop the items at the head of ``col`` whose callers have left (withdrawing those not yet withdrawn);
         whether an item whose caller waits remains."""
         gone = col.gone
+        sinks = col.sinks
         start = col.start
-        queued = len(col.sinks) - start
-        n = 0
-        for i, sink in enumerate(col.sinks[start:], col.base + start):
-            if gone is not None and i in gone:
-                n += 1
-            elif sink.done():  # its caller was cancelled and has not run since to withdraw it: it must not be sent
+        end = len(sinks)
+        base = col.base
+        at = start  # (a place, not a slice of the rest: a departure far down the column costs no look at the rest)
+        while at < end:
+            if gone is not None and base + at in gone:
+                pass
+            elif sinks[at].done():  # its caller was cancelled and has not run since to withdraw it: it must not be sent
                 self.withdrew(self.lane0, 1.0)
-                n += 1
             else:
                 break
-        if n:
-            col.drop_head(n)
-        return n < queued
+            at += 1
+        if at > start:
+            col.drop_head(at - start)
+        return at < end
 
     def oldest(self, lane: Lane) -> float:
         """Arrival time of the lane's oldest waiting item (``inf`` if its callers all left)."""
